@@ -1,0 +1,405 @@
+package dlock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// Token is a fencing token: strictly larger for every later grant of the same key, as
+// far as the backend can promise (see its documentation). 0 means the backend cannot
+// fence.
+type Token uint64
+
+// Client takes locks on one backend. It is safe for concurrent use. Close it to
+// release what it still holds and stop its goroutines.
+type Client struct {
+	b        driver.Backend
+	notifier driver.Notifier // nil when the backend cannot notify
+	cfg      config
+
+	closing chan struct{} // closed by Close
+	wg      sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	slots  map[slotKey]*slot
+}
+
+type slotKey struct{ key, owner string }
+
+// slot serialises the server-side work of one (key, owner): acquiring, and releasing
+// the last reference. Re-entry into a live grant needs only Client.mu.
+type slot struct {
+	sem   chan struct{} // capacity 1; held while talking to the server
+	g     *grant        // the live grant, or nil; guarded by Client.mu
+	users int           // lock calls inside acquire; guarded by Client.mu
+}
+
+// New returns a client for a backend, bypassing the URL registry. The client owns b
+// and closes it in Close.
+func New(b driver.Backend, opts ...Option) (*Client, error) {
+	if b == nil {
+		return nil, invalid("nil backend")
+	}
+	cfg, err := defaultConfig().with(opts)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{b: b, cfg: cfg, closing: make(chan struct{}), slots: make(map[slotKey]*slot)}
+	c.notifier, _ = b.(driver.Notifier)
+	return c, nil
+}
+
+// Core URL parameters, read by Open before the backend sees the URL.
+var coreParams = []string{"ttl", "renew", "drift", "owner"}
+
+// Open opens a client for the backend named by the URL scheme (redis, rediss, unix,
+// mem, ...), which must have been registered by importing the backend package (or
+// github.com/dlockio/dlock/all). The query parameters ttl, renew, drift (a fraction
+// of the TTL) and owner set the matching options; every other parameter belongs to
+// the backend, which rejects unknown ones. Options given here override the URL.
+// Error messages never contain the URL's password.
+func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// url.Error repeats the input, which may hold a password: do not wrap it.
+		return nil, invalid("backend URL does not parse (special characters in a password must be %%-escaped)")
+	}
+	if u.Scheme == "" {
+		return nil, invalid("backend URL has no scheme; registered schemes: %s", strings.Join(driver.Schemes(), ", "))
+	}
+	open, ok := driver.Lookup(u.Scheme)
+	if !ok {
+		return nil, invalid("unknown backend scheme %q; registered schemes: %s (import the backend package or github.com/dlockio/dlock/all)", u.Scheme, strings.Join(driver.Schemes(), ", "))
+	}
+	p := driver.NewParams(u.Query())
+	var urlOpts []Option
+	if d, err := p.Duration("ttl", 0); err != nil {
+		return nil, err
+	} else if d > 0 {
+		urlOpts = append(urlOpts, WithTTL(d))
+	}
+	if d, err := p.Duration("renew", 0); err != nil {
+		return nil, err
+	} else if d > 0 {
+		urlOpts = append(urlOpts, WithRenewInterval(d))
+	}
+	if f, err := p.Float("drift", -1); err != nil {
+		return nil, err
+	} else if f >= 0 {
+		urlOpts = append(urlOpts, WithDrift(f, DefaultDriftFixed))
+	}
+	if s, err := p.String("owner", ""); err != nil {
+		return nil, err
+	} else if s != "" {
+		urlOpts = append(urlOpts, WithOwner(s))
+	}
+	all := append(urlOpts, opts...)
+	if _, err := defaultConfig().with(all); err != nil {
+		return nil, err
+	}
+	b, err := open(ctx, driver.Without(u, coreParams...))
+	if err != nil {
+		return nil, err
+	}
+	return New(b, all...)
+}
+
+// Backend returns the client's backend, for optional capabilities (Inspector,
+// ForceReleaser) and backend-specific accessors.
+func (c *Client) Backend() driver.Backend { return c.b }
+
+// Lock acquires key, waiting until it is free or ctx ends. When ctx ends first, the
+// error matches both ErrLocked and ctx.Err(). A waiter that gives up withdraws from
+// any server-side queue before Lock returns.
+func (c *Client) Lock(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return c.lock(ctx, key, opts, true)
+}
+
+// TryLock makes one attempt to acquire key; it returns an error matching ErrLocked
+// when another owner holds it.
+func (c *Client) TryLock(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return c.lock(ctx, key, opts, false)
+}
+
+// Do acquires key (waiting, like Lock), runs fn with a context that is cancelled when
+// ctx ends or the lease may be lost, and releases the lease. If the lease was lost
+// while fn ran, the error matches ErrLeaseLost even when fn returned nil: fn's work may
+// have overlapped another holder's, and only fencing tokens protect against that.
+func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context, l *Lease) error, opts ...Option) error {
+	l, err := c.Lock(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(l.Context(), func() { cancel(context.Cause(l.Context())) })
+	ferr := fn(fctx, l)
+	stop()
+	cancel(nil)
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.TTL())
+	defer rcancel()
+	return errors.Join(ferr, l.Release(rctx))
+}
+
+func newOwner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (it crashes the program instead)
+	return hex.EncodeToString(b[:])
+}
+
+func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool) (*Lease, error) {
+	if err := driver.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	cfg := c.cfg
+	cfg.perLock = true
+	cfg, err := cfg.with(opts)
+	if err != nil {
+		return nil, err
+	}
+	generated := cfg.owner == ""
+	if generated {
+		cfg.owner = newOwner()
+	}
+	sk := slotKey{key, cfg.owner}
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	s := c.slots[sk]
+	if s == nil {
+		s = &slot{sem: make(chan struct{}, 1)}
+		c.slots[sk] = s
+	}
+	if l := c.reenterLocked(s); l != nil {
+		c.mu.Unlock()
+		return l, nil
+	}
+	s.users++
+	c.wg.Add(1)
+	c.mu.Unlock()
+	defer c.wg.Done()
+	defer func() {
+		c.mu.Lock()
+		s.users--
+		c.dropLocked(sk, s)
+		c.mu.Unlock()
+	}()
+
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctxErr(ctx, wait)
+	case <-c.closing:
+		return nil, ErrClosed
+	}
+	defer func() { <-s.sem }()
+
+	c.mu.Lock()
+	if l := c.reenterLocked(s); l != nil {
+		c.mu.Unlock()
+		return l, nil
+	}
+	c.mu.Unlock()
+
+	g, err := c.obtain(ctx, key, cfg, wait, generated)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		// Close ran while we were acquiring: give the grant back.
+		c.releaseAsync(key, cfg.owner)
+		return nil, ErrClosed
+	}
+	g.slot = s
+	s.g = g
+	g.start(c)
+	return g.newLease(), nil
+}
+
+// reenterLocked returns a new lease on the slot's live grant, or nil.
+func (c *Client) reenterLocked(s *slot) *Lease {
+	if s.g == nil || s.g.ctx.Err() != nil {
+		return nil
+	}
+	return s.g.newLease()
+}
+
+func (c *Client) dropLocked(sk slotKey, s *slot) {
+	if s.users == 0 && s.g == nil && c.slots[sk] == s {
+		delete(c.slots, sk)
+	}
+}
+
+func ctxErr(ctx context.Context, wait bool) error {
+	if wait {
+		return errors.Join(ErrLocked, context.Cause(ctx))
+	}
+	return context.Cause(ctx)
+}
+
+// obtain runs the attempt loop against the backend.
+func (c *Client) obtain(ctx context.Context, key string, cfg config, wait, generated bool) (*grant, error) {
+	clk := cfg.clock
+	req := driver.Request{Key: key, Owner: cfg.owner, TTL: cfg.ttl}
+	var w driver.Waiter
+	if wait && c.notifier != nil {
+		var err error
+		w, err = c.notifier.Watch(ctx, key, cfg.owner)
+		if err != nil {
+			return nil, fmt.Errorf("dlock: wait for %q: %w", key, err)
+		}
+		req.Wait = true
+		req.Patience = 3*cfg.retryMax + time.Second
+	}
+	acquired := false
+	if w != nil {
+		defer func() {
+			sctx, cancel := c.withdrawCtx(ctx)
+			defer cancel()
+			if err := w.Stop(sctx, acquired); err != nil {
+				cfg.logger.Debug("dlock: withdraw waiter", "key", key, "err", err)
+			}
+		}()
+	}
+	backoff := cfg.retryMin
+	for {
+		sent := clk.Now()
+		gr, err := c.b.Acquire(ctx, req)
+		if err == nil {
+			if clk.Now().Sub(sent) >= cfg.validity() {
+				// Granted too late to be trusted: give it back and treat as held.
+				c.releaseAsync(key, cfg.owner)
+				err = &driver.HeldError{}
+			} else {
+				acquired = true
+				return newGrant(key, cfg, Token(gr.Token), sent), nil
+			}
+		}
+		if !errors.Is(err, ErrLocked) {
+			if generated {
+				// The outcome is unknown (a lost reply may hide a grant). The owner
+				// id is ours alone, so releasing it cannot hurt anyone.
+				c.releaseAsync(key, cfg.owner)
+			}
+			if ctx.Err() != nil {
+				return nil, errors.Join(fmt.Errorf("dlock: acquire %q: %w", key, err), ctxErr(ctx, wait))
+			}
+			return nil, fmt.Errorf("dlock: acquire %q: %w", key, err)
+		}
+		if !wait {
+			return nil, err
+		}
+		var d time.Duration
+		if w != nil {
+			d = jitter(cfg.retryMax/2, cfg.retryMax)
+		} else {
+			d = jitter(0, backoff)
+			backoff = min(2*backoff, cfg.retryMax)
+		}
+		var held *driver.HeldError
+		if errors.As(err, &held) && held.RetryAfter > 0 && held.RetryAfter+time.Millisecond < d {
+			d = held.RetryAfter + time.Millisecond
+		}
+		d = max(d, time.Millisecond)
+		t := clk.NewTimer(d)
+		var wake <-chan struct{}
+		if w != nil {
+			wake = w.C()
+		}
+		select {
+		case <-wake:
+		case <-t.C():
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctxErr(ctx, true)
+		case <-c.closing:
+			t.Stop()
+			return nil, ErrClosed
+		}
+		t.Stop()
+	}
+}
+
+// withdrawCtx bounds server-side clean-up that must happen even when ctx has ended.
+func (c *Client) withdrawCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() == nil {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), maxWithdrawTimeout)
+}
+
+// releaseAsync gives back a grant whose acquire reply may have been lost, without
+// making the caller wait; Close waits for it.
+func (c *Client) releaseAsync(key, owner string) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), maxReleaseInClose)
+		defer cancel()
+		_ = c.b.Release(ctx, key, owner)
+	}()
+}
+
+// jitter returns a random duration in [lo, hi].
+func jitter(lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + mrand.N(hi-lo+1)
+}
+
+// Close releases every lease the client still holds (their contexts are cancelled
+// with cause ErrReleased), stops every goroutine the client started, makes waiting
+// Lock calls return ErrClosed, and closes the backend. Release on the server is
+// bounded by a short timeout; a grant that cannot be released expires after its TTL.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.closing)
+	var live []*grant
+	for sk, s := range c.slots {
+		if s.g != nil {
+			live = append(live, s.g)
+			s.g = nil
+			c.dropLocked(sk, s)
+		}
+	}
+	c.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), maxReleaseInClose)
+	defer cancel()
+	var errs []error
+	for _, g := range live {
+		g.stopRenewal()
+		if g.ctx.Err() == nil {
+			if err := c.b.Release(ctx, g.key, g.owner); err != nil && !errors.Is(err, ErrNotHeld) {
+				errs = append(errs, fmt.Errorf("dlock: release %q on close: %w", g.key, err))
+			}
+		}
+		g.cancel(fmt.Errorf("%w: client closed", ErrReleased))
+	}
+	c.wg.Wait()
+	if err := c.b.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,352 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/clock"
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/memlock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// flaky wraps the reference backend so a test can make refreshes fail.
+type flaky struct {
+	*memlock.Backend
+	refreshErr atomic.Pointer[error]
+	refreshes  atomic.Int64
+}
+
+func (f *flaky) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	f.refreshes.Add(1)
+	if e := f.refreshErr.Load(); e != nil {
+		return *e
+	}
+	return f.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+func setup(t *testing.T, opts ...dlock.Option) (*dlock.Client, *flaky, *clock.Fake) {
+	t.Helper()
+	clk := clock.NewFake(t0)
+	st := memlock.NewStore(clk)
+	fb := &flaky{Backend: st.Backend()}
+	c, err := dlock.New(fb, append([]dlock.Option{dlock.WithClock(clk)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, fb, clk
+}
+
+func serverTTL(t *testing.T, fb *flaky, key string) time.Duration {
+	t.Helper()
+	info, err := fb.Inspect(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	return info.TTL
+}
+
+// waitRefreshes waits (in real time, bounded) for the renewal goroutine to finish n
+// refreshes after a clock advance.
+func waitRefreshes(t *testing.T, fb *flaky, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for fb.refreshes.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d refreshes, want %d", fb.refreshes.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestRenewsEveryThirdOfTTL(t *testing.T) {
+	c, fb, clk := setup(t, dlock.WithTTL(9*time.Second))
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := int64(1); i <= 5; i++ {
+		clk.BlockUntil(1) // the renewal timer is armed
+		clk.Advance(3 * time.Second)
+		waitRefreshes(t, fb, i)
+		// The refresh restored the server TTL although 3s*i have passed.
+		for serverTTL(t, fb, "k") != 9*time.Second {
+			time.Sleep(time.Millisecond)
+		}
+		if l.Err() != nil {
+			t.Fatalf("lease lost after %d renewals: %v", i, l.Err())
+		}
+	}
+	want := clk.Now().Add(9*time.Second - (90*time.Millisecond + 2*time.Millisecond))
+	if got := l.Expiry(); !got.Equal(want) {
+		t.Fatalf("Expiry = %v, want %v", got, want)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// When renewals fail transiently, the lease is declared lost at the local validity
+// deadline, start + TTL - drift: strictly before the server would let anyone else in.
+func TestLostAtDeadlineBeforeServerExpiry(t *testing.T) {
+	c, fb, clk := setup(t, dlock.WithTTL(10*time.Second), dlock.WithDrift(0.05, 10*time.Millisecond))
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	transient := errors.New("connection reset")
+	fb.refreshErr.Store(&transient)
+	validity := 10*time.Second - (500*time.Millisecond + 10*time.Millisecond)
+	if got := l.Expiry(); !got.Equal(t0.Add(validity)) {
+		t.Fatalf("Expiry = %v, want start+%v", got, validity)
+	}
+	// Walk the clock in small steps up to just before the deadline.
+	for clk.Now().Before(t0.Add(validity - 100*time.Millisecond)) {
+		clk.BlockUntil(1)
+		clk.Advance(100 * time.Millisecond)
+	}
+	if l.Err() != nil {
+		t.Fatalf("lost before the deadline: %v", l.Err())
+	}
+	clk.BlockUntil(1)
+	clk.Set(t0.Add(validity))
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed at the validity deadline")
+	}
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) || !strings.Contains(l.Err().Error(), "deadline") {
+		t.Fatalf("Err = %v, want ErrLeaseLost for the deadline", l.Err())
+	}
+	// The server still holds the grant: nobody else can have it yet.
+	if ttl := serverTTL(t, fb, "k"); ttl <= 0 {
+		t.Fatalf("server grant already gone when the lease was declared lost")
+	}
+	if _, err := c.TryLock(ctx, "k"); !errors.Is(err, dlock.ErrLocked) {
+		t.Fatalf("TryLock right after local loss = %v, want ErrLocked", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("Release = %v, want ErrLeaseLost", err)
+	}
+}
+
+func TestLostAtOnceWhenRenewalRefused(t *testing.T) {
+	c, fb, clk := setup(t, dlock.WithTTL(9*time.Second))
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb.Store().Expire("k")
+	clk.BlockUntil(1)
+	clk.Advance(3 * time.Second)
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed after a refused renewal")
+	}
+	if !errors.Is(context.Cause(l.Context()), dlock.ErrLeaseLost) || !errors.Is(l.Err(), dlock.ErrNotHeld) {
+		t.Fatalf("cause = %v, want ErrLeaseLost wrapping ErrNotHeld", l.Err())
+	}
+}
+
+// A waiter for a key whose holder crashed sleeps until the grant's expiry (the
+// backend's hint), then gets it; no busy loop in between.
+func TestWaiterWakesAtExpiryOfCrashedHolder(t *testing.T) {
+	c, fb, clk := setup(t)
+	ctx := context.Background()
+	if _, err := fb.Acquire(ctx, driver.Request{Key: "k", Owner: "crashed", TTL: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	var attempts atomic.Int64
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Lock(ctx, "k", dlock.WithRetry(time.Millisecond, time.Minute))
+		attempts.Store(1)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	clk.BlockUntil(1) // the waiter sleeps on one timer
+	clk.Advance(4 * time.Second)
+	select {
+	case err := <-got:
+		t.Fatalf("waiter returned before the holder's TTL ran out: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	clk.BlockUntil(1)
+	clk.Advance(time.Second + time.Millisecond)
+	if err := <-got; err != nil {
+		t.Fatalf("Lock after expiry: %v", err)
+	}
+}
+
+func TestInvalidOptions(t *testing.T) {
+	b := memlock.NewStore(clock.Real).Backend()
+	bad := map[string][]dlock.Option{
+		"zero TTL":          {dlock.WithTTL(0)},
+		"negative TTL":      {dlock.WithTTL(-time.Second)},
+		"renew >= validity": {dlock.WithTTL(time.Second), dlock.WithRenewInterval(time.Second)},
+		"renew zero":        {dlock.WithRenewInterval(0)},
+		"drift too big":     {dlock.WithDrift(0.5, 0)},
+		"drift negative":    {dlock.WithDrift(-0.1, 0)},
+		"fixed drift < 0":   {dlock.WithDrift(0.01, -time.Millisecond)},
+		"TTL below drift":   {dlock.WithTTL(time.Millisecond)},
+		"retry min > max":   {dlock.WithRetry(time.Second, time.Millisecond)},
+		"retry zero":        {dlock.WithRetry(0, time.Second)},
+		"owner empty":       {dlock.WithOwner("")},
+		"owner spaces":      {dlock.WithOwner("a b")},
+		"owner too long":    {dlock.WithOwner(strings.Repeat("a", 129))},
+		"nil logger":        {dlock.WithLogger(nil)},
+		"nil clock":         {dlock.WithClock(nil)},
+		"nil option":        {nil},
+	}
+	for name, opts := range bad {
+		if _, err := dlock.New(b, opts...); !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("%s: New = %v, want ErrInvalid", name, err)
+		}
+	}
+	if _, err := dlock.New(nil); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("nil backend: %v", err)
+	}
+	c, err := dlock.New(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.Lock(ctx, "k", dlock.WithClock(clock.Real)); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("per-lock WithClock: %v", err)
+	}
+	if _, err := c.Lock(ctx, "k", dlock.WithTTL(-1)); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("per-lock bad TTL: %v", err)
+	}
+}
+
+func TestOpenURLs(t *testing.T) {
+	ctx := context.Background()
+	for _, u := range []string{
+		"",
+		"nosuch://host",
+		"mem://x?bogus=1",
+		"mem://x?ttl=abc",
+		"mem://x?ttl=-1s",
+		"mem://x?ttl=1s&renew=2s",
+		"mem://x?owner=bad%20owner",
+		"mem://x?ttl=1s&ttl=2s",
+		"mem://x/path",
+		"redis://user:hunter2@[::1",
+	} {
+		c, err := dlock.Open(ctx, u)
+		if err == nil {
+			c.Close()
+			t.Errorf("Open(%q) succeeded", u)
+			continue
+		}
+		if !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("Open(%q) = %v, want ErrInvalid", u, err)
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("Open(%q) error shows the password: %v", u, err)
+		}
+	}
+	c, err := dlock.Open(ctx, "mem://open-test?ttl=2s&renew=500ms&owner=me-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.TTL() != 2*time.Second || l.Owner() != "me-1" {
+		t.Fatalf("URL options not applied: ttl %v owner %q", l.TTL(), l.Owner())
+	}
+	// Explicit options override the URL.
+	l2, err := c.Lock(ctx, "k2", dlock.WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.TTL() != 3*time.Second {
+		t.Fatalf("option did not override URL: %v", l2.TTL())
+	}
+	_ = l.Release(ctx)
+	_ = l2.Release(ctx)
+}
+
+func TestRedact(t *testing.T) {
+	c, err := dlock.Open(context.Background(), "mem://redact")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	u := "redis://user:s3cret@host:6379/0?password=p4ss&prefix=app"
+	pu, _ := url.Parse(u)
+	got := driver.Redact(pu)
+	if strings.Contains(got, "s3cret") || strings.Contains(got, "p4ss") || !strings.Contains(got, "prefix=app") {
+		t.Fatalf("Redact = %q", got)
+	}
+}
+
+// Many goroutines of one client with fresh owners exclude each other; with one
+// shared owner they re-enter.
+func TestGoroutinesExcludeUnlessSameOwner(t *testing.T) {
+	c, _, _ := setup(t)
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := c.TryLock(ctx, "k"); !errors.Is(err, dlock.ErrLocked) {
+			t.Errorf("other goroutine: %v, want ErrLocked", err)
+		}
+		l2, err := c.TryLock(ctx, "k", dlock.WithOwner(l.Owner()))
+		if err != nil {
+			t.Errorf("same owner: %v", err)
+			return
+		}
+		_ = l2.Release(ctx)
+	}()
+	<-done
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCloseStopsWaiters(t *testing.T) {
+	c, fb, _ := setup(t)
+	ctx := context.Background()
+	if _, err := fb.Acquire(ctx, driver.Request{Key: "k", Owner: "other", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Lock(ctx, "k")
+		errc <- err
+	}()
+	for fb.Store().Waiters("k") == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	c.Close()
+	if err := <-errc; !errors.Is(err, dlock.ErrClosed) {
+		t.Fatalf("waiting Lock after Close = %v, want ErrClosed", err)
+	}
+}

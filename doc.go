@@ -1,0 +1,52 @@
+// Package dlock is a distributed lock with leases and fencing tokens, behind one
+// small API, on several backends (Redis, Redlock, etcd, ZooKeeper, PostgreSQL, and an
+// in-process reference backend).
+//
+// # Using it
+//
+//	c, err := dlock.Open(ctx, "redis://127.0.0.1:6379/0?ttl=10s")
+//	...
+//	defer c.Close()
+//	err = c.Do(ctx, "nightly-report", func(ctx context.Context, l *dlock.Lease) error {
+//		// ctx is cancelled the moment the lock may be lost.
+//		return store.Write(ctx, l.Token(), report) // the store rejects stale tokens
+//	})
+//
+// # The safety model, plainly
+//
+// A lock is a lease: the server keeps it for a TTL unless the holder renews it. The
+// client renews in the background (every TTL/3 by default). The client also keeps a
+// local validity deadline, start + TTL - drift, measured on the monotonic clock from
+// the moment the acquire (or the last successful renewal) was sent. When a renewal is
+// refused, or the deadline passes without a successful renewal, the lease is lost:
+// Lease.Done closes and Lease.Context is cancelled with cause ErrLeaseLost. Because
+// the deadline is earlier than the server's expiry by the drift allowance, the holder
+// learns of the loss before the server can grant the lock to anyone else, provided
+// the two clocks run at about the same rate and the holder's process is not paused.
+//
+// A process can be paused at any moment (garbage collection, swapping, SIGSTOP), and
+// then no timing rule helps: it may resume and act after its lease expired. That is
+// what fencing tokens are for. Every grant carries a Token that is larger than the
+// token of every earlier grant of the same key (as far as the backend can promise;
+// each backend's documentation says how far). Pass the token to the resource you
+// protect and have it reject any token lower than the highest it has seen: then a
+// paused, stale holder cannot do damage. A token of 0 means the backend cannot fence.
+//
+// What each backend adds or takes away (replication, persistence, clocks) is written
+// in its package documentation.
+//
+// # Owners and reentrancy
+//
+// Every grant has an owner id. By default each Lock call uses a new random 128-bit
+// owner, so two goroutines exclude each other like with sync.Mutex. Presenting the
+// owner id of the current holder (WithOwner, e.g. with Lease.Owner) re-enters the
+// lock: the call succeeds at once with the same token, and the lock is freed only
+// when every such lease has been released. A process restarted with a stable owner id
+// resumes its own grant if the server still has it.
+//
+// # Waiting
+//
+// Lock waits until the key is free or ctx ends. Backends that can notify wake waiters
+// (pub/sub, watches, LISTEN/NOTIFY) and the core falls back to a bounded timer only in
+// case a wake-up is lost; other backends are polled with jittered exponential backoff.
+package dlock

@@ -1,0 +1,202 @@
+// Package driver is the contract between the dlock core and a lock backend.
+//
+// A backend implements one attempt at a time: Acquire tries once, Refresh extends a
+// grant, Release gives it back. Everything that is the same for every engine lives
+// once in the core package dlock and is not repeated here: waiting and retry with
+// jitter, renewal in the background, the local validity deadline, reentrancy
+// counting within a process, and the lease context. A backend states what its engine
+// guarantees in its package documentation; the core never claims more.
+//
+// Optional capabilities are separate interfaces discovered with a type assertion:
+// Notifier (wake waiters instead of polling), Inspector (read the holder of a key) and
+// ForceReleaser (administrative release).
+//
+// Every backend must pass the conformance suite in package drivertest.
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// Sentinel errors shared by the core and every backend; compare with errors.Is.
+// Package dlock re-exports them under the same names.
+var (
+	// ErrLocked means the key is held by another owner (or reserved for a queued
+	// waiter ahead of the caller).
+	ErrLocked = errors.New("dlock: locked by another owner")
+	// ErrNotHeld means the caller does not hold the key: it never did, its grant
+	// expired, or someone released it by force.
+	ErrNotHeld = errors.New("dlock: lock not held by this owner")
+	// ErrInvalid marks bad input: a bad key, owner id, URL or option value.
+	ErrInvalid = errors.New("dlock: invalid argument")
+	// ErrUnsupported means the backend lacks an optional capability.
+	ErrUnsupported = errors.New("dlock: not supported by this backend")
+	// ErrClosed means the backend or client was closed.
+	ErrClosed = errors.New("dlock: closed")
+)
+
+// Limits on keys and owner ids, the same for every backend so that a key that works
+// on one works on all.
+const (
+	MaxKeyLen   = 512
+	MaxOwnerLen = 128
+)
+
+// Request is one acquire attempt.
+type Request struct {
+	// Key names the lock; it has passed ValidateKey.
+	Key string
+	// Owner identifies the holder; it has passed ValidateOwner. An attempt whose
+	// Owner already holds Key succeeds again (re-entry or resume): it extends the
+	// TTL and returns the existing grant's token.
+	Owner string
+	// TTL is how long the server keeps the grant without a Refresh.
+	TTL time.Duration
+	// Wait tells a queueing backend that the caller will wait if the key is held.
+	// The backend may then keep the caller's place in a server-side queue until
+	// Waiter.Stop is called or the place expires (see Patience).
+	Wait bool
+	// Patience is how long a queued place may go without another attempt from its
+	// owner before the backend may drop it (a crashed waiter must not block the
+	// queue). Zero when Wait is false.
+	Patience time.Duration
+}
+
+// Grant is a successful acquire.
+type Grant struct {
+	// Token is the fencing token: strictly larger than the token of every earlier
+	// grant of the same key, as far as the backend can promise. Zero means the
+	// backend cannot fence.
+	Token uint64
+}
+
+// HeldError is returned by Acquire when the key is held. It matches ErrLocked with
+// errors.Is. RetryAfter, when positive, is the backend's estimate of when the
+// current grant expires if it is not renewed; the core uses it to bound how long a
+// waiter sleeps when no wake-up arrives.
+type HeldError struct {
+	RetryAfter time.Duration
+}
+
+func (e *HeldError) Error() string {
+	if e.RetryAfter > 0 {
+		return fmt.Sprintf("%v (expires in %v unless renewed)", ErrLocked, e.RetryAfter)
+	}
+	return ErrLocked.Error()
+}
+
+// Is reports whether target is ErrLocked.
+func (e *HeldError) Is(target error) bool { return target == ErrLocked }
+
+// Backend is the required part of the contract. Implementations must be safe for
+// concurrent use. Every method respects ctx: it returns promptly when ctx ends,
+// with an error that wraps ctx.Err().
+type Backend interface {
+	// Acquire makes one attempt. When the key is held by another owner it returns
+	// an error matching ErrLocked (preferably a *HeldError), never a zero Grant
+	// with a nil error. An error of any other kind leaves nothing held: if the
+	// outcome is unknown (a lost reply), the backend must make sure a later
+	// Release with the same owner cleans it up, and the core calls Release.
+	Acquire(ctx context.Context, req Request) (Grant, error)
+	// Refresh extends the owner's grant of key to ttl from now. It returns an
+	// error matching ErrNotHeld when owner does not hold key.
+	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
+	// Release frees the owner's grant of key and wakes the next waiter. It returns
+	// an error matching ErrNotHeld when owner does not hold key.
+	Release(ctx context.Context, key, owner string) error
+	// Close frees the backend's connections. Grants still held stay on the server
+	// until they expire.
+	Close() error
+}
+
+// Notifier is implemented by backends that can wake a waiter when a key may have
+// become free, so the core does not poll.
+type Notifier interface {
+	// Watch registers interest in key for owner before the first attempt, so that
+	// no wake-up between a failed attempt and the wait is lost. The core then
+	// alternates Acquire (with Wait set) and receiving from Waiter.C, with a
+	// bounded fallback timer in case a wake-up is lost.
+	Watch(ctx context.Context, key, owner string) (Waiter, error)
+}
+
+// Waiter is one registered wait.
+type Waiter interface {
+	// C receives a value when the key may be free for this owner. The channel is
+	// buffered; wake-ups may coalesce.
+	C() <-chan struct{}
+	// Stop ends the wait. When acquired is false the backend gives up any place it
+	// holds in a server-side queue and passes the turn on, so a cancelled waiter
+	// leaves nothing behind. Stop is called exactly once.
+	Stop(ctx context.Context, acquired bool) error
+}
+
+// Info describes the current holder of a key.
+type Info struct {
+	Key   string
+	Owner string
+	Token uint64
+	// TTL is the time left before the server expires the grant; zero if the
+	// backend does not know.
+	TTL time.Duration
+	// Waiters is the number of queued waiters, or -1 if the backend does not know.
+	Waiters int
+}
+
+// Inspector is implemented by backends that can read who holds a key.
+type Inspector interface {
+	// Inspect returns the holder of key, or an error matching ErrNotHeld if no one
+	// holds it.
+	Inspect(ctx context.Context, key string) (Info, error)
+}
+
+// ForceReleaser is implemented by backends that can release a key whatever its
+// owner. The old holder may still be running; the next grant's token is larger,
+// so fenced resources stay safe.
+type ForceReleaser interface {
+	// ForceRelease frees key, or returns an error matching ErrNotHeld if no one
+	// holds it.
+	ForceRelease(ctx context.Context, key string) error
+}
+
+// ValidateKey reports whether key is acceptable to every backend: 1 to MaxKeyLen
+// bytes of valid UTF-8 without control characters.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	}
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: key is %d bytes, the limit is %d", ErrInvalid, len(key), MaxKeyLen)
+	}
+	if !utf8.ValidString(key) {
+		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalid, key)
+	}
+	for _, r := range key {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("%w: key %q contains control character %U", ErrInvalid, key, r)
+		}
+	}
+	return nil
+}
+
+// ValidateOwner reports whether owner is an acceptable owner id: 1 to MaxOwnerLen
+// bytes from [A-Za-z0-9._:-].
+func ValidateOwner(owner string) error {
+	if owner == "" {
+		return fmt.Errorf("%w: empty owner id", ErrInvalid)
+	}
+	if len(owner) > MaxOwnerLen {
+		return fmt.Errorf("%w: owner id is %d bytes, the limit is %d", ErrInvalid, len(owner), MaxOwnerLen)
+	}
+	for i := 0; i < len(owner); i++ {
+		c := owner[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-'
+		if !ok {
+			return fmt.Errorf("%w: owner id %q may only contain letters, digits and . _ : -", ErrInvalid, owner)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,360 @@
+// Package memlock is the in-process reference backend (URL scheme mem://NAME).
+//
+// It keeps the same semantics as the network backends, in memory: leases with a TTL
+// on an injectable clock, fencing tokens that rise by one per grant of a key, owner
+// checks on refresh and release, re-entry by owner, and a FIFO queue of waiters woken
+// one at a time (no herd, no polling). It exists for unit tests of the core (with a
+// fake clock), for tests of programs that use dlock, and as the executable statement
+// of what every backend should do.
+//
+// Safety model: exact within one process and nothing more. All Backends of one Store
+// share its state; clients opened with the same mem://NAME share the store NAME. A
+// process crash loses every lock and the token counters (tokens restart at 1).
+package memlock
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/dlockio/dlock/clock"
+	"github.com/dlockio/dlock/driver"
+)
+
+func init() {
+	driver.Register("mem", open)
+}
+
+var named struct {
+	sync.Mutex
+	stores map[string]*Store
+}
+
+func open(_ context.Context, u *url.URL) (driver.Backend, error) {
+	if err := driver.NewParams(u.Query()).Unknown(); err != nil {
+		return nil, err
+	}
+	if u.User != nil || u.Path != "" && u.Path != "/" || u.Opaque != "" {
+		return nil, fmt.Errorf("%w: mem URL is mem://NAME (got a path, opaque part or user)", driver.ErrInvalid)
+	}
+	name := u.Host
+	if name == "" {
+		name = "default"
+	}
+	named.Lock()
+	defer named.Unlock()
+	if named.stores == nil {
+		named.stores = make(map[string]*Store)
+	}
+	s := named.stores[name]
+	if s == nil {
+		s = NewStore(clock.Real)
+		named.stores[name] = s
+	}
+	return s.Backend(), nil
+}
+
+// Store is the shared lock state. It is safe for concurrent use.
+type Store struct {
+	clk clock.Clock
+
+	mu       sync.Mutex
+	locks    map[string]*entry
+	counters map[string]uint64 // last token per key; never reset
+	queues   map[string][]place
+	watchers map[watchKey]*waiter
+}
+
+type entry struct {
+	owner   string
+	token   uint64
+	expires time.Time
+}
+
+type place struct {
+	owner    string
+	deadline time.Time // dropped if no attempt is seen before
+}
+
+type watchKey struct{ key, owner string }
+
+// NewStore returns an empty store whose TTLs run on clk.
+func NewStore(clk clock.Clock) *Store {
+	return &Store{
+		clk:      clk,
+		locks:    make(map[string]*entry),
+		counters: make(map[string]uint64),
+		queues:   make(map[string][]place),
+		watchers: make(map[watchKey]*waiter),
+	}
+}
+
+// Backend returns a new connection to the store.
+func (s *Store) Backend() *Backend { return &Backend{s: s} }
+
+// Expire drops key's current grant as if its TTL had run out (a test hook for a
+// crashed holder or a server that lost the key).
+func (s *Store) Expire(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.locks, key)
+}
+
+// Waiters returns the number of queued places for key (a test hook).
+func (s *Store) Waiters(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked(key, s.clk.Now())
+	return len(s.queues[key])
+}
+
+// held returns the live entry for key, dropping an expired one.
+func (s *Store) heldLocked(key string, now time.Time) *entry {
+	e := s.locks[key]
+	if e != nil && !now.Before(e.expires) {
+		delete(s.locks, key)
+		e = nil
+	}
+	return e
+}
+
+// pruneLocked drops queued places whose owner has not been seen in time.
+func (s *Store) pruneLocked(key string, now time.Time) {
+	q := s.queues[key]
+	n := 0
+	for _, p := range q {
+		if now.Before(p.deadline) {
+			q[n] = p
+			n++
+		}
+	}
+	if n == 0 {
+		delete(s.queues, key)
+		return
+	}
+	s.queues[key] = q[:n]
+}
+
+func (s *Store) enqueueLocked(key, owner string, deadline time.Time) {
+	q := s.queues[key]
+	for i := range q {
+		if q[i].owner == owner {
+			q[i].deadline = deadline
+			return
+		}
+	}
+	s.queues[key] = append(q, place{owner, deadline})
+}
+
+func (s *Store) dequeueLocked(key, owner string) {
+	q := s.queues[key]
+	for i := range q {
+		if q[i].owner == owner {
+			s.queues[key] = append(q[:i:i], q[i+1:]...)
+			break
+		}
+	}
+	if len(s.queues[key]) == 0 {
+		delete(s.queues, key)
+	}
+}
+
+// wakeHeadLocked wakes the first queued waiter of a free key.
+func (s *Store) wakeHeadLocked(key string, now time.Time) {
+	s.pruneLocked(key, now)
+	q := s.queues[key]
+	if len(q) == 0 {
+		return
+	}
+	if w := s.watchers[watchKey{key, q[0].owner}]; w != nil {
+		w.wake()
+	}
+}
+
+// Backend is one connection to a Store. It implements driver.Backend,
+// driver.Notifier, driver.Inspector and driver.ForceReleaser.
+type Backend struct {
+	s *Store
+
+	mu     sync.Mutex
+	closed bool
+}
+
+var (
+	_ driver.Notifier      = (*Backend)(nil)
+	_ driver.Inspector     = (*Backend)(nil)
+	_ driver.ForceReleaser = (*Backend)(nil)
+)
+
+// Store returns the backend's store.
+func (b *Backend) Store() *Store { return b.s }
+
+func (b *Backend) check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return driver.ErrClosed
+	}
+	return nil
+}
+
+// Acquire implements driver.Backend.
+func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	if err := b.check(ctx); err != nil {
+		return driver.Grant{}, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	e := s.heldLocked(req.Key, now)
+	switch {
+	case e != nil && e.owner == req.Owner:
+		e.expires = now.Add(req.TTL)
+		return driver.Grant{Token: e.token}, nil
+	case e != nil:
+		if req.Wait {
+			s.enqueueLocked(req.Key, req.Owner, now.Add(req.Patience))
+		}
+		return driver.Grant{}, &driver.HeldError{RetryAfter: e.expires.Sub(now)}
+	}
+	s.pruneLocked(req.Key, now)
+	if q := s.queues[req.Key]; len(q) > 0 && q[0].owner != req.Owner {
+		// Free, but reserved for the waiter at the head of the queue.
+		if req.Wait {
+			s.enqueueLocked(req.Key, req.Owner, now.Add(req.Patience))
+		}
+		return driver.Grant{}, &driver.HeldError{}
+	}
+	s.dequeueLocked(req.Key, req.Owner)
+	s.counters[req.Key]++
+	t := s.counters[req.Key]
+	s.locks[req.Key] = &entry{owner: req.Owner, token: t, expires: now.Add(req.TTL)}
+	return driver.Grant{Token: t}, nil
+}
+
+// Refresh implements driver.Backend.
+func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	e := s.heldLocked(key, now)
+	if e == nil || e.owner != owner {
+		return driver.ErrNotHeld
+	}
+	e.expires = now.Add(ttl)
+	return nil
+}
+
+// Release implements driver.Backend.
+func (b *Backend) Release(ctx context.Context, key, owner string) error {
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	e := s.heldLocked(key, now)
+	if e == nil || e.owner != owner {
+		return driver.ErrNotHeld
+	}
+	delete(s.locks, key)
+	s.wakeHeadLocked(key, now)
+	return nil
+}
+
+// Close implements driver.Backend. Grants stay until they expire.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	return nil
+}
+
+// Watch implements driver.Notifier.
+func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, error) {
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	w := &waiter{s: b.s, key: key, owner: owner, c: make(chan struct{}, 1)}
+	b.s.mu.Lock()
+	b.s.watchers[watchKey{key, owner}] = w
+	b.s.mu.Unlock()
+	return w, nil
+}
+
+type waiter struct {
+	s          *Store
+	key, owner string
+	c          chan struct{}
+}
+
+func (w *waiter) C() <-chan struct{} { return w.c }
+
+func (w *waiter) wake() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+func (w *waiter) Stop(_ context.Context, acquired bool) error {
+	s := w.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.watchers[watchKey{w.key, w.owner}] == w {
+		delete(s.watchers, watchKey{w.key, w.owner})
+	}
+	if !acquired {
+		s.dequeueLocked(w.key, w.owner)
+		now := s.clk.Now()
+		if s.heldLocked(w.key, now) == nil {
+			s.wakeHeadLocked(w.key, now)
+		}
+	}
+	return nil
+}
+
+// Inspect implements driver.Inspector.
+func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	if err := b.check(ctx); err != nil {
+		return driver.Info{}, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	e := s.heldLocked(key, now)
+	if e == nil {
+		return driver.Info{}, driver.ErrNotHeld
+	}
+	s.pruneLocked(key, now)
+	return driver.Info{Key: key, Owner: e.owner, Token: e.token, TTL: e.expires.Sub(now), Waiters: len(s.queues[key])}, nil
+}
+
+// ForceRelease implements driver.ForceReleaser.
+func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	if s.heldLocked(key, now) == nil {
+		return driver.ErrNotHeld
+	}
+	delete(s.locks, key)
+	s.wakeHeadLocked(key, now)
+	return nil
+}

@@ -1,0 +1,190 @@
+package dlock
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/dlockio/dlock/clock"
+	"github.com/dlockio/dlock/driver"
+)
+
+// Defaults.
+const (
+	DefaultTTL         = 15 * time.Second
+	DefaultDrift       = 0.01                  // fraction of the TTL
+	DefaultDriftFixed  = 2 * time.Millisecond  // added to the fraction
+	DefaultRetryMin    = 10 * time.Millisecond // first backoff when polling
+	DefaultRetryMax    = time.Second           // backoff cap, and fallback when notified
+	maxReleaseInClose  = 2 * time.Second
+	maxWithdrawTimeout = time.Second
+)
+
+// Option configures a Client (New, Open) or a single lock call (Lock, TryLock, Do).
+// WithLogger and WithClock apply only to a Client; given to a lock call they are an
+// error. Options never modify the caller's data.
+type Option func(*config) error
+
+type config struct {
+	ttl        time.Duration
+	renew      time.Duration // 0 = ttl/3
+	drift      float64
+	driftFixed time.Duration
+	retryMin   time.Duration
+	retryMax   time.Duration
+	owner      string
+	logger     *slog.Logger
+	clock      clock.Clock
+	perLock    bool
+}
+
+func defaultConfig() config {
+	return config{
+		ttl:        DefaultTTL,
+		drift:      DefaultDrift,
+		driftFixed: DefaultDriftFixed,
+		retryMin:   DefaultRetryMin,
+		retryMax:   DefaultRetryMax,
+		logger:     slog.New(slog.DiscardHandler),
+		clock:      clock.Real,
+	}
+}
+
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
+}
+
+// WithTTL sets how long the server keeps a grant without renewal (default 15s). A
+// crashed holder blocks others for at most this long.
+func WithTTL(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return invalid("TTL must be positive, got %v", d)
+		}
+		c.ttl = d
+		return nil
+	}
+}
+
+// WithRenewInterval sets how often a held lease is renewed (default TTL/3). It must
+// be shorter than the lease validity, TTL minus the drift allowance.
+func WithRenewInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return invalid("renew interval must be positive, got %v", d)
+		}
+		c.renew = d
+		return nil
+	}
+}
+
+// WithDrift sets the clock drift allowance: the local validity deadline is
+// TTL - (TTL*factor + fixed) after the acquire or renewal was sent (default 1% of the
+// TTL plus 2ms). Raise it when clocks may run at different rates.
+func WithDrift(factor float64, fixed time.Duration) Option {
+	return func(c *config) error {
+		if factor < 0 || factor >= 0.5 || factor != factor {
+			return invalid("drift factor must be in [0, 0.5), got %v", factor)
+		}
+		if fixed < 0 {
+			return invalid("fixed drift must not be negative, got %v", fixed)
+		}
+		c.drift, c.driftFixed = factor, fixed
+		return nil
+	}
+}
+
+// WithRetry sets the backoff of a waiting Lock: on a backend that cannot notify,
+// attempts are spaced from min doubling up to max, with full jitter; on a backend that
+// notifies, max (jittered) bounds the wait for a wake-up that was lost. Defaults: 10ms
+// and 1s.
+func WithRetry(min, max time.Duration) Option {
+	return func(c *config) error {
+		if min <= 0 || max < min {
+			return invalid("retry needs 0 < min <= max, got min %v max %v", min, max)
+		}
+		c.retryMin, c.retryMax = min, max
+		return nil
+	}
+}
+
+// WithOwner sets the owner id (1 to 128 bytes of [A-Za-z0-9._:-]). A lock call whose
+// owner id holds the key re-enters it; see the package documentation. Without it,
+// every lock call uses a fresh random 128-bit id from crypto/rand.
+func WithOwner(id string) Option {
+	return func(c *config) error {
+		if err := driver.ValidateOwner(id); err != nil {
+			return err
+		}
+		c.owner = id
+		return nil
+	}
+}
+
+// WithLogger sets the client's logger (default: discard). Lease loss is logged at
+// Warn, renewal trouble at Debug and Warn.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if c.perLock {
+			return invalid("WithLogger applies to a Client, not to a lock call")
+		}
+		if l == nil {
+			return invalid("nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithClock sets the client's clock (default: the real monotonic clock). Tests and
+// the fault checker use a fake clock.
+func WithClock(clk clock.Clock) Option {
+	return func(c *config) error {
+		if c.perLock {
+			return invalid("WithClock applies to a Client, not to a lock call")
+		}
+		if clk == nil {
+			return invalid("nil clock")
+		}
+		c.clock = clk
+		return nil
+	}
+}
+
+func (c config) with(opts []Option) (config, error) {
+	for _, o := range opts {
+		if o == nil {
+			return c, invalid("nil option")
+		}
+		if err := o(&c); err != nil {
+			return c, err
+		}
+	}
+	return c, c.validate()
+}
+
+// driftFor is the drift allowance subtracted from the TTL.
+func (c config) driftFor() time.Duration {
+	return time.Duration(float64(c.ttl)*c.drift) + c.driftFixed
+}
+
+// validity is how long a grant is trusted locally after its request was sent.
+func (c config) validity() time.Duration { return c.ttl - c.driftFor() }
+
+func (c config) renewEvery() time.Duration {
+	if c.renew > 0 {
+		return c.renew
+	}
+	return c.ttl / 3
+}
+
+func (c config) validate() error {
+	v := c.validity()
+	if v <= 0 {
+		return invalid("TTL %v leaves no validity after the drift allowance %v", c.ttl, c.driftFor())
+	}
+	if r := c.renewEvery(); r >= v {
+		return invalid("renew interval %v must be shorter than the lease validity %v (TTL %v minus drift %v)", r, v, c.ttl, c.driftFor())
+	}
+	return nil
+}
