@@ -287,7 +287,7 @@ func (c *Client) obtain(ctx context.Context, key string, cfg config, wait, gener
 				err = &driver.HeldError{}
 			} else {
 				acquired = true
-				return newGrant(key, cfg, Token(gr.Token), sent), nil
+				return newGrant(key, cfg, gr, sent), nil
 			}
 		}
 		if !errors.Is(err, ErrLocked) {

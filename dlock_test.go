@@ -350,3 +350,45 @@ func TestCloseStopsWaiters(t *testing.T) {
 		t.Fatalf("waiting Lock after Close = %v, want ErrClosed", err)
 	}
 }
+
+// lossy hands out grants with a Lost channel, as session-based backends do.
+type lossy struct {
+	*memlock.Backend
+	lost chan struct{}
+}
+
+func (b *lossy) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	g, err := b.Backend.Acquire(ctx, req)
+	g.Lost = b.lost
+	return g, err
+}
+
+func TestBackendReportsLoss(t *testing.T) {
+	b := &lossy{Backend: memlock.NewStore(clock.Real).Backend(), lost: make(chan struct{})}
+	c, err := dlock.New(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	released, err := c.Lock(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := released.Release(ctx); err != nil { // its watcher must stop too
+		t.Fatal(err)
+	}
+	close(b.lost)
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed when the backend reported the grant lost")
+	}
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock/clock"
+	"github.com/dlockio/dlock/driver"
 )
 
 // grant is one server-side grant of (key, owner), shared by the leases that
@@ -34,15 +35,17 @@ type grant struct {
 	deadline      time.Time // local validity deadline
 	stopped       bool
 	refreshing    bool
+	lost          <-chan struct{} // from the backend, or nil
+	halted        chan struct{}   // closed by halt when lost is watched
 	timer         clock.Timer
 	cancelRefresh context.CancelFunc // of the refresh in flight, if any
 	inflight      sync.WaitGroup     // ticks in progress
 }
 
-func newGrant(key string, cfg config, token Token, sent time.Time) *grant {
+func newGrant(key string, cfg config, dg driver.Grant, sent time.Time) *grant {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	return &grant{
-		key: key, owner: cfg.owner, token: token, cfg: cfg,
+		key: key, owner: cfg.owner, token: Token(dg.Token), cfg: cfg, lost: dg.Lost,
 		ctx: ctx, cancel: cancel,
 		deadline: sent.Add(cfg.validity()),
 	}
@@ -54,6 +57,18 @@ func (g *grant) start(c *Client) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.timer = g.cfg.clock.AfterFunc(g.cfg.renewEvery(), g.tick)
+	if g.lost != nil {
+		g.halted = make(chan struct{})
+		g.inflight.Add(1)
+		go func() {
+			defer g.inflight.Done()
+			select {
+			case <-g.lost:
+				g.lose(fmt.Errorf("%w: the backend reports the grant gone (session or lease expired)", ErrLeaseLost))
+			case <-g.halted:
+			}
+		}()
+	}
 }
 
 // halt stops the timer and any refresh in flight; it reports whether it was the
@@ -66,6 +81,9 @@ func (g *grant) halt() bool {
 	}
 	g.stopped = true
 	g.timer.Stop()
+	if g.halted != nil {
+		close(g.halted)
+	}
 	if g.cancelRefresh != nil {
 		g.cancelRefresh()
 	}

@@ -72,6 +72,12 @@ type Grant struct {
 	// grant of the same key, as far as the backend can promise. Zero means the
 	// backend cannot fence.
 	Token uint64
+	// Lost, optional, is closed by the backend the moment it knows the grant is
+	// gone without waiting for the next Refresh (an etcd lease or a ZooKeeper
+	// session expired). The core then ends the lease at once. A backend that
+	// cannot tell leaves it nil; the core still learns at the next Refresh or at
+	// the validity deadline.
+	Lost <-chan struct{}
 }
 
 // HeldError is returned by Acquire when the key is held. It matches ErrLocked with
