@@ -5,9 +5,11 @@
 //	rediss://host:6380/0?tls_ca=/etc/ca.pem&tls_cert=c.pem&tls_key=k.pem
 //	unix:///run/redis.sock?db=0
 //
-// Parameters: prefix (key namespace, default "dlock"), tls_ca, tls_cert, tls_key,
-// tls_server_name (rediss only); every go-redis URL option (dial_timeout, pool_size,
-// ...); and the core's ttl, renew, drift, owner. Unknown parameters are an error.
+// Parameters: prefix (key namespace, default "dlock"); replicas and replica_timeout
+// (see WithReplicas; default timeout 50ms); strict (see WithStrict); tls_ca,
+// tls_cert, tls_key, tls_server_name (rediss only); every go-redis URL option
+// (dial_timeout, pool_size, ...); and the core's ttl, renew, drift, owner. Unknown
+// parameters are an error.
 //
 // # Algorithm
 //
@@ -33,6 +35,14 @@
 // replica that had not yet received a grant lets a second client in; without
 // appendonly+fsync, a crash loses grants the same way. In those cases timing cannot
 // save you and fencing tokens (checked by the protected resource) must.
+//
+// Two settings narrow those windows. WithReplicas (?replicas=N) follows every acquire
+// and refresh with WAIT N (WAITAOF on Redis 7.2+ with the AOF on) in the same round
+// trip, and fails closed: an acquire that too few replicas acknowledged is released
+// again and reported as ErrNotReplicated. WithStrict (?strict=true) refuses, at Open,
+// a server that does not fsync every write (appendonly yes, appendfsync always), since
+// only such a server keeps its grants across its own crash; Persistence reports what
+// the server does in any case.
 package redislock
 
 import (
@@ -43,6 +53,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strconv"
@@ -89,12 +100,19 @@ type Backend struct {
 	own    bool // close rdb in Close
 	prefix string
 	wakeCh string // this client's wake-up channel
+	logger *slog.Logger
+
+	replicas       int
+	replicaTimeout time.Duration
+	strict         bool
 
 	mu      sync.Mutex
 	closed  bool
 	ps      *redis.PubSub
 	waiters map[waitKey]*waiter
 	listen  sync.WaitGroup
+
+	persistence Persistence
 }
 
 type waitKey struct{ key, owner string }
@@ -114,7 +132,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Backend, error) {
 	}
 	var id [12]byte
 	_, _ = rand.Read(id[:])
-	b := &Backend{rdb: rdb, prefix: DefaultPrefix, waiters: make(map[waitKey]*waiter)}
+	b := &Backend{rdb: rdb, prefix: DefaultPrefix, waiters: make(map[waitKey]*waiter), logger: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
 		if err := o(b); err != nil {
 			return nil, err
@@ -125,9 +143,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Backend, error) {
 }
 
 // Open returns a backend for a redis://, rediss:// or unix:// URL; see the package
-// documentation for its parameters. It checks that the server answers before
-// returning.
-func Open(ctx context.Context, u *url.URL) (*Backend, error) {
+// documentation for its parameters. Options given here apply after the URL's. It
+// checks that the server answers and runs Verify before returning.
+func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	p := driver.NewParams(u.Query())
 	prefix, err := p.String("prefix", DefaultPrefix)
 	if err != nil {
@@ -139,7 +157,11 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 			return nil, err
 		}
 	}
-	ours := []string{"prefix", "tls_ca", "tls_cert", "tls_key", "tls_server_name"}
+	durability, err := parseDurability(p)
+	if err != nil {
+		return nil, err
+	}
+	ours := []string{"prefix", "tls_ca", "tls_cert", "tls_key", "tls_server_name", "replicas", "replica_timeout", "strict"}
 	opt, err := redis.ParseURL(driver.Without(u, ours...).String())
 	if err != nil {
 		// go-redis errors name the parameter, not the password.
@@ -150,7 +172,7 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	}
 	opt.ContextTimeoutEnabled = true
 	rdb := redis.NewClient(opt)
-	b, err := New(rdb, WithPrefix(prefix))
+	b, err := New(rdb, append([]Option{WithPrefix(prefix)}, append(durability, opts...)...)...)
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -159,6 +181,10 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		rdb.Close()
 		return nil, fmt.Errorf("redislock: connect to %s: %w", driver.Redact(u), err)
+	}
+	if err := b.Verify(ctx); err != nil {
+		rdb.Close()
+		return nil, err
 	}
 	return b, nil
 }
@@ -237,10 +263,18 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			queued = "1"
 		}
 	}
-	n, err := acquireScript.Run(ctx, b.rdb, []string{lock, token, queue},
-		req.Owner, ms(req.TTL), wait, ms(req.Patience), wp, b.wakeCh, queued).Int64()
-	if err != nil {
+	cmd, err := b.runScript(ctx, acquireScript, []string{lock, token, queue},
+		req.Owner, ms(req.TTL), wait, ms(req.Patience), wp, b.wakeCh, queued)
+	n, cerr := cmd.Int64()
+	if errors.Is(err, ErrNotReplicated) && cerr == nil && n > 0 {
+		// Fail closed: give back a grant the replicas may not have.
+		if rerr := releaseScript.Run(ctx, b.rdb, []string{lock, queue}, req.Owner, wp, req.Key).Err(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("release after failed replication: %w", rerr))
+		}
 		return driver.Grant{}, wrap("acquire", req.Key, err)
+	}
+	if cerr != nil {
+		return driver.Grant{}, wrap("acquire", req.Key, cerr)
 	}
 	if n < 0 && w != nil {
 		w.queued.Store(true)
@@ -259,12 +293,12 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 // Refresh implements driver.Backend.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	lock, _, _, _ := b.keys(key)
-	n, err := refreshScript.Run(ctx, b.rdb, []string{lock}, owner, ms(ttl)).Int64()
+	cmd, err := b.runScript(ctx, refreshScript, []string{lock}, owner, ms(ttl))
+	if n, cerr := cmd.Int64(); cerr == nil && n == 0 {
+		return driver.ErrNotHeld
+	}
 	if err != nil {
 		return wrap("refresh", key, err)
-	}
-	if n == 0 {
-		return driver.ErrNotHeld
 	}
 	return nil
 }

@@ -228,7 +228,8 @@ func StartRedis(t testing.TB, extra ...string) *Redis {
 	for range 3 {
 		port := FreePort(t)
 		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-			"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no"}, extra...)
+			"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no",
+			"--repl-diskless-sync-delay", "0"}, extra...)
 		ready := func() error { return redisPing(port) }
 		p := &Process{Name: "redis-" + strconv.Itoa(port), Dir: dir, t: t, path: path, args: args, ready: ready}
 		if last = p.Restart(); last == nil {

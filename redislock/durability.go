@@ -1,0 +1,240 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// ErrNotReplicated means a write was not acknowledged by the required number of
+// replicas within the replica timeout. An acquire that fails this way is released
+// again before the error is returned (fail closed).
+var ErrNotReplicated = errors.New("redislock: write not acknowledged by enough replicas")
+
+// ErrNotDurable is returned by Verify in strict mode when the server would lose
+// grants in a crash: it does not append every write to its AOF and fsync it
+// (appendonly yes, appendfsync always).
+var ErrNotDurable = errors.New("redislock: server does not persist every write (needs appendonly yes and appendfsync always)")
+
+// WithReplicas makes every acquire and refresh wait until n replicas acknowledged
+// it (WAIT n timeout, sent on the same connection in the same round trip). Fewer
+// acknowledgements within timeout fail the operation; a failed acquire is released
+// again. This narrows, but does not close, the failover window of asynchronous
+// replication: a replica that acknowledged has the grant in memory, not on disk, and
+// Redis does not promise to promote that replica. Fencing tokens still matter.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return func(b *Backend) error {
+		if n < 0 || n > 64 {
+			return fmt.Errorf("%w: replicas must be between 0 and 64, got %d", driver.ErrInvalid, n)
+		}
+		if n > 0 && timeout < time.Millisecond {
+			return fmt.Errorf("%w: replica timeout must be at least 1ms (WAIT 0 would block forever), got %v", driver.ErrInvalid, timeout)
+		}
+		b.replicas, b.replicaTimeout = n, timeout
+		return nil
+	}
+}
+
+// WithStrict makes Verify refuse a server that cannot keep a grant across its own
+// crash and restart (see ErrNotDurable).
+func WithStrict() Option {
+	return func(b *Backend) error {
+		b.strict = true
+		return nil
+	}
+}
+
+// WithLogger sets where the backend reports the server's persistence settings and
+// replication trouble (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(b *Backend) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", driver.ErrInvalid)
+		}
+		b.logger = l
+		return nil
+	}
+}
+
+// Persistence describes how the server keeps data across a restart.
+type Persistence struct {
+	// Known is false when the server refused to tell (CONFIG and INFO disabled).
+	Known bool
+	// AppendOnly is the appendonly setting: every write goes to the AOF.
+	AppendOnly bool
+	// AppendFsync is the appendfsync setting: "always", "everysec" or "no".
+	AppendFsync string
+	// Version is the server's redis_version.
+	Version string
+}
+
+// Durable reports whether every acknowledged write survives a crash of the server
+// process and of its machine: AOF on, fsync on every write.
+func (p Persistence) Durable() bool {
+	return p.Known && p.AppendOnly && p.AppendFsync == "always"
+}
+
+func (p Persistence) String() string {
+	if !p.Known {
+		return "unknown (CONFIG and INFO refused)"
+	}
+	return fmt.Sprintf("appendonly=%v appendfsync=%s", p.AppendOnly, p.AppendFsync)
+}
+
+// Persistence returns what Verify found (zero until Verify ran).
+func (b *Backend) Persistence() Persistence {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.persistence
+}
+
+// Verify reads the server's persistence settings, logs them, and in strict mode
+// returns ErrNotDurable if the server could lose a grant in a crash. Open calls it;
+// call it yourself after New.
+func (b *Backend) Verify(ctx context.Context) error {
+	p, err := readPersistence(ctx, b.rdb)
+	if err != nil {
+		return fmt.Errorf("redislock: read persistence settings: %w", err)
+	}
+	b.mu.Lock()
+	b.persistence = p
+	b.mu.Unlock()
+	b.logger.Info("redislock: server persistence", "settings", p.String(), "durable", p.Durable(), "version", p.Version)
+	if !p.Durable() {
+		b.logger.Warn("redislock: a crash of this server can lose grants; only fencing tokens protect against a second holder then", "settings", p.String())
+		if b.strict {
+			return fmt.Errorf("%w: server has %s", ErrNotDurable, p)
+		}
+	}
+	return nil
+}
+
+func readPersistence(ctx context.Context, rdb redis.UniversalClient) (Persistence, error) {
+	info, err := rdb.Info(ctx, "server", "persistence").Result()
+	if err != nil {
+		if ctx.Err() != nil {
+			return Persistence{}, err
+		}
+		info = ""
+	}
+	fields := map[string]string{}
+	for line := range strings.SplitSeq(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
+		}
+	}
+	p := Persistence{Version: fields["redis_version"]}
+	if cfg, err := rdb.ConfigGet(ctx, "append*").Result(); err == nil && cfg["appendonly"] != "" {
+		p.Known = true
+		p.AppendOnly = cfg["appendonly"] == "yes"
+		p.AppendFsync = cfg["appendfsync"]
+		return p, nil
+	}
+	if v, ok := fields["aof_enabled"]; ok {
+		// CONFIG is disabled (managed services): INFO tells whether AOF is on, not
+		// the fsync policy, which must then count as unknown.
+		p.Known = true
+		p.AppendOnly = v == "1"
+		p.AppendFsync = "unknown"
+	}
+	return p, nil
+}
+
+// runScript runs a write script and, with WithReplicas, WAIT on the same
+// connection in the same round trip. It returns the script's reply and whether the
+// replicas acknowledged.
+func (b *Backend) runScript(ctx context.Context, s *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
+	if b.replicas == 0 {
+		cmd := s.Run(ctx, b.rdb, keys, args...)
+		return cmd, cmd.Err()
+	}
+	for attempt := 0; ; attempt++ {
+		var cmd *redis.Cmd
+		var wait *redis.Cmd
+		_, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if attempt == 0 {
+				cmd = s.EvalSha(ctx, p, keys, args...)
+			} else {
+				cmd = s.Eval(ctx, p, keys, args...)
+			}
+			if b.waitAOF() {
+				wait = p.Do(ctx, "WAITAOF", 1, b.replicas, b.replicaTimeout.Milliseconds())
+			} else {
+				wait = p.Do(ctx, "WAIT", b.replicas, b.replicaTimeout.Milliseconds())
+			}
+			return nil
+		})
+		if err != nil && attempt == 0 && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			continue // the script cache was flushed: send the source once
+		}
+		if cmd.Err() != nil {
+			return cmd, cmd.Err()
+		}
+		if err := wait.Err(); err != nil {
+			return cmd, fmt.Errorf("WAIT: %w", err)
+		}
+		if acked := ackedReplicas(wait); acked < int64(b.replicas) {
+			return cmd, fmt.Errorf("%w: %d of %d within %v", ErrNotReplicated, acked, b.replicas, b.replicaTimeout)
+		}
+		return cmd, nil
+	}
+}
+
+func parseDurability(p *driver.Params) ([]Option, error) {
+	var opts []Option
+	n, err := p.Int("replicas", 0)
+	if err != nil {
+		return nil, err
+	}
+	timeout, err := p.Duration("replica_timeout", 50*time.Millisecond)
+	if err != nil {
+		return nil, err
+	}
+	if n > 0 {
+		opts = append(opts, WithReplicas(n, timeout))
+	}
+	strict, err := p.Bool("strict", false)
+	if err != nil {
+		return nil, err
+	}
+	if strict {
+		opts = append(opts, WithStrict())
+	}
+	return opts, nil
+}
+
+// waitAOF reports whether to use WAITAOF (Redis 7.2 and later, with the AOF on):
+// then an acknowledgement means the write is fsynced on the master and on each
+// acknowledging replica, which needs appendonly on the replicas too.
+func (b *Backend) waitAOF() bool {
+	p := b.Persistence()
+	if !p.AppendOnly {
+		return false
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(p.Version, "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 7 || major == 7 && minor >= 2
+}
+
+// ackedReplicas reads the reply of WAIT (an integer) or WAITAOF (local, replicas).
+func ackedReplicas(c *redis.Cmd) int64 {
+	if n, err := c.Int64(); err == nil {
+		return n
+	}
+	if s, err := c.Int64Slice(); err == nil && len(s) == 2 {
+		if s[0] < 1 {
+			return 0 // not fsynced locally
+		}
+		return s[1]
+	}
+	return 0
+}
