@@ -164,7 +164,9 @@ func TestLeaseLostStopsChild(t *testing.T) {
 func TestSignalsForwarded(t *testing.T) {
 	e := setup(t)
 	done := make(chan int, 1)
-	go func() { done <- e.run(t, e.cfg("job", "sh", "-c", `trap 'exit 42' TERM; while :; do sleep 0.01; done`)) }()
+	go func() {
+		done <- e.run(t, e.cfg("job", "sh", "-c", `trap 'exit 42' TERM; while :; do sleep 0.01; done`))
+	}()
 	sigs := <-e.sigs
 	for {
 		if _, err := e.store.Backend().Inspect(context.Background(), "job"); err == nil {
