@@ -7,4 +7,5 @@ package all
 import (
 	_ "github.com/dlockio/dlock/memlock"   // mem://
 	_ "github.com/dlockio/dlock/redislock" // redis://, rediss://, unix://
+	_ "github.com/dlockio/dlock/zklock"    // zk://
 )
