@@ -14,24 +14,63 @@ import (
 )
 
 // OpsCounter returns a running total of server-side operations (for example the sum
-// of Redis commandstats calls), so benchmarks can report operations per handoff.
+// of Redis commandstats calls), so benchmarks can report operations per handoff. A
+// nil OpsCounter given to a benchmark falls back to the backend's
+// driver.OpsCounter, if it has one.
 type OpsCounter func(tb testing.TB) int64
 
-// BenchCycle measures one uncontended Lock+Release cycle on one key.
+func (h Harness) opsCounter(tb testing.TB, given OpsCounter) OpsCounter {
+	if given != nil {
+		return given
+	}
+	be := h.Open(tb)
+	oc, ok := be.(driver.OpsCounter)
+	if !ok {
+		be.Close()
+		return nil
+	}
+	tb.Cleanup(func() { be.Close() })
+	return func(tb testing.TB) int64 {
+		n, err := oc.ServerOps(context.Background())
+		if err != nil {
+			tb.Fatalf("ServerOps: %v", err)
+		}
+		return n
+	}
+}
+
+// BenchCycle measures one uncontended Lock+Release cycle on one key ("dlock"), and,
+// when the backend is a driver.Floorer, the floor cycle on the same server in the
+// same run ("floor"), so the two can be compared as a ratio.
 func BenchCycle(b *testing.B, h Harness) {
 	ctx := context.Background()
-	c := h.Client(b)
-	key := Key(b, "k")
-	b.ReportAllocs()
-	for b.Loop() {
-		l, err := c.Lock(ctx, key)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
+	be := h.Open(b)
+	defer be.Close()
+	if f, ok := be.(driver.Floorer); ok {
+		b.Run("floor", func(b *testing.B) {
+			key := Key(b, "k")
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := f.FloorCycle(ctx, key); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
+	b.Run("dlock", func(b *testing.B) {
+		c := h.Client(b)
+		key := Key(b, "k")
+		b.ReportAllocs()
+		for b.Loop() {
+			l, err := c.Lock(ctx, key)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // BenchHandoff measures contended handoff between two clients: the time from one
@@ -50,6 +89,7 @@ func BenchHandoff(b *testing.B, h Harness, ops OpsCounter) {
 		at time.Time
 	}
 	turn := make(chan result)
+	ops = h.opsCounter(b, ops)
 	var opsTotal int64
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -145,6 +185,7 @@ func BenchContended(b *testing.B, h Harness, workers int, ops OpsCounter) {
 		}
 		var next atomic.Int64
 		counts := make([]int64, workers)
+		ops := h.opsCounter(b, ops)
 		var start0 int64
 		if ops != nil {
 			start0 = ops(b)

@@ -451,3 +451,39 @@ func (b *Backend) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+var floorCAD = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+// FloorCycle implements driver.Floorer: SET NX PX, then a compare-and-delete script,
+// on this backend's client, under the prefix's "floor:" namespace.
+func (b *Backend) FloorCycle(ctx context.Context, key string) error {
+	k := b.prefix + ":floor:" + key
+	ok, err := b.rdb.SetNX(ctx, k, b.wakeCh, 15*time.Second).Result()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("floor key %q held", k)
+	}
+	return floorCAD.Run(ctx, b.rdb, []string{k}, b.wakeCh).Err()
+}
+
+// ServerOps implements driver.OpsCounter: the sum of the calls in INFO
+// commandstats, which counts the commands run inside scripts as well, less the INFO
+// calls themselves.
+func (b *Backend) ServerOps(ctx context.Context) (int64, error) {
+	s, err := b.rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for line := range strings.SplitSeq(s, "\n") {
+		name, rest, ok := strings.Cut(line, ":calls=")
+		if !ok || name == "cmdstat_info" {
+			continue
+		}
+		n, _ := strconv.ParseInt(rest[:max(strings.IndexByte(rest, ','), 0)], 10, 64)
+		total += n
+	}
+	return total, nil
+}
