@@ -25,8 +25,14 @@ func startReplica(t *testing.T, master *testserver.Redis) *testserver.Redis {
 		// The master counts the replica for WAIT once it is online in its view.
 		info, err := rdb.Info(context.Background(), "replication").Result()
 		if err == nil && strings.Contains(info, "port="+strconv.Itoa(r.Port)+",state=online") {
-			// ... and answers acknowledgement requests.
-			if n, err := rdb.Do(context.Background(), "WAIT", 1, 100).Int64(); err == nil && n == 1 {
+			// ... and acknowledges a write (WAIT on the connection that wrote).
+			var wait *redis.Cmd
+			_, err := rdb.Pipelined(context.Background(), func(p redis.Pipeliner) error {
+				p.Set(context.Background(), "replica-ready", "1", 0)
+				wait = p.Do(context.Background(), "WAIT", 1, 1000)
+				return nil
+			})
+			if n, _ := wait.Int64(); err == nil && n == 1 {
 				return r
 			}
 		}
