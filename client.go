@@ -136,19 +136,23 @@ func (c *Client) TryLock(ctx context.Context, key string, opts ...Option) (*Leas
 // ctx ends or the lease may be lost, and releases the lease. If the lease was lost
 // while fn ran, the error matches ErrLeaseLost even when fn returned nil: fn's work may
 // have overlapped another holder's, and only fencing tokens protect against that.
-func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context, l *Lease) error, opts ...Option) error {
+//
+// The lease is released even if fn panics (the panic then continues).
+func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context, l *Lease) error, opts ...Option) (err error) {
 	l, err := c.Lock(ctx, key, opts...)
 	if err != nil {
 		return err
 	}
+	defer func() {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.TTL())
+		defer rcancel()
+		err = errors.Join(err, l.Release(rctx))
+	}()
 	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	stop := context.AfterFunc(l.Context(), func() { cancel(context.Cause(l.Context())) })
-	ferr := fn(fctx, l)
-	stop()
-	cancel(nil)
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.TTL())
-	defer rcancel()
-	return errors.Join(ferr, l.Release(rctx))
+	defer stop()
+	return fn(fctx, l)
 }
 
 func newOwner() string {
@@ -282,8 +286,12 @@ func (c *Client) obtain(ctx context.Context, key string, cfg config, wait, gener
 		gr, err := c.b.Acquire(ctx, req)
 		if err == nil {
 			if clk.Now().Sub(sent) >= cfg.validity() {
-				// Granted too late to be trusted: give it back and treat as held.
-				c.releaseAsync(key, cfg.owner)
+				// Granted too late to be trusted: treat as held and try again. A
+				// generated owner gives it back; a given owner re-enters it on
+				// the next attempt with a fresh TTL.
+				if generated {
+					c.releaseAsync(key, cfg.owner)
+				}
 				err = &driver.HeldError{}
 			} else {
 				acquired = true
@@ -296,10 +304,11 @@ func (c *Client) obtain(ctx context.Context, key string, cfg config, wait, gener
 				// id is ours alone, so releasing it cannot hurt anyone.
 				c.releaseAsync(key, cfg.owner)
 			}
-			if ctx.Err() != nil {
-				return nil, errors.Join(fmt.Errorf("dlock: acquire %q: %w", key, err), ctxErr(ctx, wait))
+			// Backends name themselves and the key in their errors.
+			if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+				return nil, errors.Join(err, context.Cause(ctx))
 			}
-			return nil, fmt.Errorf("dlock: acquire %q: %w", key, err)
+			return nil, err
 		}
 		if !wait {
 			return nil, err

@@ -245,9 +245,11 @@ func (l *Lease) Err() error {
 // Release gives the lease back. Re-entered grants are freed on the server when their
 // last lease is released. Release returns nil on success; an error matching
 // ErrLeaseLost if the lease had been lost (the work done under it may have overlapped
-// another holder's); ErrReleased if called again. If ctx ends before the server
-// answered, the lease stays unreleased and Release may be called again; the server
-// frees the grant after its TTL in any case once renewal stops.
+// another holder's); ErrReleased if called again. If ctx ends while Release waits for
+// a concurrent lock call of the same owner, nothing changes and Release may be called
+// again. Once it reaches the server, the lease ends locally whatever the answer
+// (renewal stops); if the server could not be told, the error says so and the
+// server frees the grant after its TTL.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
