@@ -11,50 +11,111 @@ import (
 	"time"
 )
 
-// sniffConn wraps the connection the ZooKeeper client library reads from and
-// decodes the first frame the server sends on it: the connect response, which holds
-// the session id and the session timeout the server actually granted. The library
-// keeps both to itself; the backend needs them to know which session its nodes
-// belong to and how long that session is guaranteed to live.
-type sniffConn struct {
-	net.Conn
-	onConnect func(sessionID int64, timeout time.Duration)
-
-	mu   sync.Mutex
-	head []byte // first bytes of the stream until the connect response is decoded
-	done bool
+// wireHooks observe the ZooKeeper protocol below the client library, which keeps to
+// itself what the backend needs: the session id and timeout the server granted (in
+// the connect response), and the zxid of the transaction that created a node (in the
+// create reply's header), which is the node's czxid, the fencing token. Knowing it
+// from the reply saves a round trip per grant.
+type wireHooks struct {
+	connect func(sessionID int64, timeout time.Duration)
+	// wrote is called for every create request written, with its xid and path.
+	wrote func(xid int32, path string)
+	// replied is called for every reply, with its xid, zxid and error code.
+	replied func(xid int32, zxid int64, code int32)
 }
 
-// connectResponse layout: int32 frame length, int32 protocol version, int32 timeout
-// in milliseconds, int64 session id, then the session password.
-const connectHeadLen = 4 + 4 + 4 + 8
+// sniffConn wraps a connection to a server. The library writes one whole frame per
+// Write call; replies are parsed from the read stream however it is chunked.
+type sniffConn struct {
+	net.Conn
+	hooks *wireHooks
+
+	wmu     sync.Mutex
+	wrFirst bool // the connect request has been written
+
+	rmu     sync.Mutex
+	rdFirst bool   // the connect response has been decoded
+	head    []byte // first bytes of the current frame
+	left    int    // bytes of the current frame still to skip, after its head
+}
+
+// Frame heads: a reply is int32 length, int32 xid, int64 zxid, int32 error code; the
+// connect response is int32 length, int32 protocol version, int32 timeout in
+// milliseconds, int64 session id. Both fit in 20 bytes.
+const headLen = 20
+
+const opCreate, opCreate2 = 1, 15
+
+func (c *sniffConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	first := !c.wrFirst
+	c.wrFirst = true
+	c.wmu.Unlock()
+	if !first && len(p) >= 16 && int(binary.BigEndian.Uint32(p[:4])) == len(p)-4 {
+		if op := int32(binary.BigEndian.Uint32(p[8:12])); op == opCreate || op == opCreate2 {
+			if l := int(binary.BigEndian.Uint32(p[12:16])); l >= 0 && 16+l <= len(p) {
+				c.hooks.wrote(int32(binary.BigEndian.Uint32(p[4:8])), string(p[16:16+l]))
+			}
+		}
+	}
+	return c.Conn.Write(p)
+}
 
 func (c *sniffConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
-		c.mu.Lock()
-		if !c.done {
-			need := connectHeadLen - len(c.head)
-			c.head = append(c.head, p[:min(n, need)]...)
-			if len(c.head) == connectHeadLen {
-				c.done = true
-				timeout := time.Duration(int32(binary.BigEndian.Uint32(c.head[8:12]))) * time.Millisecond
-				sid := int64(binary.BigEndian.Uint64(c.head[12:20]))
-				c.head = nil
-				c.mu.Unlock()
-				c.onConnect(sid, timeout)
-				return n, err
-			}
-		}
-		c.mu.Unlock()
+		c.parse(p[:n])
 	}
 	return n, err
 }
 
+func (c *sniffConn) parse(data []byte) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	for len(data) > 0 {
+		if c.left > 0 {
+			skip := min(c.left, len(data))
+			c.left -= skip
+			data = data[skip:]
+			continue
+		}
+		if len(c.head) < 4 {
+			take := min(4-len(c.head), len(data))
+			c.head = append(c.head, data[:take]...)
+			data = data[take:]
+			continue
+		}
+		total := 4 + int(binary.BigEndian.Uint32(c.head[:4]))
+		want := min(headLen, total)
+		take := min(want-len(c.head), len(data))
+		c.head = append(c.head, data[:take]...)
+		data = data[take:]
+		if len(c.head) < want {
+			continue
+		}
+		c.left = total - want
+		if want == headLen {
+			c.frame(c.head)
+		}
+		c.head = c.head[:0]
+	}
+}
+
+// frame handles the head of one frame from the server.
+func (c *sniffConn) frame(h []byte) {
+	if !c.rdFirst {
+		c.rdFirst = true
+		timeout := time.Duration(int32(binary.BigEndian.Uint32(h[8:12]))) * time.Millisecond
+		c.hooks.connect(int64(binary.BigEndian.Uint64(h[12:20])), timeout)
+		return
+	}
+	c.hooks.replied(int32(binary.BigEndian.Uint32(h[4:8])), int64(binary.BigEndian.Uint64(h[8:16])), int32(binary.BigEndian.Uint32(h[16:20])))
+}
+
 // dialer returns the function the client library dials servers with: TCP, then TLS
-// when configured, wrapped so the connect response is observed. Failures are
-// reported to onErr so that a connection that never comes up can say why.
-func dialer(tlsConfig *tls.Config, onConnect func(int64, time.Duration), onErr func(error)) func(network, address string, timeout time.Duration) (net.Conn, error) {
+// when configured, wrapped so the protocol is observed. Failures are reported to
+// onErr so that a connection that never comes up can say why.
+func dialer(tlsConfig *tls.Config, hooks *wireHooks, onErr func(error)) func(network, address string, timeout time.Duration) (net.Conn, error) {
 	return func(network, address string, timeout time.Duration) (net.Conn, error) {
 		d := net.Dialer{Timeout: timeout}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -79,7 +140,7 @@ func dialer(tlsConfig *tls.Config, onConnect func(int64, time.Duration), onErr f
 			}
 			c = tc
 		}
-		return &sniffConn{Conn: c, onConnect: onConnect}, nil
+		return &sniffConn{Conn: c, hooks: hooks}, nil
 	}
 }
 

@@ -90,7 +90,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -367,10 +366,11 @@ func dial(ctx context.Context, servers []string, name string, opts []Option) (*B
 		closing: make(chan struct{}), ready: make(chan struct{}),
 		entries: make(map[ekey]*entry), byPath: make(map[string]*entry),
 		waiters: make(map[ekey]*waiter), predOf: make(map[string]map[*waiter]bool),
-		doomed: make(map[string]bool),
+		doomed:  make(map[string]bool),
+		creates: make(map[string]*createWait), createXid: make(map[int32]*createWait),
 	}
 	conn, events, err := zk.Connect(servers, cfg.sessionTimeout,
-		zk.WithDialer(dialer(cfg.tls, b.onConnectResponse, b.onDialError)),
+		zk.WithDialer(dialer(cfg.tls, &wireHooks{connect: b.onConnectResponse, wrote: b.onCreateWritten, replied: b.onReply}, b.onDialError)),
 		zk.WithLogger(zkLogger{cfg.logger}), zk.WithLogInfo(false),
 		zk.WithEventCallback(b.onEvent))
 	if err != nil {
@@ -483,6 +483,89 @@ type Backend struct {
 	doomed      map[string]bool             // child paths being deleted in the background
 	granted     int
 	hbRunning   bool
+
+	cmu       sync.Mutex // guards the create observations below
+	creates   map[string]*createWait
+	createXid map[int32]*createWait
+}
+
+// createWait follows one create request on the wire.
+type createWait struct {
+	written chan struct{} // closed when the request has been written
+	wrote   bool
+	zxid    int64 // of the successful reply: the node's czxid
+}
+
+func (b *Backend) expectCreate(p string) *createWait {
+	cw := &createWait{written: make(chan struct{})}
+	b.cmu.Lock()
+	b.creates[p] = cw
+	b.cmu.Unlock()
+	return cw
+}
+
+func (b *Backend) forgetCreate(p string) {
+	b.cmu.Lock()
+	defer b.cmu.Unlock()
+	cw := b.creates[p]
+	delete(b.creates, p)
+	for x, c := range b.createXid {
+		if c == cw {
+			delete(b.createXid, x)
+		}
+	}
+}
+
+func (b *Backend) createZxid(cw *createWait) int64 {
+	b.cmu.Lock()
+	defer b.cmu.Unlock()
+	return cw.zxid
+}
+
+// onCreateWritten is called by the connection wrapper for every create request.
+func (b *Backend) onCreateWritten(xid int32, p string) {
+	b.cmu.Lock()
+	defer b.cmu.Unlock()
+	cw := b.creates[p]
+	if cw == nil {
+		return
+	}
+	b.createXid[xid] = cw
+	if !cw.wrote {
+		cw.wrote = true
+		close(cw.written)
+	}
+}
+
+// onReply is called by the connection wrapper for every reply.
+func (b *Backend) onReply(xid int32, zxid int64, code int32) {
+	b.cmu.Lock()
+	defer b.cmu.Unlock()
+	if len(b.createXid) == 0 {
+		return
+	}
+	if cw := b.createXid[xid]; cw != nil {
+		delete(b.createXid, xid)
+		if code == 0 {
+			cw.zxid = zxid
+		}
+	}
+}
+
+// async runs f on a goroutine that Close waits for; false if the backend is closed.
+func (b *Backend) async(f func()) bool {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return false
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
+	go func() {
+		defer b.wg.Done()
+		f()
+	}()
+	return true
 }
 
 var (
@@ -507,6 +590,7 @@ type entry struct {
 	czxid   int64
 	session int64 // the child's ephemeral owner
 	granted bool
+	watched bool // a deletion watch is set on the child
 	dead    bool // removed from the backend's maps
 	lost    chan struct{}
 	lostSet bool
@@ -834,10 +918,12 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	b.mu.Unlock()
 	data := []byte(strconv.FormatInt(req.TTL.Milliseconds(), 10))
 
+	var pre created
 	if own == "" {
-		if own, err = b.create(ctx, e, data, req); err != nil {
+		if pre, err = b.create(ctx, e, data, req); err != nil {
 			return g, err, false
 		}
+		own = pre.name
 	}
 	ownPath := e.parent + "/" + own
 	// Until this attempt settles, the child expires locally like a queued one, so
@@ -846,12 +932,22 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	b.armLocked(e, max(req.TTL, req.Patience))
 	b.mu.Unlock()
 
-	// List the queue and, for a new child, read its stat (czxid, session) and watch
-	// it for deletion, in one round trip.
+	// List the queue (unless it was listed right behind the create) and, for a new
+	// child whose czxid is unknown, read its stat (czxid, session) and watch it for
+	// deletion, in one round trip.
 	var names []string
 	var st *zk.Stat
 	var stErr error
 	var wg sync.WaitGroup
+	if !knownStat && pre.czxid != 0 {
+		knownStat = true
+		b.mu.Lock()
+		if !e.dead {
+			e.czxid, e.session = pre.czxid, pre.session
+			b.byPath[ownPath] = e
+		}
+		b.mu.Unlock()
+	}
 	if !knownStat {
 		wg.Go(func() {
 			stErr = b.call(ctx, func() error {
@@ -861,11 +957,15 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 			})
 		})
 	}
-	err = b.call(ctx, func() error {
-		var err error
-		names, _, err = b.conn.Children(e.parent)
-		return err
-	})
+	if pre.listed {
+		names = pre.names
+	} else {
+		err = b.call(ctx, func() error {
+			var err error
+			names, _, err = b.conn.Children(e.parent)
+			return err
+		})
+	}
 	wg.Wait()
 	if err == nil && !knownStat {
 		err = stErr
@@ -876,7 +976,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	q := queue(names)
 	b.mu.Lock()
 	if !knownStat && st != nil && !e.dead {
-		e.czxid, e.session = st.Czxid, st.EphemeralOwner
+		e.czxid, e.session, e.watched = st.Czxid, st.EphemeralOwner, true
 		b.byPath[ownPath] = e
 	}
 	var mine []child
@@ -927,7 +1027,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 			b.mu.Unlock()
 			return g, wrap("acquire", req.Key, err), false
 		}
-		e.name, e.path, e.czxid, e.session, e.guid = keep.name, kp, st.Czxid, st.EphemeralOwner, keep.guid
+		e.name, e.path, e.czxid, e.session, e.guid, e.watched = keep.name, kp, st.Czxid, st.EphemeralOwner, keep.guid, true
 		b.byPath[kp] = e
 		b.mu.Unlock()
 		ownPath = kp
@@ -994,6 +1094,16 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	return g, &driver.HeldError{}, false
 }
 
+// created is the outcome of create: the child's name, its czxid when the reply was
+// observed, and the queue when it could be listed right behind the create.
+type created struct {
+	name    string
+	czxid   int64
+	session int64
+	names   []string
+	listed  bool
+}
+
 // freshSession makes sure a request reached the leader recently enough for the
 // session to be certainly alive, sending a sync if not.
 func (b *Backend) freshSession(ctx context.Context) error {
@@ -1013,10 +1123,12 @@ func (b *Backend) freshSession(ctx context.Context) error {
 }
 
 // create makes e's child, settling a lost reply by looking for the attempt's GUID.
-// On failure, an entry whose create may have happened is left to expire locally
-// (which deletes whatever carries its GUID); one whose create certainly did not
-// happen is dropped.
-func (b *Backend) create(ctx context.Context, e *entry, data []byte, req driver.Request) (name string, err error) {
+// The first try lists the queue in the same round trip: the listing is sent right
+// behind the create, and a session's requests are processed in order, so it sees the
+// new child. On failure, an entry whose create may have happened is left to expire
+// locally (which deletes whatever carries its GUID); one whose create certainly did
+// not happen is dropped.
+func (b *Backend) create(ctx context.Context, e *entry, data []byte, req driver.Request) (res created, err error) {
 	b.mu.Lock()
 	if e.guid == "" {
 		e.guid = newGUID()
@@ -1037,74 +1149,117 @@ func (b *Backend) create(ctx context.Context, e *entry, data []byte, req driver.
 		}
 	}()
 	prefix := e.parent + "/" + childPrefix + e.owner + "-" + guid + "-"
+	cw := b.expectCreate(prefix)
+	defer b.forgetCreate(prefix)
 	giveUp := time.Now().Add(limit)
 	var last error
+	unsettled := false // a create's outcome is unknown: find out before creating again
 	for try := 0; ; try++ {
 		if try > 0 {
 			if time.Now().After(giveUp) {
-				return "", wrap("acquire", e.key, last)
+				return res, wrap("acquire", e.key, last)
 			}
 			if try > 1 {
 				select {
 				case <-ctx.Done():
-					return "", wrap("acquire", e.key, errors.Join(last, context.Cause(ctx)))
+					return res, wrap("acquire", e.key, errors.Join(last, context.Cause(ctx)))
 				case <-b.closing:
-					return "", driver.ErrClosed
+					return res, driver.ErrClosed
 				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}
+		if unsettled {
+			// The request may have been applied and its reply lost. Look for the
+			// attempt's GUID before creating again.
+			sess, sent := b.currentSession(), time.Now()
+			var names []string
+			lerr := b.call(ctx, func() error {
+				var err error
+				names, _, err = b.conn.Children(e.parent)
+				return err
+			})
+			switch {
+			case errors.Is(lerr, zk.ErrNoNode):
+				unsettled = false // no lock node, so no child either
+			case lerr != nil:
+				last = errors.Join(last, lerr)
+				if ctx.Err() != nil || permanent(lerr) {
+					return res, wrap("acquire", e.key, last)
+				}
+				continue
+			default:
+				unsettled = false
+				for _, c := range queue(names) {
+					if c.guid == guid {
+						b.log.Debug("zklock: adopted a contender whose create reply was lost", "key", e.key, "node", c.name)
+						b.markHeard(sent, sess)
+						name, _ := b.setName(e, c.name)
+						return created{name: name, session: sess}, nil
+					}
 				}
 			}
 		}
 		sess := b.currentSession()
 		sent := time.Now()
-		var created string
-		err := b.call(ctx, func() error {
+		var path string
+		createFn := func() error {
 			var err error
-			created, err = b.conn.Create(prefix, data, zk.FlagEphemeralSequential, b.acl)
+			path, err = b.conn.Create(prefix, data, zk.FlagEphemeralSequential, b.acl)
 			return err
-		})
+		}
+		var names []string
+		var lerr error
+		listed := false
+		if try == 0 {
+			errc := make(chan error, 1)
+			if !b.async(func() { errc <- b.call(ctx, createFn) }) {
+				return res, driver.ErrClosed
+			}
+			select {
+			case <-cw.written:
+				listed = true
+				lerr = b.call(ctx, func() error {
+					var err error
+					names, _, err = b.conn.Children(e.parent)
+					return err
+				})
+				err = <-errc
+			case err = <-errc:
+			}
+		} else {
+			err = b.call(ctx, createFn)
+		}
 		switch {
 		case err == nil:
 			b.markHeard(sent, sess)
-			return b.setName(e, path.Base(created))
+			name, _ := b.setName(e, pathBase(path))
+			res = created{name: name, czxid: b.createZxid(cw), session: sess}
+			if listed && lerr == nil {
+				res.names, res.listed = names, true
+			}
+			return res, nil
 		case errors.Is(err, zk.ErrNoNode):
 			if err := b.makeParent(ctx, e.parent); err != nil {
-				return "", wrap("acquire", e.key, err)
+				return res, wrap("acquire", e.key, err)
 			}
 			continue
 		case permanent(err):
-			return "", wrap("acquire", e.key, err)
+			return res, wrap("acquire", e.key, err)
 		case ctx.Err() != nil:
 			unknown = true // the request may still be on its way
-			return "", wrap("acquire", e.key, err)
+			return res, wrap("acquire", e.key, err)
 		case errors.Is(err, zk.ErrSessionExpired):
 			last = err // nothing of the old session survives: create again
 			continue
 		}
-		// The outcome is unknown: the request may have been applied and its reply
-		// lost. Look for the attempt's GUID before creating again.
-		unknown = true
+		// The outcome is unknown (connection lost with the request in flight).
+		unknown, unsettled = true, true
 		last = err
-		var names []string
-		lerr := b.call(ctx, func() error {
-			var err error
-			names, _, err = b.conn.Children(e.parent)
-			return err
-		})
-		if lerr != nil {
-			if !errors.Is(lerr, zk.ErrNoNode) {
-				last = errors.Join(err, lerr)
-			}
-			continue
-		}
-		for _, c := range queue(names) {
-			if c.guid == guid {
-				b.log.Debug("zklock: adopted a contender whose create reply was lost", "key", e.key, "node", c.name)
-				b.markHeard(sent, sess)
-				return b.setName(e, c.name)
-			}
-		}
 	}
 }
+
+func pathBase(p string) string { return p[strings.LastIndexByte(p, '/')+1:] }
 
 func (b *Backend) setName(e *entry, name string) (string, error) {
 	b.mu.Lock()
@@ -1140,19 +1295,43 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	defer e.op.Unlock()
 	b.mu.Lock()
 	ok := !e.dead && e.granted
-	p := e.path
+	p, czxid, watch := e.path, e.czxid, !e.watched
 	sess := b.session
 	b.mu.Unlock()
 	if !ok {
 		return driver.ErrNotHeld
+	}
+	// A grant whose czxid came from the create reply gets its deletion watch now,
+	// at its first renewal, in the same round trip; most locks are released before
+	// that and never pay for it. The watch's stat also confirms the token.
+	var wst *zk.Stat
+	var werr error
+	var wg sync.WaitGroup
+	if watch {
+		wg.Go(func() {
+			werr = b.call(ctx, func() error {
+				var err error
+				_, wst, _, err = b.conn.ChildrenW(p)
+				return err
+			})
+		})
 	}
 	sent := time.Now()
 	err := b.call(ctx, func() error {
 		_, err := b.conn.Set(p, []byte(strconv.FormatInt(ttl.Milliseconds(), 10)), -1)
 		return err
 	})
+	wg.Wait()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if watch && werr == nil && !e.dead {
+		if wst.Czxid != czxid {
+			b.log.Warn("zklock: the create reply's zxid is not the node's czxid; ending the grant", "key", key, "reply", czxid, "czxid", wst.Czxid)
+			b.dropLocked(e, true)
+			return fmt.Errorf("%w: zklock: token of %q could not be confirmed", driver.ErrNotHeld, key)
+		}
+		e.watched = true
+	}
 	switch {
 	case err == nil:
 		if e.dead {

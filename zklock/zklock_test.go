@@ -2,13 +2,17 @@ package zklock_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 	"go.uber.org/goleak"
 
+	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
@@ -113,4 +117,47 @@ func mustURL(t testing.TB, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// The token is the contender node's czxid, also when it is read from the create
+// reply under concurrent writes from other sessions.
+func TestTokenIsCzxid(t *testing.T) {
+	srv := testserver.StartZooKeeper(t)
+	raw := rawConn(t, srv.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const clients, rounds = 4, 20
+	var wg sync.WaitGroup
+	for i := range clients {
+		logs := &captured{}
+		b := open(t, srv.URL("/dlock"), zklock.WithLogger(slog.New(logs)))
+		c := newClient(t, b)
+		wg.Go(func() {
+			for r := range rounds {
+				key := fmt.Sprintf("czxid-%d-%d", i, r%3)
+				l, err := c.Lock(ctx, key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				// The first renewal confirms the token against the node's stat.
+				if err := b.Refresh(ctx, key, l.Owner(), dlock.DefaultTTL); err != nil {
+					t.Errorf("Refresh: %v", err)
+				}
+				names, _, err := raw.Children(lockPath(key))
+				if err != nil || len(names) != 1 {
+					t.Errorf("children of %s: %v, %v", key, names, err)
+				} else if _, st, err := raw.Get(lockPath(key) + "/" + names[0]); err != nil || uint64(st.Czxid) != uint64(l.Token()) {
+					t.Errorf("token %d, node czxid %v (%v)", l.Token(), st, err)
+				}
+				if err := l.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+			if n := logs.count("not the node's czxid"); n > 0 {
+				t.Errorf("%d grants ended on a czxid mismatch", n)
+			}
+		})
+	}
+	wg.Wait()
 }

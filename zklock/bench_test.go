@@ -1,0 +1,159 @@
+package zklock_test
+
+import (
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// packetsReceived counts the requests (and pings) the server received, from the mntr
+// four-letter word, not counting the mntr requests themselves.
+func packetsReceived(srv *testserver.ZooKeeper) drivertest.OpsCounter {
+	var calls atomic.Int64
+	return func(tb testing.TB) int64 {
+		n := calls.Add(1)
+		out, err := srv.FourLetter("mntr")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for line := range strings.SplitSeq(out, "\n") {
+			if v, ok := strings.CutPrefix(line, "zk_packets_received\t"); ok {
+				total, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					tb.Fatal(err)
+				}
+				return total - n
+			}
+		}
+		tb.Fatalf("mntr has no zk_packets_received: %q", out)
+		return 0
+	}
+}
+
+// One handoff costs the same number of ZooKeeper requests with 1 or 16 waiters: a
+// release wakes only the next waiter (predecessor watch), which lists the queue once.
+func TestHandoffCostFlat(t *testing.T) {
+	srv := testserver.StartZooKeeper(t)
+	// A long session timeout keeps pings and heartbeats out of the count.
+	h := harness(t, srv)
+	h.Open = func(t testing.TB) driver.Backend { return open(t, srv.URL("/dlock?session_timeout=60s")) }
+	ops := packetsReceived(srv)
+	ctx := ctxT(t, time.Minute)
+	perHandoff := func(waiters int) float64 {
+		key := drivertest.Key(t, "k")
+		holder := h.Client(t)
+		l, err := holder.Lock(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *dlock.Lease, waiters)
+		for range waiters {
+			c := h.Client(t)
+			go func() {
+				l, err := c.Lock(ctx, key)
+				if err != nil {
+					t.Error(err)
+					got <- nil
+					return
+				}
+				got <- l
+			}()
+		}
+		in := holder.Backend().(driver.Inspector)
+		eventually(t, "every waiter queues", func() bool {
+			info, err := in.Inspect(ctx, key)
+			return err == nil && info.Waiters == waiters
+		})
+		start := ops(t)
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for range waiters {
+			nl := <-got
+			if nl == nil {
+				t.FailNow()
+			}
+			if err := nl.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return float64(ops(t)-start) / float64(waiters)
+	}
+	one, many := perHandoff(1), perHandoff(16)
+	t.Logf("zookeeper requests per handoff: %.2f with 1 waiter, %.2f with 16", one, many)
+	// A handoff is a delete (release) and a children listing (the woken waiter's
+	// attempt); fallback retries and heartbeats may add a little, never one per waiter.
+	if many > one+1 {
+		t.Fatalf("requests per handoff grow with waiters: %.2f with 1, %.2f with 16", one, many)
+	}
+}
+
+func BenchmarkCycle(b *testing.B) {
+	srv := testserver.StartZooKeeper(b)
+	warmUp(b, srv)
+	b.Run("floor=create+delete", func(b *testing.B) { benchFloor(b, srv) })
+	b.Run("dlock", func(b *testing.B) { drivertest.BenchCycle(b, harness(b, srv)) })
+}
+
+// warmUp runs the server's hot paths until the JIT compiler has done its work, so
+// that the first sub-benchmark is not slowed by it.
+func warmUp(b *testing.B, srv *testserver.ZooKeeper) {
+	conn := rawConn(b, srv.Addr())
+	parent := "/warm-up-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := conn.Create(parent, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+		b.Fatal(err)
+	}
+	for range 5000 {
+		p, err := conn.Create(parent+"/n-", nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := conn.Children(parent); err != nil {
+			b.Fatal(err)
+		}
+		if err := conn.Delete(p, -1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchFloor is the least a ZooKeeper lock can do: create an ephemeral node, delete
+// it, on one session of the same client library.
+func benchFloor(b *testing.B, srv *testserver.ZooKeeper) {
+	conn := rawConn(b, srv.Addr())
+	parent := "/floor-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := conn.Create(parent, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := conn.Create(parent+"/n", []byte("15000"), zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := conn.Delete(p, -1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkHandoff(b *testing.B) {
+	srv := testserver.StartZooKeeper(b)
+	drivertest.BenchHandoff(b, harness(b, srv), packetsReceived(srv))
+}
+
+func BenchmarkContended(b *testing.B) {
+	srv := testserver.StartZooKeeper(b)
+	for _, w := range []int{2, 16} {
+		drivertest.BenchContended(b, harness(b, srv), w, packetsReceived(srv))
+	}
+}
