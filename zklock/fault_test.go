@@ -487,3 +487,46 @@ func TestURLParameters(t *testing.T) {
 		c.Close()
 	}
 }
+
+// On a 3-member ensemble, losing the leader keeps mutual exclusion and rising
+// tokens: the lease either survives (the holder reconnected within its session) and
+// still excludes others, or it ends; the next grant's token is larger either way.
+func TestEnsembleLeaderLoss(t *testing.T) {
+	ens := testserver.StartZooKeeperEnsemble(t, 3)
+	ctx := ctxT(t, time.Minute)
+	hb := open(t, ens.URL("/dlock")+"?session_timeout=6s")
+	holder := newClient(t, hb, dlock.WithTTL(time.Minute))
+	other := newClient(t, open(t, ens.URL("/dlock")))
+	key := "ensemble"
+	l, err := holder.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := ens.Leader()
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	leader.Kill()
+	eventually(t, "a new leader is elected", func() bool { return ens.Leader() != nil })
+	t.Logf("leader %s killed; the holder's lease: %v", leader.Addr(), l.Err())
+	if l.Err() == nil {
+		if err := hb.Refresh(ctx, key, l.Owner(), time.Minute); err != nil {
+			if l.Err() == nil {
+				t.Logf("renewal after the election: %v (the lease ends at its deadline)", err)
+			}
+		} else if _, err := other.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
+			t.Fatalf("TryLock while the lease survived the election = %v, want ErrLocked", err)
+		}
+		_ = l.Release(ctx)
+	}
+	l2, err := other.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Token() <= l.Token() {
+		t.Fatalf("token after the leader change %d, not above %d", l2.Token(), l.Token())
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
