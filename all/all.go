@@ -7,5 +7,6 @@ package all
 import (
 	_ "github.com/dlockio/dlock/memlock"   // mem://
 	_ "github.com/dlockio/dlock/redislock" // redis://, rediss://, unix://
+	_ "github.com/dlockio/dlock/redlock"   // redlock://
 	_ "github.com/dlockio/dlock/zklock"    // zk://
 )

@@ -1,0 +1,250 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// Waiting by notification.
+//
+// An attempt that finds the key held on a node records the waiter there: its place
+// in the key's wait set, ordered by when it started waiting (a time its client sends,
+// the same to every node, so that the nodes agree on the order), and its client's
+// wake-up channel, with the core's patience as expiry. A release then publishes, on
+// each node, to the client of that node's oldest live waiter only. Each client
+// subscribes once to its own channel on every node (one subscriber connection per
+// node, opened on first contention), whatever the number of keys and waiters.
+//
+// Because that subscription starts after the first failed attempt, a release in
+// between would be missed; so when the first node confirms the subscription, every
+// local waiter is woken once to try again. From then on a waiter is subscribed
+// before it is recorded anywhere, so no release can miss it.
+//
+// One release sends one message per node, with a nonce shared by its copies. The
+// client wakes the first local waiter a copy names, and again when copies from a
+// majority have arrived, in case its attempt came before the release had reached a
+// majority; so a release wakes at most one waiter per client, at most twice. If the named waiter vanished without withdrawing (its process
+// died), others wait for their fallback timer until its place lapses.
+
+const (
+	subscribeTimeout = time.Second
+	listenBackoff    = 100 * time.Millisecond
+	recentReleases   = 64
+)
+
+type waitKey struct{ key, owner string }
+
+type waiter struct {
+	b          *Backend
+	key, owner string
+	since      int64 // ms, when the wait started, on this client's clock
+	c          chan struct{}
+	queued     bool // recorded as a waiter on some node; guarded by Backend.mu
+}
+
+// release counts the copies of one release's message; guarded by Backend.mu.
+type release struct {
+	nonce  string
+	copies int
+	target *waiter // the first local waiter a copy named
+}
+
+// Watch implements driver.Notifier. It only registers the waiter locally: an
+// uncontended Lock costs no network call for it.
+func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, driver.ErrClosed
+	}
+	w := &waiter{b: b, key: key, owner: owner, since: time.Now().UnixMilli(), c: make(chan struct{}, 1)}
+	b.waiters[waitKey{key, owner}] = w
+	return w, nil
+}
+
+// waitArgs returns the wait flag and the waiting-since time for an attempt.
+func (b *Backend) waitArgs(req driver.Request) (wait string, since int64, queued bool) {
+	if !req.Wait {
+		return "0", 0, false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w := b.waiters[waitKey{req.Key, req.Owner}]; w != nil {
+		return "1", w.since, w.queued
+	}
+	return "1", time.Now().UnixMilli(), false
+}
+
+// queued is called when an attempt with Wait found the key held: the waiter is now
+// recorded on the nodes, and the client must be subscribed.
+func (b *Backend) queued(key, owner string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	if w := b.waiters[waitKey{key, owner}]; w != nil {
+		w.queued = true
+	}
+	if b.notify {
+		return
+	}
+	b.notify = true
+	for _, n := range b.nodes {
+		n.ps = n.rdb.Subscribe(context.Background()) // no network call yet
+		b.bg.Go(func() { b.listen(n) })
+	}
+}
+
+// listen subscribes to the client's channel on one node and reads it until Close.
+func (b *Backend) listen(n *node) {
+	ctx, cancel := context.WithTimeout(context.Background(), subscribeTimeout)
+	// On failure go-redis still remembers the channel and subscribes again when
+	// Receive reconnects.
+	_ = n.ps.Subscribe(ctx, b.wakeCh)
+	cancel()
+	for {
+		m, err := n.ps.Receive(context.Background())
+		if err != nil {
+			if errors.Is(err, redis.ErrClosed) {
+				return
+			}
+			// The node is down or the connection broke; go-redis reconnects and
+			// resubscribes on the next call. Wake-ups lost meanwhile come from the
+			// other nodes or the waiters' fallback timers.
+			t := time.NewTimer(listenBackoff)
+			select {
+			case <-t.C:
+			case <-b.closing:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		switch m := m.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				b.confirmed()
+			}
+		case *redis.Message:
+			b.wake(m.Payload)
+		}
+	}
+}
+
+// confirmed wakes every local waiter the first time a node confirms the
+// subscription, so that a release missed before it is not waited for.
+func (b *Backend) confirmed() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.subscribed {
+		return
+	}
+	b.subscribed = true
+	for _, w := range b.waiters {
+		w.signal()
+	}
+}
+
+// wake handles one node's copy of a release's message "NONCE OWNER KEY".
+func (b *Backend) wake(payload string) {
+	nonce, rest, ok := strings.Cut(payload, " ")
+	if !ok {
+		return
+	}
+	owner, key, ok := strings.Cut(rest, " ")
+	if !ok {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var r *release
+	for i := range b.recent {
+		if b.recent[i].nonce == nonce {
+			r = &b.recent[i]
+			break
+		}
+	}
+	if r == nil {
+		if len(b.recent) == recentReleases {
+			b.recent = b.recent[1:]
+		}
+		b.recent = append(b.recent, release{nonce: nonce})
+		r = &b.recent[len(b.recent)-1]
+	}
+	r.copies++
+	if r.target == nil {
+		if w := b.waiters[waitKey{key, owner}]; w != nil {
+			r.target = w
+			w.signal()
+			return
+		}
+	}
+	if r.copies == b.quorum && r.target != nil {
+		r.target.signal()
+	}
+}
+
+func (w *waiter) signal() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+// isQueued reports whether owner waits for key and an earlier attempt recorded it on
+// the nodes.
+func (b *Backend) isQueued(key, owner string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w := b.waiters[waitKey{key, owner}]
+	return w != nil && w.queued
+}
+
+func (w *waiter) C() <-chan struct{} { return w.c }
+
+// Stop implements driver.Waiter. A waiter that gives up is removed from the nodes'
+// wait sets, so that no release wakes it in vain (best effort: a place left behind
+// lapses after its patience).
+func (w *waiter) Stop(ctx context.Context, acquired bool) error {
+	b := w.b
+	b.mu.Lock()
+	if b.waiters[waitKey{w.key, w.owner}] == w {
+		delete(b.waiters, waitKey{w.key, w.owner})
+	}
+	queued := w.queued
+	b.mu.Unlock()
+	if acquired || !queued {
+		return nil
+	}
+	if err := b.withdraw(ctx, w.key, w.owner, b.all()); err != nil {
+		return fmt.Errorf("redlock: withdraw waiter %q: %w", w.key, err)
+	}
+	return nil
+}
+
+// withdraw removes owner's place from the wait sets of the given nodes.
+func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int) error {
+	wait, prefix := b.keys(key)[2:], b.waiterPrefix(key)
+	r := fanout(ctx, b, idx, func(ctx context.Context, n *node) (int64, error) {
+		return withdrawScript.Run(ctx, n.rdb, wait, owner, prefix).Int64()
+	})
+	return b.nodeErrors(r.errs)
+}
+
+// withdrawAsync is withdraw in the background; Close waits for it.
+func (b *Backend) withdrawAsync(key, owner string, idx []int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.bg.Go(func() { _ = b.withdraw(context.Background(), key, owner, idx) })
+}
