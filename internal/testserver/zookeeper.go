@@ -22,12 +22,20 @@ const (
 	zooKeeperHint = "install it with: apt-get install -y zookeeper"
 )
 
+// zooKeeperNetty are the jars the Netty connection factory (TLS) needs beyond those
+// named in zookeeper.jar's manifest; the package's dependencies install them.
+var zooKeeperNetty = []string{"/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar"}
+
 // ZooKeeper is a ZooKeeper server started for a test, standalone or as a member of
 // an ensemble.
 type ZooKeeper struct {
 	*Process
-	Port int // client port on 127.0.0.1
+	Port       int // client port on 127.0.0.1
+	SecurePort int // TLS client port on 127.0.0.1, 0 without TLS
 }
+
+// SecureAddr returns host:port of the TLS client port.
+func (z *ZooKeeper) SecureAddr() string { return "127.0.0.1:" + strconv.Itoa(z.SecurePort) }
 
 // Addr returns host:port of the client port.
 func (z *ZooKeeper) Addr() string { return "127.0.0.1:" + strconv.Itoa(z.Port) }
@@ -55,8 +63,10 @@ func requireZooKeeper(t testing.TB) (java, classpath string) {
 	}
 	java = Require(t, "zookeeper", "java", zooKeeperHint+" (it pulls in a Java runtime)")
 	classpath = zooKeeperJar
-	if _, err := os.Stat(zooKeeperSLF4); err == nil {
-		classpath += ":" + zooKeeperSLF4
+	for _, jar := range append([]string{zooKeeperSLF4}, zooKeeperNetty...) {
+		if _, err := os.Stat(jar); err == nil {
+			classpath += ":" + jar
+		}
 	}
 	return java, classpath
 }
@@ -102,13 +112,56 @@ func zkJavaArgs(classpath, cfg string) []string {
 // killed when the test ends.
 func StartZooKeeper(t testing.TB, extra ...string) *ZooKeeper {
 	t.Helper()
+	return startZooKeeper(t, nil, extra)
+}
+
+// ZooKeeperTLS configures a TLS client port (served by the Netty connection
+// factory, next to the plain one).
+type ZooKeeperTLS struct {
+	// KeyCertPEM is a PEM file with the server's PKCS#8 private key followed by its
+	// certificate chain.
+	KeyCertPEM string
+	// CAPEM is a PEM file with the CA certificates that client certificates must
+	// chain to.
+	CAPEM string
+	// ClientAuth requires clients to present a certificate.
+	ClientAuth bool
+}
+
+// StartZooKeeperTLS starts a standalone server like StartZooKeeper with a TLS client
+// port as well (SecurePort).
+func StartZooKeeperTLS(t testing.TB, tlsCfg ZooKeeperTLS, extra ...string) *ZooKeeper {
+	t.Helper()
+	return startZooKeeper(t, &tlsCfg, extra)
+}
+
+func startZooKeeper(t testing.TB, tlsCfg *ZooKeeperTLS, extra []string) *ZooKeeper {
+	t.Helper()
 	java, cp := requireZooKeeper(t)
 	dir := t.TempDir()
 	var last error
 	for range 3 {
-		port := FreePort(t)
+		port, secure := FreePort(t), 0
+		lines := extra
+		if tlsCfg != nil {
+			secure = FreePort(t)
+			auth := "none"
+			if tlsCfg.ClientAuth {
+				auth = "need"
+			}
+			lines = append([]string{
+				"secureClientPort=" + strconv.Itoa(secure),
+				"secureClientPortAddress=127.0.0.1",
+				"serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+				"ssl.keyStore.location=" + tlsCfg.KeyCertPEM,
+				"ssl.keyStore.type=PEM",
+				"ssl.trustStore.location=" + tlsCfg.CAPEM,
+				"ssl.trustStore.type=PEM",
+				"ssl.clientAuth=" + auth,
+			}, extra...)
+		}
 		cfg := filepath.Join(dir, "zoo.cfg")
-		if err := os.WriteFile(cfg, []byte(zkConfig(dir, port, extra)), 0o644); err != nil {
+		if err := os.WriteFile(cfg, []byte(zkConfig(dir, port, lines)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
@@ -116,7 +169,7 @@ func StartZooKeeper(t testing.TB, extra ...string) *ZooKeeper {
 			args: zkJavaArgs(cp, cfg), ready: func() error { return zkServing(addr) }}
 		if last = p.Restart(); last == nil {
 			t.Cleanup(func() { p.Kill() })
-			return &ZooKeeper{Process: p, Port: port}
+			return &ZooKeeper{Process: p, Port: port, SecurePort: secure}
 		}
 	}
 	t.Fatalf("start zookeeper: %v", last)
