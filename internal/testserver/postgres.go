@@ -1,0 +1,315 @@
+package testserver
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// PostgresInstallHint says how to get the PostgreSQL server binaries.
+const PostgresInstallHint = "install it with: apt-get install -y postgresql"
+
+// Postgres is a PostgreSQL server started for a test: a fresh cluster made by initdb
+// in a temporary directory, listening on a free 127.0.0.1 port, with its Unix socket in
+// that directory. The superuser is "postgres" with a random password; TCP connections
+// authenticate with scram-sha-256, the Unix socket trusts local users.
+//
+// Its Restart, Stop, Kill, Pause and Resume act on the whole server (the postmaster and
+// its backends, one process group), unlike the plain Process methods.
+type Postgres struct {
+	*Process
+	Port      int
+	SocketDir string
+	DataDir   string
+	Password  string // of the superuser "postgres"
+
+	cred *syscall.Credential // non-nil when running as root: the user that runs the server
+}
+
+// Addr returns host:port.
+func (s *Postgres) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// URL returns a postgres:// URL for the superuser on the database "postgres".
+func (s *Postgres) URL() string { return s.URLFor("postgres", s.Password, "postgres") }
+
+// URLFor returns a postgres:// URL for user with password on database db, without TLS.
+func (s *Postgres) URLFor(user, password, db string) string {
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(user, password), Host: s.Addr(), Path: "/" + db, RawQuery: "sslmode=disable"}
+	return u.String()
+}
+
+// postgresBinDir finds the directory of initdb and postgres: PATH first, then the
+// newest /usr/lib/postgresql/*/bin (Debian keeps them off PATH).
+func postgresBinDir(t testing.TB) string {
+	t.Helper()
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p)
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return pgVersion(dirs[i]) > pgVersion(dirs[j]) })
+	for _, d := range dirs {
+		if isExec(filepath.Join(d, "initdb")) && isExec(filepath.Join(d, "postgres")) {
+			return d
+		}
+	}
+	return filepath.Dir(Require(t, "postgres", "initdb", PostgresInstallHint))
+}
+
+func pgVersion(binDir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return n
+}
+
+// serverCredential returns the credential to run PostgreSQL under, which refuses to
+// run as root: the "postgres" system user (made by the Debian package), else "nobody".
+func serverCredential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	for _, name := range []string{"postgres", "nobody"} {
+		u, err := user.Lookup(name)
+		if err != nil {
+			continue
+		}
+		uid, err1 := strconv.Atoi(u.Uid)
+		gid, err2 := strconv.Atoi(u.Gid)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
+	}
+	return nil, fmt.Errorf("running as root, and neither the postgres nor the nobody user exists to run PostgreSQL as")
+}
+
+// StartPostgres makes a new cluster with initdb and starts it. extra holds postgres
+// command-line options, for example "-c", "fsync=off"; without them the server runs
+// with its default settings (fsync on, synchronous_commit on).
+func StartPostgres(t testing.TB, extra ...string) *Postgres {
+	t.Helper()
+	bin := postgresBinDir(t)
+	cred, err := serverCredential()
+	if err != nil {
+		t.Fatalf("start postgres: %v", err)
+	}
+	dir := t.TempDir()
+	sockDir := dir
+	if len(sockDir)+len("/.s.PGSQL.65535.lock") > 100 { // sun_path holds 108 bytes
+		sockDir, err = os.MkdirTemp("", "pg")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(sockDir) })
+	}
+	if cred != nil {
+		for _, d := range []string{dir, sockDir} {
+			if err := os.Chown(d, int(cred.Uid), int(cred.Gid)); err != nil {
+				t.Fatalf("start postgres: %v", err)
+			}
+			// t.TempDir's parent is private to root: let the server user through.
+			parent := filepath.Dir(d)
+			if st, err := os.Stat(parent); err == nil && st.Mode().Perm()&0o001 == 0 && strings.HasPrefix(parent, os.TempDir()) && parent != os.TempDir() {
+				_ = os.Chmod(parent, st.Mode().Perm()|0o011)
+			}
+		}
+	}
+	var pw [12]byte
+	_, _ = rand.Read(pw[:])
+	s := &Postgres{SocketDir: sockDir, DataDir: filepath.Join(dir, "data"), Password: hex.EncodeToString(pw[:]), cred: cred}
+
+	pwFile := filepath.Join(dir, "pwfile")
+	if err := os.WriteFile(pwFile, []byte(s.Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cred != nil {
+		_ = os.Chown(pwFile, int(cred.Uid), int(cred.Gid))
+	}
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", s.DataDir, "-U", "postgres", "--pwfile", pwFile,
+		"--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C",
+		"--no-sync", "--no-instructions")
+	initdb.Dir = dir
+	initdb.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	_ = os.Remove(pwFile)
+
+	var last error
+	for range 3 {
+		port := FreePort(t)
+		args := append([]string{"-D", s.DataDir, "-p", strconv.Itoa(port), "-k", sockDir,
+			"-c", "listen_addresses=127.0.0.1"}, extra...)
+		s.Port = port
+		s.Process = &Process{Name: "postgres-" + strconv.Itoa(port), Dir: dir, t: t, path: filepath.Join(bin, "postgres"), args: args}
+		if last = s.Restart(); last == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
+	}
+	t.Fatalf("start postgres: %v", last)
+	return nil
+}
+
+// Restart starts the server again (after Stop or Kill) on the same port and data
+// directory, and waits until it accepts connections (after crash recovery, if any).
+func (s *Postgres) Restart() error {
+	p := s.Process
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return fmt.Errorf("%s is running", p.Name)
+	}
+	logPath := filepath.Join(p.Dir, p.Name+".log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.path, p.args...)
+	cmd.Dir = p.Dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true, Credential: s.cred}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	p.cmd, p.done, p.log = cmd, done, logf
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := s.ready(cmd.Process.Pid)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			p.cmd = nil
+			logf.Close()
+			return fmt.Errorf("%s exited during start-up; last log lines:\n%s", p.Name, tail(logPath))
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+			p.cmd = nil
+			logf.Close()
+			return fmt.Errorf("%s not ready after 60s: %v; last log lines:\n%s", p.Name, err, tail(logPath))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ready reports whether the postmaster with this pid says it accepts connections
+// (line 8 of postmaster.pid) and its TCP port answers.
+func (s *Postgres) ready(pid int) error {
+	b, err := os.ReadFile(filepath.Join(s.DataDir, "postmaster.pid"))
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < 8 || strings.TrimSpace(lines[0]) != strconv.Itoa(pid) {
+		return fmt.Errorf("postmaster.pid not written yet")
+	}
+	if st := strings.TrimSpace(lines[7]); st != "ready" {
+		return fmt.Errorf("postmaster status %q", st)
+	}
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// signalGroup sends sig to the server (first to the postmaster only when group is
+// false), waits up to wait for it to exit, then kills the whole process group.
+func (s *Postgres) signalGroup(sig syscall.Signal, group bool, wait time.Duration) {
+	p := s.Process
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return
+	}
+	pid := p.cmd.Process.Pid
+	if group {
+		_ = syscall.Kill(-pid, sig)
+	} else {
+		_ = p.cmd.Process.Signal(sig)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(wait):
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		<-p.done
+	}
+	// Backends exit on their own once the postmaster is gone; make sure of it, and
+	// wait until they have, so a restart does not find the old shared memory still
+	// attached.
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	waitGroupGone(pid, 10*time.Second)
+	p.log.Close()
+	p.cmd = nil
+}
+
+// waitGroupGone waits until no live (non-zombie) process is in process group pgid.
+func waitGroupGone(pgid int, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) && groupAlive(pgid) {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func groupAlive(pgid int) bool {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) >= 3 && fields[0] != "Z" && fields[0] != "X" && fields[2] == strconv.Itoa(pgid) {
+			return true
+		}
+	}
+	return false
+}
+
+// Kill crashes the server: SIGKILL to the postmaster and every backend. Committed
+// data survives (fsync is on by default); the next start runs crash recovery.
+func (s *Postgres) Kill() { s.signalGroup(syscall.SIGKILL, true, 10*time.Second) }
+
+// Stop shuts the server down cleanly ("fast" shutdown: SIGINT, which disconnects
+// clients and writes a checkpoint), or kills it after 20s.
+func (s *Postgres) Stop() { s.signalGroup(syscall.SIGINT, false, 20*time.Second) }
+
+// Pause stops every server process (SIGSTOP to the process group); Resume continues them.
+func (s *Postgres) Pause() { s.signalAll(syscall.SIGSTOP) }
+
+// Resume continues a paused server.
+func (s *Postgres) Resume() { s.signalAll(syscall.SIGCONT) }
+
+func (s *Postgres) signalAll(sig syscall.Signal) {
+	p := s.Process
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+	}
+}

@@ -1,0 +1,331 @@
+package pglock
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// listener owns a client's dedicated LISTEN connection, on the client's own channel.
+// One goroutine runs it: it connects when the first waiter registers, issues LISTEN,
+// then receives notifications (each names the one waiter, owner and key, for which a
+// release reserved the lock) until no waiter has been registered for linger, or the
+// connection breaks (then it reconnects and wakes every waiter, since wake-ups may
+// have been lost meanwhile).
+type listener struct {
+	cfg     *pgx.ConnConfig
+	channel string
+	linger  time.Duration
+
+	closeCtx    context.Context // cancelled by close; bounds connects
+	closeCancel context.CancelFunc
+	wg          sync.WaitGroup
+
+	mu        sync.Mutex
+	closed    bool
+	started   bool
+	kick      chan struct{} // wakes the idle goroutine; capacity 1
+	changed   chan struct{} // closed (and replaced) when listening or failed changes
+	waiters   map[waitKey]*waiter
+	count     int       // registered waiters
+	idleSince time.Time // when count last became 0
+	listening bool      // LISTEN is in effect on a live connection
+	attempts  int       // connection attempts started
+	failedAt  int       // the attempt that failed last
+	failErr   error
+	interrupt context.CancelFunc // cancels the WaitForNotification in progress
+	openWait  bool               // the wait in progress has no linger timeout
+}
+
+func newListener(cfg *pgx.ConnConfig, channel string, linger time.Duration) *listener {
+	l := &listener{cfg: cfg, channel: channel, linger: linger,
+		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[waitKey]*waiter)}
+	l.closeCtx, l.closeCancel = context.WithCancel(context.Background())
+	return l
+}
+
+// broadcastLocked wakes every watch waiting for the listening state to change.
+func (l *listener) broadcastLocked() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+type waitKey struct{ key, owner string }
+
+// watch registers a waiter for key and owner and returns once LISTEN is in effect.
+func (l *listener) watch(ctx context.Context, b *Backend, key, owner string) (*waiter, error) {
+	w := &waiter{l: l, b: b, key: key, owner: owner, c: make(chan struct{}, 1)}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, driver.ErrClosed
+	}
+	if old := l.waiters[waitKey{key, owner}]; old != nil {
+		l.removeLocked(old) // the core never runs two waits of one owner and key at once
+	}
+	l.waiters[waitKey{key, owner}] = w
+	l.count++
+	if !l.started {
+		l.started = true
+		l.wg.Add(1)
+		go l.run()
+	}
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+	since := l.attempts
+	for !l.listening {
+		var err error
+		switch {
+		case l.closed:
+			err = driver.ErrClosed
+		case l.failedAt > since:
+			err = fmt.Errorf("pglock: listen for wake-ups: %w", l.failErr)
+		}
+		if err != nil {
+			l.removeLocked(w)
+			l.mu.Unlock()
+			return nil, err
+		}
+		ch := l.changed
+		l.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			l.mu.Lock()
+			l.removeLocked(w)
+			l.mu.Unlock()
+			return nil, fmt.Errorf("pglock: listen for wake-ups: %w", ctx.Err())
+		}
+		l.mu.Lock()
+	}
+	l.mu.Unlock()
+	return w, nil
+}
+
+// removeLocked unregisters w and reports whether it was registered.
+func (l *listener) removeLocked(w *waiter) bool {
+	k := waitKey{w.key, w.owner}
+	if l.waiters[k] != w {
+		return false
+	}
+	delete(l.waiters, k)
+	l.count--
+	if l.count == 0 {
+		l.idleSince = time.Now()
+		if l.openWait && l.interrupt != nil {
+			l.interrupt() // let the receive loop start the linger timeout
+		}
+	}
+	return true
+}
+
+func (l *listener) wakeAllLocked() {
+	for _, w := range l.waiters {
+		w.wake()
+	}
+}
+
+// dispatch is the connection's notification handler; it runs on the listener's
+// goroutine while it reads from the connection. The payload is "owner key".
+func (l *listener) dispatch(_ *pgconn.PgConn, n *pgconn.Notification) {
+	if n.Channel != l.channel {
+		return
+	}
+	owner, key, ok := strings.Cut(n.Payload, " ")
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	w := l.waiters[waitKey{key, owner}]
+	l.mu.Unlock()
+	if w != nil {
+		w.wake()
+	}
+}
+
+func (l *listener) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.broadcastLocked()
+	if l.interrupt != nil {
+		l.interrupt()
+	}
+	l.mu.Unlock()
+	l.closeCancel()
+	l.wg.Wait()
+}
+
+func (l *listener) connect() (*pgconn.PgConn, error) {
+	cfg := l.cfg.Config.Copy()
+	cfg.OnNotification = l.dispatch
+	// Interrupting a wait must not disturb the connection: use a deadline, never a
+	// cancel request that could hit the next statement.
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	timeout := cfg.ConnectTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(l.closeCtx, timeout)
+	defer cancel()
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()).ReadAll(); err != nil {
+		closeConn(conn)
+		return nil, err
+	}
+	return conn, nil
+}
+
+func closeConn(c *pgconn.PgConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = c.Close(ctx)
+}
+
+// run is the listener's goroutine.
+func (l *listener) run() {
+	defer l.wg.Done()
+	backoff := 50 * time.Millisecond
+	lost := false // the previous connection broke while it had waiters
+	for {
+		// Wait for demand.
+		l.mu.Lock()
+		for l.count == 0 && !l.closed {
+			l.mu.Unlock()
+			select {
+			case <-l.kick:
+			case <-l.closeCtx.Done():
+			}
+			l.mu.Lock()
+		}
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
+		l.attempts++
+		attempt := l.attempts
+		l.mu.Unlock()
+
+		conn, err := l.connect()
+		if err != nil {
+			l.mu.Lock()
+			l.failedAt, l.failErr = attempt, err
+			l.broadcastLocked()
+			l.mu.Unlock()
+			select {
+			case <-time.After(backoff):
+			case <-l.closeCtx.Done():
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		l.mu.Lock()
+		l.listening = true
+		l.broadcastLocked()
+		if lost {
+			l.wakeAllLocked()
+		}
+		l.mu.Unlock()
+		lost = l.receive(conn)
+		closeConn(conn)
+	}
+}
+
+// receive reads notifications until the connection breaks (it returns true), the
+// listener closes, or no one has waited for linger (false).
+func (l *listener) receive(conn *pgconn.PgConn) bool {
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.listening = false
+			l.mu.Unlock()
+			return false
+		}
+		var ctx context.Context
+		var cancel context.CancelFunc
+		l.openWait = l.count > 0
+		if l.openWait {
+			ctx, cancel = context.WithCancel(context.Background())
+		} else {
+			left := l.linger - time.Since(l.idleSince)
+			if left <= 0 {
+				l.listening = false
+				l.mu.Unlock()
+				return false
+			}
+			ctx, cancel = context.WithTimeout(context.Background(), left)
+		}
+		l.interrupt = cancel
+		l.mu.Unlock()
+
+		err := conn.WaitForNotification(ctx)
+		cancel()
+
+		l.mu.Lock()
+		l.interrupt = nil
+		broken := err != nil && (conn.IsClosed() || ctx.Err() == nil)
+		if broken {
+			l.listening = false
+			l.broadcastLocked()
+			l.mu.Unlock()
+			return true
+		}
+		l.mu.Unlock()
+	}
+}
+
+// markQueued records that owner's wait for key took a place in the server's queue.
+func (l *listener) markQueued(key, owner string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.waiters[waitKey{key, owner}]; w != nil {
+		w.queued = true
+	}
+}
+
+// waiter is one registered wait.
+type waiter struct {
+	l          *listener
+	b          *Backend
+	key, owner string
+	c          chan struct{}
+	queued     bool // an attempt took a place in the queue; guarded by l.mu
+}
+
+func (w *waiter) C() <-chan struct{} { return w.c }
+
+func (w *waiter) wake() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+// Stop unregisters the wait. A waiter that gives up after taking a place in the
+// queue withdraws from it, passing on a reservation the lock may have made for it.
+func (w *waiter) Stop(ctx context.Context, acquired bool) error {
+	l := w.l
+	l.mu.Lock()
+	removed := l.removeLocked(w)
+	queued := w.queued
+	l.mu.Unlock()
+	if !removed || acquired || !queued {
+		return nil
+	}
+	return w.b.withdraw(ctx, w.key, w.owner)
+}

@@ -1,0 +1,810 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/testserver"
+	"github.com/dlockio/dlock/pglock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func open(t testing.TB, rawURL string) *pglock.Backend {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := pglock.Open(context.Background(), u)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return b
+}
+
+// admin returns a superuser pool on srv, closed at the end of the test.
+func admin(t testing.TB, srv *testserver.Postgres) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func exec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// withQuery adds query parameters to a URL.
+func withQuery(rawURL string, kv ...string) string {
+	u, _ := url.Parse(rawURL)
+	q := u.Query()
+	for i := 0; i+1 < len(kv); i += 2 {
+		q.Set(kv[i], kv[i+1])
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func harness(t testing.TB, srv *testserver.Postgres, kv ...string) drivertest.Harness {
+	pool := admin(t, srv)
+	rawURL := withQuery(srv.URL(), kv...)
+	table := pglock.DefaultTable
+	if u, _ := url.Parse(rawURL); u.Query().Get("table") != "" {
+		table = u.Query().Get("table")
+	}
+	return drivertest.Harness{
+		Open: func(t testing.TB) driver.Backend { return open(t, rawURL) },
+		Expire: func(t testing.TB, key string) {
+			exec(t, pool, `UPDATE `+table+` SET expires_at = now() - interval '1 second' WHERE key = $1`, key)
+		},
+		Fencing:   true,
+		FIFO:      true,
+		RoundTrip: func(ctx context.Context) error { return pool.Ping(ctx) },
+	}
+}
+
+// TestPostgres runs the tests that can share one server.
+func TestPostgres(t *testing.T) {
+	srv := testserver.StartPostgres(t)
+	t.Run("Conformance", func(t *testing.T) { drivertest.Run(t, harness(t, srv)) })
+	t.Run("SQLInjection", func(t *testing.T) { testSQLInjection(t, srv) })
+	t.Run("URLParameters", func(t *testing.T) { testURLParameters(t, srv) })
+	t.Run("BadCredentials", func(t *testing.T) { testBadCredentials(t, srv) })
+	t.Run("NoCreatePrivilege", func(t *testing.T) { testNoCreatePrivilege(t, srv) })
+	t.Run("ConcurrentSchemaCreation", func(t *testing.T) { testConcurrentSchemaCreation(t, srv) })
+	t.Run("NotifyOnlyWhenWaited", func(t *testing.T) { testNotifyOnlyWhenWaited(t, srv) })
+	t.Run("WokenByNotify", func(t *testing.T) { testWokenByNotify(t, srv) })
+	t.Run("HandoffCostFlat", func(t *testing.T) { testHandoffCostFlat(t, srv) })
+	t.Run("ConnectionLoss", func(t *testing.T) { testConnectionLoss(t, srv) })
+	t.Run("LoginRevoked", func(t *testing.T) { testLoginRevoked(t, srv) })
+}
+
+func testSQLInjection(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	pool := admin(t, srv)
+	c, err := dlock.Open(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	other, err := dlock.Open(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	exec(t, pool, `CREATE TABLE IF NOT EXISTS canary (x int)`)
+	keys := []string{
+		`'; DROP TABLE canary; --`,
+		`x'); DROP TABLE canary; --`,
+		`" OR 1=1 --`,
+		`$1`, `$$; DROP TABLE canary; $$`,
+		`\'; DROP TABLE canary; --`,
+		`E'\x27'`,
+		`%s %d %v`,
+		`dlock_locks`,
+		`key = key OR true`,
+	}
+	for _, key := range keys {
+		l, err := c.TryLock(ctx, key)
+		if err != nil {
+			t.Fatalf("TryLock(%q): %v", key, err)
+		}
+		var stored string
+		if err := pool.QueryRow(ctx, `SELECT key FROM dlock_locks WHERE key = $1`, key).Scan(&stored); err != nil || stored != key {
+			t.Fatalf("key %q stored as %q (%v)", key, stored, err)
+		}
+		if _, err := other.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
+			t.Fatalf("key %q not exclusive: %v", key, err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release(%q): %v", key, err)
+		}
+	}
+	// Table names are identifiers checked before any SQL is built.
+	for _, table := range []string{
+		`x"; DROP TABLE canary; --`, `canary; DROP TABLE canary`, `canary--`, `a b`, `"quoted"`,
+		`public.x.y`, `.x`, `x.`, `Upper`, `1abc`, `x'y`, strings.Repeat("t", 49), `pg_catalog.pg_class"`,
+	} {
+		if c, err := dlock.Open(ctx, withQuery(srv.URL(), "table", table)); !errors.Is(err, dlock.ErrInvalid) {
+			if err == nil {
+				c.Close()
+			}
+			t.Errorf("table %q: Open = %v, want ErrInvalid", table, err)
+		}
+	}
+	// An existing table that is not a lock table is refused, not written to.
+	if c, err := dlock.Open(ctx, withQuery(srv.URL(), "table", "canary")); err == nil {
+		c.Close()
+		t.Errorf("Open with table=canary (not a lock table) succeeded")
+	} else if !strings.Contains(err.Error(), "not usable as a dlock table") {
+		t.Errorf("Open with table=canary: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM canary`).Scan(&n); err != nil {
+		t.Fatalf("canary table gone: %v", err)
+	}
+}
+
+func testURLParameters(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	for _, u := range []string{
+		withQuery(srv.URL(), "bogus", "1"),
+		withQuery(srv.URL(), "sslmod", "require"),       // a typo pgx would send to the server
+		withQuery(srv.URL(), "work_mem", "64MB"),        // a real setting, but not one we allow
+		withQuery(srv.URL(), "sslmode", "verify-fulll"), // pgx rejects the value
+		withQuery(srv.URL(), "table", ""),
+		withQuery(srv.URL(), "synchronous_commit", "off"),
+		withQuery(srv.URL(), "pool_max_conns", "x"),
+		withQuery(srv.URL(), "connect_timeout", "soon"),
+	} {
+		c, err := dlock.Open(ctx, u)
+		if err == nil {
+			c.Close()
+			t.Errorf("Open(%q) succeeded", u)
+			continue
+		}
+		if !errors.Is(err, dlock.ErrInvalid) {
+			t.Errorf("Open(%q) = %v, want ErrInvalid", u, err)
+		}
+		if strings.Contains(err.Error(), srv.Password) {
+			t.Errorf("error shows the password: %v", err)
+		}
+	}
+	// Allowed settings, pgx and pool parameters, a schema-qualified table, postgresql://.
+	pool := admin(t, srv)
+	exec(t, pool, `CREATE SCHEMA IF NOT EXISTS app`)
+	good := withQuery(strings.Replace(srv.URL(), "postgres://", "postgresql://", 1),
+		"table", "app.locks", "application_name", "url test+1", "statement_timeout", "5s",
+		"pool_max_conns", "3", "synchronous_commit", "on", "ttl", "7s", "default_query_exec_mode", "exec")
+	c, err := dlock.Open(ctx, good)
+	if err != nil {
+		t.Fatalf("Open(%q): %v", good, err)
+	}
+	defer c.Close()
+	l, err := c.TryLock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.TTL() != 7*time.Second {
+		t.Fatalf("ttl from URL not applied: %v", l.TTL())
+	}
+	var owner, app string
+	if err := pool.QueryRow(ctx, `SELECT owner FROM app.locks WHERE key = 'k'`).Scan(&owner); err != nil || owner != l.Owner() {
+		t.Fatalf("row in app.locks: %q, %v", owner, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT application_name FROM pg_stat_activity WHERE application_name = 'url test+1' LIMIT 1`).Scan(&app); err != nil {
+		t.Fatalf("application_name not applied: %v", err)
+	}
+	// Tables are separate namespaces.
+	d, err := dlock.Open(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ld, err := d.TryLock(ctx, "k")
+	if err != nil {
+		t.Fatalf("table dlock_locks blocked by app.locks: %v", err)
+	}
+	_ = ld.Release(ctx)
+	_ = l.Release(ctx)
+}
+
+func testBadCredentials(t *testing.T, srv *testserver.Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pool := admin(t, srv)
+	cases := []struct{ name, url, want string }{
+		{"wrong password", srv.URLFor("postgres", "not-the-password-x9", "postgres"), "password authentication failed"},
+		{"missing database", srv.URLFor("postgres", srv.Password, "no_such_db"), `database "no_such_db" does not exist`},
+		{"unknown user", srv.URLFor("nobody_here", "pw-secret-77", "postgres"), "password authentication failed"},
+		{"closed port", "postgres://postgres:pw-secret-77@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2", "connect"},
+	}
+	for _, tc := range cases {
+		c, err := dlock.Open(ctx, withQuery(tc.url, "table", "never_created"))
+		if err == nil {
+			c.Close()
+			t.Errorf("%s: Open succeeded", tc.name)
+			continue
+		}
+		msg := err.Error()
+		t.Logf("%s: %v", tc.name, err)
+		if !strings.Contains(msg, tc.want) {
+			t.Errorf("%s: error %q does not say %q", tc.name, msg, tc.want)
+		}
+		for _, pw := range []string{"not-the-password-x9", "pw-secret-77", srv.Password} {
+			if strings.Contains(msg, pw) {
+				t.Errorf("%s: error shows a password: %v", tc.name, err)
+			}
+		}
+		if strings.Count(msg, "pglock:") > 1 {
+			t.Errorf("%s: error repeats itself: %v", tc.name, err)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname LIKE 'never_created%'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d relations created by failed opens (%v)", n, err)
+	}
+}
+
+// A role without CREATE on the schema gets one clear error and creates nothing; once an
+// administrator creates the table, the same role works with the documented privileges.
+func testNoCreatePrivilege(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	pool := admin(t, srv)
+	exec(t, pool, `DROP ROLE IF EXISTS limited`)
+	exec(t, pool, `CREATE ROLE limited LOGIN PASSWORD 'limited-pw'`)
+	u := withQuery(srv.URLFor("limited", "limited-pw", "postgres"), "table", "limited_locks")
+	_, err := dlock.Open(ctx, u)
+	if err == nil {
+		t.Fatal("Open without CREATE privilege succeeded")
+	}
+	t.Logf("no privilege: %v", err)
+	if !strings.Contains(err.Error(), "permission denied") || !strings.Contains(err.Error(), "nothing was created") {
+		t.Fatalf("unclear error: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname LIKE 'limited_locks%'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d relations half-created (%v)", n, err)
+	}
+	// The administrator creates the schema (by opening once), then grants the
+	// documented privileges.
+	ac, err := dlock.Open(ctx, withQuery(srv.URL(), "table", "limited_locks"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac.Close()
+	exec(t, pool, `GRANT SELECT, INSERT, UPDATE, DELETE ON limited_locks TO limited`)
+	exec(t, pool, `GRANT USAGE ON SEQUENCE limited_locks_token_seq TO limited`)
+	a, err := dlock.Open(ctx, u)
+	if err != nil {
+		t.Fatalf("Open with the documented privileges: %v", err)
+	}
+	defer a.Close()
+	b, err := dlock.Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l, err := a.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l2, err := b.Lock(ctx, "k")
+		if err == nil {
+			err = l2.Release(ctx)
+		}
+		got <- err
+	}()
+	if _, err := b.Backend().(driver.Inspector).Inspect(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Many clients starting at once on a new table all succeed and create it once.
+func testConcurrentSchemaCreation(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	const n = 8
+	u := withQuery(srv.URL(), "table", "race_locks")
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	clients := make(chan *dlock.Client, n)
+	start := make(chan struct{})
+	for range n {
+		wg.Go(func() {
+			<-start
+			c, err := dlock.Open(ctx, u)
+			if err != nil {
+				errs <- err
+				return
+			}
+			clients <- c
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	close(clients)
+	for err := range errs {
+		t.Errorf("concurrent Open: %v", err)
+	}
+	var tokens []dlock.Token
+	for c := range clients {
+		l, err := c.Lock(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens = append(tokens, l.Token())
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("tokens not rising: %v", tokens)
+		}
+	}
+}
+
+// listenRaw LISTENs on the backend's channel with a plain connection and returns a
+// function that reports the notifications received within d.
+func listenRaw(t *testing.T, srv *testserver.Postgres, channel string) func(d time.Duration) []string {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return func(d time.Duration) []string {
+		var got []string
+		for {
+			wctx, cancel := context.WithTimeout(ctx, d)
+			n, err := conn.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				return got
+			}
+			got = append(got, n.Payload)
+		}
+	}
+}
+
+// waitQueued waits until key has n queued waiters.
+func waitQueued(t *testing.T, c *dlock.Client, key string, n int) {
+	t.Helper()
+	in := c.Backend().(driver.Inspector)
+	deadline := time.Now().Add(drivertest.Wait)
+	for {
+		info, err := in.Inspect(context.Background(), key)
+		if err == nil && info.Waiters == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waiters never queued (last Inspect %+v, %v)", n, info, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// An uncontended release sends no NOTIFY; a release with a waiter queued sends one,
+// on the waiter's client's channel, naming the waiter and the key.
+func testNotifyOnlyWhenWaited(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	h := harness(t, srv)
+	a, b := h.Client(t), h.Client(t)
+	recvA := listenRaw(t, srv, a.Backend().(*pglock.Backend).Channel())
+	recvB := listenRaw(t, srv, b.Backend().(*pglock.Backend).Channel())
+	key := drivertest.Key(t, "k")
+	l, err := a.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err = a.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l2, err := b.Lock(ctx, key)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l2
+	}()
+	waitQueued(t, a, key, 1)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := <-got
+	if l2 == nil {
+		t.FailNow()
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := recvA(300 * time.Millisecond); len(n) != 0 {
+		t.Fatalf("notifications on the holder's channel: %q", n)
+	}
+	if n := recvB(300 * time.Millisecond); len(n) != 1 || n[0] != l2.Owner()+" "+key {
+		t.Fatalf("notifications on the waiter's channel: %q, want [%q]", n, l2.Owner()+" "+key)
+	}
+}
+
+// One handoff costs the same whether 1 or 16 clients wait: the release hands the lock
+// to the longest waiter and notifies only its client.
+func testHandoffCostFlat(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	h := harness(t, srv)
+	ops := h.Open(t).(*pglock.Backend)
+	defer ops.Close()
+	perHandoff := func(waiters int) float64 {
+		key := drivertest.Key(t, "k")
+		holder := h.Client(t)
+		l, err := holder.Lock(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *dlock.Lease, waiters)
+		for range waiters {
+			c := h.Client(t)
+			go func() {
+				l, err := c.Lock(ctx, key)
+				if err != nil {
+					t.Error(err)
+				}
+				got <- l
+			}()
+		}
+		waitQueued(t, holder, key, waiters)
+		start, err := ops.ServerOps(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for range waiters {
+			nl := <-got
+			if nl == nil {
+				t.FailNow()
+			}
+			if err := nl.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		end, err := ops.ServerOps(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return float64(end-start) / float64(waiters)
+	}
+	one, many := perHandoff(1), perHandoff(16)
+	t.Logf("write transactions per handoff: %.2f with 1 waiter, %.2f with 16", one, many)
+	// A handoff is two writes (the release that reserves, the grant). Waiters renew
+	// their places when their fallback timer fires (about once a second), which may
+	// add a few; never one per waiter per handoff.
+	if many > one+1 {
+		t.Fatalf("writes per handoff grow with waiters: %.2f with 1, %.2f with 16", one, many)
+	}
+}
+
+// With the fallback retry far beyond the test's deadline and the holder's TTL longer
+// still, waiters (two of them in one client) can only be woken by NOTIFY.
+func testWokenByNotify(t *testing.T, srv *testserver.Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	h := harness(t, srv)
+	slow := []dlock.Option{dlock.WithRetry(time.Minute, 2*time.Minute), dlock.WithTTL(5 * time.Minute)}
+	holder := h.Client(t, slow...)
+	waiters := h.Client(t, slow...)
+	other := h.Client(t, slow...)
+	key := drivertest.Key(t, "k")
+	l, err := holder.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 3)
+	for _, c := range []*dlock.Client{waiters, waiters, other} {
+		go func() {
+			l, err := c.Lock(ctx, key)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // let them queue (not needed for correctness)
+	var inside atomic.Int32
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		nl := <-got
+		if nl == nil {
+			t.FailNow()
+		}
+		if inside.Add(1) != 1 {
+			t.Fatal("two holders")
+		}
+		inside.Add(-1)
+		if err := nl.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// clientConns returns the pids of the server connections with application_name app.
+func terminate(t *testing.T, pool *pgxpool.Pool, app string) int {
+	t.Helper()
+	var n int
+	err := pool.QueryRow(context.Background(),
+		`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A client whose connections are all terminated (pool and listener) renews its lease
+// on new connections, and its waiter is still woken; no one else gets in meanwhile.
+func testConnectionLoss(t *testing.T, srv *testserver.Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := admin(t, srv)
+	key := drivertest.Key(t, "k")
+	mk := func(app string, opts ...dlock.Option) *dlock.Client {
+		c, err := dlock.Open(ctx, withQuery(srv.URL(), "application_name", app), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	a := mk("loss-a", dlock.WithTTL(3*time.Second), dlock.WithRenewInterval(200*time.Millisecond))
+	b := mk("loss-b", dlock.WithRetry(time.Minute, 2*time.Minute))
+	c := mk("loss-c")
+	l, err := a.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l2, err := b.Lock(ctx, key)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l2
+	}()
+	time.Sleep(200 * time.Millisecond) // let b queue (not needed for correctness)
+	if n := terminate(t, pool, "loss-a") + terminate(t, pool, "loss-b"); n < 2 {
+		t.Fatalf("terminated %d connections, want at least 2", n)
+	}
+	// a renews on a new connection: its expiry moves on, and it stays the holder.
+	before := l.Expiry()
+	for l.Expiry().Equal(before) {
+		select {
+		case <-l.Done():
+			t.Fatalf("lease lost after a connection loss: %v", l.Err())
+		case <-ctx.Done():
+			t.Fatal("lease never renewed after the connection loss")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if _, err := c.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
+		t.Fatalf("TryLock while a holds it: %v", err)
+	}
+	select {
+	case <-got:
+		t.Fatal("b got the key while a held it")
+	default:
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release after reconnect: %v", err)
+	}
+	// b's fallback is a minute away: only its re-established LISTEN can wake it.
+	select {
+	case l2 := <-got:
+		if l2 == nil {
+			t.FailNow()
+		}
+		if l2.Token() <= l.Token() {
+			t.Fatalf("token %d after %d", l2.Token(), l.Token())
+		}
+		_ = l2.Release(ctx)
+	case <-ctx.Done():
+		t.Fatal("waiter not woken after its listening connection was terminated")
+	}
+}
+
+// A holder that loses its connection and cannot reconnect (its login is revoked)
+// learns that its lease is lost before anyone else can take the key: never two holders.
+func testLoginRevoked(t *testing.T, srv *testserver.Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := admin(t, srv)
+	exec(t, pool, `DROP ROLE IF EXISTS revoked`)
+	exec(t, pool, `CREATE ROLE revoked LOGIN PASSWORD 'revoked-pw'`)
+	exec(t, pool, `GRANT SELECT, INSERT, UPDATE, DELETE ON dlock_locks TO revoked`)
+	exec(t, pool, `GRANT USAGE ON SEQUENCE dlock_locks_token_seq TO revoked`)
+	a, err := dlock.Open(ctx, withQuery(srv.URLFor("revoked", "revoked-pw", "postgres"), "application_name", "revoked-a"),
+		// A 10% drift allowance covers goroutine scheduling on a loaded test machine:
+		// the lease must end on the client before the server-side expiry.
+		dlock.WithTTL(2*time.Second), dlock.WithRenewInterval(200*time.Millisecond), dlock.WithDrift(0.1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	c, err := dlock.Open(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	key := drivertest.Key(t, "k")
+	l, err := a.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec(t, pool, `ALTER ROLE revoked NOLOGIN`)
+	terminate(t, pool, "revoked-a")
+	for {
+		l2, err := c.TryLock(ctx, key)
+		if err == nil {
+			select {
+			case <-l.Done():
+			default:
+				t.Fatal("another client got the key while the old holder still believed it held it")
+			}
+			if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+				t.Fatalf("old lease: %v, want ErrLeaseLost", l.Err())
+			}
+			if l2.Token() <= l.Token() {
+				t.Fatalf("token %d after %d", l2.Token(), l.Token())
+			}
+			_ = l2.Release(ctx)
+			break
+		}
+		if !errors.Is(err, dlock.ErrLocked) {
+			t.Fatal(err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("key never freed")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := l.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("Release of the lost lease = %v, want ErrLeaseLost", err)
+	}
+}
+
+// The server crashes (SIGKILL) and restarts while a lock is held: the holder renews
+// on new connections and stays the only holder, or loses the lease before anyone else
+// gets in; tokens keep rising across the crash.
+func TestServerRestart(t *testing.T) {
+	srv := testserver.StartPostgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	mk := func(opts ...dlock.Option) *dlock.Client {
+		c, err := dlock.Open(ctx, srv.URL(), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	a := mk(dlock.WithTTL(5*time.Second), dlock.WithRenewInterval(200*time.Millisecond))
+	c := mk()
+	var maxTok dlock.Token
+	for i := range 5 {
+		l, err := c.Lock(ctx, fmt.Sprintf("warm-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		maxTok = max(maxTok, l.Token())
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := a.Lock(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Token() <= maxTok {
+		t.Fatalf("token %d not above %d", l.Token(), maxTok)
+	}
+	maxTok = l.Token()
+
+	// Crash and restart at once: the lease survives (the grant was committed) and
+	// renews on new connections.
+	srv.Kill()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	for !l.Expiry().After(restarted.Add(l.TTL() * 98 / 100)) {
+		select {
+		case <-l.Done():
+			t.Fatalf("lease lost across a quick restart: %v", l.Err())
+		case <-ctx.Done():
+			t.Fatal("lease not renewed after the restart")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if _, err := c.TryLock(ctx, "held"); !errors.Is(err, dlock.ErrLocked) {
+		t.Fatalf("TryLock of the held key after the restart: %v", err)
+	}
+	for i := range 3 {
+		l2, err := c.Lock(ctx, fmt.Sprintf("after-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l2.Token() <= maxTok {
+			t.Fatalf("token after crash %d not above %d", l2.Token(), maxTok)
+		}
+		maxTok = l2.Token()
+		_ = l2.Release(ctx)
+	}
+
+	// Down for longer than the TTL: the holder's lease ends on its own clock before
+	// the server (back up) lets anyone else take the key.
+	srv.Kill()
+	select {
+	case <-l.Done():
+	case <-ctx.Done():
+		t.Fatal("lease not lost while the server was down")
+	}
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("lease: %v, want ErrLeaseLost", l.Err())
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	l3, err := c.Lock(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l3.Token() <= maxTok {
+		t.Fatalf("token %d after the second crash not above %d", l3.Token(), maxTok)
+	}
+	if err := l.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("Release of the lost lease = %v", err)
+	}
+	if err := l3.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
