@@ -1,6 +1,7 @@
 package zklock_test
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -102,6 +103,46 @@ func BenchmarkCycle(b *testing.B) {
 	warmUp(b, srv)
 	b.Run("floor=create+delete", func(b *testing.B) { benchFloor(b, srv) })
 	b.Run("dlock", func(b *testing.B) { drivertest.BenchCycle(b, harness(b, srv)) })
+	b.Run("interleaved", func(b *testing.B) { benchInterleaved(b, srv) })
+}
+
+// benchInterleaved alternates one floor cycle and one dlock cycle, so that both see
+// the same machine load (this matters on a shared machine), and reports their
+// medians and the ratio of the medians.
+func benchInterleaved(b *testing.B, srv *testserver.ZooKeeper) {
+	ctx := context.Background()
+	conn := rawConn(b, srv.Addr())
+	parent := "/floor-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := conn.Create(parent, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+		b.Fatal(err)
+	}
+	c := harness(b, srv).Client(b)
+	key := drivertest.Key(b, "k")
+	floor := make([]time.Duration, 0, b.N)
+	cycle := make([]time.Duration, 0, b.N)
+	for b.Loop() {
+		t0 := time.Now()
+		p, err := conn.Create(parent+"/n", []byte("15000"), zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := conn.Delete(p, -1); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		l, err := c.Lock(ctx, key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		floor, cycle = append(floor, t1.Sub(t0)), append(cycle, time.Since(t1))
+	}
+	f, d := drivertest.Percentile(floor, 0.5), drivertest.Percentile(cycle, 0.5)
+	b.ReportMetric(float64(f), "floor-p50-ns")
+	b.ReportMetric(float64(d), "dlock-p50-ns")
+	b.ReportMetric(float64(d)/float64(f), "dlock/floor")
 }
 
 // warmUp runs the server's hot paths until the JIT compiler has done its work, so

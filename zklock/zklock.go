@@ -23,9 +23,15 @@
 // name that cannot climb the tree. Contenders create EPHEMERAL_SEQUENTIAL children
 // named lock-<owner>-<attempt GUID>-<sequence>. The child with the lowest sequence
 // holds the lock; the fencing token is that child's czxid, the zxid of the
-// transaction that created it, which the ensemble orders totally.
+// transaction that created it, which the ensemble orders totally. The backend reads
+// it from the header of the create's reply (a write's reply carries its own zxid)
+// and checks it against the child's stat at the first renewal, ending the grant
+// should they differ.
 //
-// Acquire creates the owner's child if it has none, then lists the children. If the
+// Acquire creates the owner's child if it has none and lists the children in the
+// same round trip (the listing is sent right behind the create; a session's requests
+// are processed in order, so it sees the new child). An uncontended Lock and Release
+// thus cost two round trips and three requests: create, list, delete. If the
 // owner's child is the lowest, the lock is granted. Otherwise a TryLock deletes its
 // child and reports ErrLocked; a waiting Lock keeps its place in the queue and sets a
 // watch on its predecessor only (the child just below its own), so a release wakes
@@ -66,6 +72,8 @@
 // within its TTL (and a queued child whose waiter made no attempt within its
 // patience), so a leaked lease does not hold the lock for the life of the process. A
 // crashed process holds the lock until its session expires: the session timeout.
+// Close ends the session, which deletes its children at once; if the ensemble cannot
+// be reached then, they go when the session times out.
 //
 // What is not promised: ZooKeeper's guarantees hold for a quorum of an ensemble that
 // keeps its transaction logs (forceSync=yes, the default). Tokens are zxids: strictly
