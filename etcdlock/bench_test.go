@@ -1,0 +1,100 @@
+package etcdlock_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// BenchmarkCycle compares an uncontended Lock+Release with the floor: the same
+// client library doing the least a correct etcd lock can do, one lease-bound
+// create-if-absent transaction and one delete, on a lease granted beforehand.
+func BenchmarkCycle(b *testing.B) {
+	srv := testserver.StartEtcd(b)
+	b.Run("floor=put-txn+delete", func(b *testing.B) { benchFloor(b, srv) })
+	b.Run("dlock", func(b *testing.B) { drivertest.BenchCycle(b, harness(b, srv)) })
+}
+
+func benchFloor(b *testing.B, srv *testserver.Etcd) {
+	ctx := context.Background()
+	cli := rawClient(b, srv.Endpoint())
+	lease, err := cli.Grant(ctx, 15)
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := drivertest.Key(b, "floor")
+	b.ReportAllocs()
+	for b.Loop() {
+		resp, err := cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, "owner-value-0123456789abcdef", clientv3.WithLease(lease.ID))).
+			Commit()
+		if err != nil || !resp.Succeeded {
+			b.Fatal(resp, err)
+		}
+		if _, err := cli.Delete(ctx, key); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkHandoff(b *testing.B) {
+	srv := testserver.StartEtcd(b)
+	drivertest.BenchHandoff(b, harness(b, srv), nil)
+}
+
+// BenchmarkContended runs W workers on one key, each with its own client, with dlock
+// and, as a peer in the same run, with etcd's own concurrency.Mutex.
+func BenchmarkContended(b *testing.B) {
+	srv := testserver.StartEtcd(b)
+	for _, w := range []int{2, 16} {
+		b.Run("dlock", func(b *testing.B) { drivertest.BenchContended(b, harness(b, srv), w, nil) })
+		b.Run("concurrency.Mutex", func(b *testing.B) { benchMutex(b, srv, w) })
+	}
+}
+
+func benchMutex(b *testing.B, srv *testserver.Etcd, workers int) {
+	b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+		ctx := context.Background()
+		key := drivertest.Key(b, "mutex")
+		ms := make([]*concurrency.Mutex, workers)
+		for i := range ms {
+			s, err := concurrency.NewSession(rawClient(b, srv.Endpoint()), concurrency.WithTTL(15))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			ms[i] = concurrency.NewMutex(s, key)
+		}
+		var next atomic.Int64
+		b.ResetTimer()
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for next.Add(1) <= int64(b.N) {
+					if err := ms[w].Lock(ctx); err != nil {
+						b.Error(err)
+						return
+					}
+					if err := ms[w].Unlock(ctx); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "acq/s")
+	})
+}

@@ -1,0 +1,530 @@
+// Package etcdlock is the dlock backend for etcd v3 (URL scheme etcd://), on
+// go.etcd.io/etcd/client/v3.
+//
+//	etcd://127.0.0.1:2379/dlock?ttl=10s
+//	etcd://user:password@h1:2379,h2:2379,h3:2379/app/locks?tls_ca=/etc/etcd/ca.pem
+//
+// The host part lists the endpoints (port 2379 when omitted); the path is the key
+// prefix (default "dlock"). Parameters: tls (true for TLS with the system roots),
+// tls_ca, tls_cert, tls_key, tls_server_name (any of them turns TLS on), timeout (bound
+// on each request, default 5s), dial_timeout (bound on connecting in Open, default
+// 5s); and the core's ttl, renew, drift, owner. User and password come from the URL's
+// user info. Unknown parameters are an error.
+//
+// # Algorithm
+//
+// Every contender for a lock creates its own member key under prefix/<key>/, bound to
+// a session lease of its client, with its owner id as the value. The lock belongs to
+// the member with the lowest create revision; the others queue behind it in
+// create-revision order (FIFO). Acquire is one transaction: if no member exists,
+// create the own member key, which takes the lock; otherwise a waiting Lock queues
+// (creates it too, and reads the first member and the one just ahead) and a TryLock
+// writes nothing. The transaction is guarded by "the own member key does not exist",
+// so a retry after a lost reply finds the first try's key instead of making another.
+// A first member whose value is the caller's owner id is the caller's grant (a
+// restarted process resuming it): it is moved onto the current session's lease,
+// which keeps its create revision and so its token.
+//
+// Member keys are named after the client, prefix/<key>/<client id>.<n>, n the
+// smallest number not in use in that client, not after the owner: owner ids are
+// usually random per lock call, and etcd keeps an index entry for every key name
+// until its history is compacted, which every read of a lock's members walks. Reused
+// names keep those reads as cheap on the millionth grant as on the first.
+//
+// A waiter watches only its predecessor, the member with the next lower create
+// revision, so a release wakes exactly one waiter. The watch starts at the current
+// revision, which keeps it in etcd's synced watcher group (a watch that starts at a
+// revision already passed waits for etcd's catch-up loop, which runs every 100ms);
+// when the revision moved between the read that found the predecessor and the
+// watch's creation, the predecessor is read again at that revision, so no delete is
+// missed. A woken waiter checks, in one linearizable read, that its own key still
+// exists and is now the first. A waiter whose session ends, or whose key vanished,
+// gives up at once: Lock returns an error matching ErrSessionLost, because its place
+// in the queue is gone.
+//
+// Release deletes the own member key. Refresh checks that it still exists, with the
+// grant's create revision and owner, first in line, on the live session lease.
+// ForceRelease deletes the first member key. Inspect reads the first member, the
+// number behind it, and its lease's remaining TTL. Requests that fail because etcd is
+// between leaders are retried within the request timeout (every write here is
+// idempotent).
+//
+// # Sessions and TTL
+//
+// A Backend keeps one session lease per distinct lock TTL, rounded up to whole
+// seconds (etcd leases count in seconds, and etcd raises a TTL below its minimum,
+// 1.5 election timeouts rounded up to whole seconds, which is 2s by default). A
+// session is created on first use and kept alive in the background every TTL/3
+// whatever the number of locks it carries, so the per-lock renewal of the core costs
+// one read. The session tracks when the server can expire it at the earliest (the
+// time its last successful keep-alive was sent, plus the lease TTL); if that moment
+// comes within a safety margin (TTL/50 + 10ms) without a newer successful
+// keep-alive, or the server says the lease is gone, the session ends: every grant
+// made under it is reported lost at once (driver.Grant.Lost), and waiters on it give
+// up. The next Acquire starts a new session.
+//
+// Because the backend, not the core, keeps sessions alive, it also makes sure a
+// member key does not outlive its use while the process runs: a grant the core stops
+// refreshing for its TTL (it declared the lease lost) is deleted, a release or
+// withdrawal that failed is retried in the background, and keys on a session that
+// nothing in the client answers for (a write applied after its request was given up)
+// are deleted when the session's periodic check finds them twice.
+//
+// # Safety model
+//
+// Mutual exclusion holds as long as etcd is linearizable: a member key is created and
+// deleted by Raft-committed transactions, and the first member is decided by the
+// revisions the cluster assigns. It survives member crashes and leader changes (the
+// new leader extends all leases by an election timeout, so leases do not expire
+// early). A holder learns that its lease may be lost before the server can expire it
+// (see Sessions and TTL), provided the client's and the server's clocks run at about
+// the same rate and the holder's process is not paused; a pause can outlast the
+// lease, which is what fencing tokens are for.
+//
+// The fencing token is the member key's create revision: etcd revisions are
+// cluster-wide, strictly increasing and never reused, also across restarts and
+// leader changes, so a later grant of the same key always has a larger token.
+//
+// What etcd does not promise: a cluster that loses a majority of its members' data,
+// or runs with --unsafe-no-fsync, can forget grants. Restoring a snapshot takes the
+// revision back to the snapshot's, so tokens could repeat unless the restore bumps
+// it (etcdutl snapshot restore --bump-revision --mark-compacted). A crashed holder
+// blocks others until its
+// session lease expires: the TTL rounded up as above, plus up to half a second for
+// etcd's expiry check.
+//
+// The prefix is a namespace that dlock alone writes to. Do not give two clients
+// prefixes of which one lies inside the other's lock namespace (such as "dlock" and
+// "dlock/x"). The etcd user, with authentication on, needs read and write access to
+// the prefix range and permission to grant, keep alive and revoke leases.
+package etcdlock
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+func init() {
+	driver.Register("etcd", func(ctx context.Context, u *url.URL) (driver.Backend, error) {
+		return Open(ctx, u)
+	})
+}
+
+// Defaults.
+const (
+	DefaultPrefix      = "dlock"
+	DefaultTimeout     = 5 * time.Second // bound on each request
+	DefaultDialTimeout = 5 * time.Second // bound on connecting in Open
+	DefaultPort        = "2379"
+)
+
+// ErrSessionLost is returned by a waiting Lock whose session lease ended (expired or
+// revoked) while it waited: its place in the queue is gone. Lock again to queue
+// afresh.
+var ErrSessionLost = errors.New("etcdlock: session lease lost")
+
+// Option configures a Backend.
+type Option func(*options) error
+
+type options struct {
+	prefix     string
+	timeout    time.Duration
+	tls        *tls.Config
+	user, pass string
+	auth       bool
+}
+
+// WithPrefix sets the key prefix (default "dlock"). Clients that should contend for
+// the same locks must use the same prefix.
+func WithPrefix(p string) Option {
+	return func(o *options) error {
+		p = strings.Trim(p, "/")
+		if p == "" || strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			return fmt.Errorf("%w: etcd key prefix must be non-empty and without control characters, got %q", driver.ErrInvalid, p)
+		}
+		o.prefix = p
+		return nil
+	}
+}
+
+// WithRequestTimeout bounds every request to etcd (default 5s), also when the
+// caller's context has no deadline, so that an unreachable cluster fails a Lock call
+// instead of hanging it.
+func WithRequestTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: etcd request timeout must be positive, got %v", driver.ErrInvalid, d)
+		}
+		o.timeout = d
+		return nil
+	}
+}
+
+// WithTLS sets the TLS configuration of the connection (Open only; with New, configure
+// the clientv3.Client).
+func WithTLS(c *tls.Config) Option {
+	return func(o *options) error {
+		if c == nil {
+			return fmt.Errorf("%w: nil TLS config", driver.ErrInvalid)
+		}
+		o.tls = c.Clone()
+		return nil
+	}
+}
+
+// WithAuth sets the etcd user and password (Open only).
+func WithAuth(user, password string) Option {
+	return func(o *options) error {
+		if user == "" {
+			return fmt.Errorf("%w: empty etcd user name", driver.ErrInvalid)
+		}
+		o.user, o.pass, o.auth = user, password, true
+		return nil
+	}
+}
+
+// Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
+// driver.Inspector and driver.ForceReleaser, and is safe for concurrent use.
+type Backend struct {
+	cli     *clientv3.Client
+	own     bool // close cli in Close
+	prefix  string
+	timeout time.Duration
+
+	ctx    context.Context // ends at Close; parent of background work
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // background goroutines
+	grant  chan struct{}  // capacity 1: serialises session creation
+
+	mu       sync.Mutex
+	closed   bool
+	sessions map[int64]*session // live sessions by TTL in seconds
+	waiters  map[ownerKey]*waiter
+	held     map[ownerKey]*tracked
+	names    map[ownerKey]string // member key name of each (key, owner) in use here
+	burned   map[string]bool     // names of ours found taken by another owner
+	id       string              // in this backend's member key names
+}
+
+type ownerKey struct{ key, owner string }
+
+var (
+	_ driver.Notifier      = (*Backend)(nil)
+	_ driver.Inspector     = (*Backend)(nil)
+	_ driver.ForceReleaser = (*Backend)(nil)
+)
+
+func defaultOptions() options {
+	return options{prefix: DefaultPrefix, timeout: DefaultTimeout}
+}
+
+// New returns a backend on an existing etcd client, which the caller keeps owning
+// (Close does not close it). WithTLS and WithAuth do not apply: configure them on the
+// client.
+func New(cli *clientv3.Client, opts ...Option) (*Backend, error) {
+	if cli == nil {
+		return nil, fmt.Errorf("%w: nil etcd client", driver.ErrInvalid)
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalid)
+		}
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	if o.tls != nil || o.auth {
+		return nil, fmt.Errorf("%w: WithTLS and WithAuth apply to Open; configure the clientv3.Client given to New", driver.ErrInvalid)
+	}
+	return newBackend(cli, o), nil
+}
+
+func newBackend(cli *clientv3.Client, o options) *Backend {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Backend{
+		cli: cli, prefix: o.prefix, timeout: o.timeout,
+		ctx: ctx, cancel: cancel, grant: make(chan struct{}, 1),
+		sessions: make(map[int64]*session), waiters: make(map[ownerKey]*waiter), held: make(map[ownerKey]*tracked),
+		names: make(map[ownerKey]string), burned: make(map[string]bool), id: newID(),
+	}
+}
+
+// Open returns a backend for an etcd:// URL; see the package documentation for its
+// parameters. Options override the URL. It checks that the cluster answers a read
+// before returning, within ctx and the dial timeout.
+func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
+	if u.Scheme != "etcd" {
+		return nil, fmt.Errorf("%w: etcdlock needs an etcd:// URL, got scheme %q", driver.ErrInvalid, u.Scheme)
+	}
+	p := driver.NewParams(u.Query())
+	o := defaultOptions()
+	var err error
+	if o.timeout, err = p.Duration("timeout", DefaultTimeout); err != nil {
+		return nil, err
+	}
+	dialTimeout, err := p.Duration("dial_timeout", DefaultDialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	tlsOn, err := p.Bool("tls", false)
+	if err != nil {
+		return nil, err
+	}
+	tlsFiles := map[string]string{}
+	for _, name := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name"} {
+		if tlsFiles[name], err = p.String(name, ""); err != nil {
+			return nil, err
+		}
+		if tlsFiles[name] != "" {
+			if _, given := u.Query()["tls"]; given && !tlsOn {
+				return nil, fmt.Errorf("%w: %s given with tls=false", driver.ErrInvalid, name)
+			}
+			tlsOn = true
+		}
+	}
+	if err := p.Unknown(); err != nil {
+		return nil, err
+	}
+	if path := strings.Trim(u.Path, "/"); path != "" {
+		if err := WithPrefix(path)(&o); err != nil {
+			return nil, err
+		}
+	}
+	if u.User != nil {
+		pass, ok := u.User.Password()
+		if u.User.Username() == "" || !ok {
+			return nil, fmt.Errorf("%w: etcd URL user info needs both a user name and a password", driver.ErrInvalid)
+		}
+		o.user, o.pass, o.auth = u.User.Username(), pass, true
+	}
+	if tlsOn {
+		if o.tls, err = tlsConfig(tlsFiles); err != nil {
+			return nil, err
+		}
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalid)
+		}
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	endpoints, err := parseEndpoints(u.Host, o.tls != nil)
+	if err != nil {
+		return nil, err
+	}
+	connectTimeout := dialTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		// clientv3.New authenticates within its dial timeout, not within ctx.
+		connectTimeout = max(min(connectTimeout, time.Until(dl)), time.Millisecond)
+	}
+	cfg := clientv3.Config{
+		Endpoints:            endpoints,
+		DialTimeout:          connectTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
+		TLS:                  o.tls,
+		Logger:               zap.NewNop(),
+	}
+	if o.auth {
+		cfg.Username, cfg.Password = o.user, o.pass
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), err)
+	}
+	b := newBackend(cli, o)
+	b.own = true
+	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	if _, err := cli.Get(pctx, b.prefix+"/", clientv3.WithCountOnly()); err != nil {
+		b.Close()
+		if ctx.Err() != nil {
+			err = errors.Join(err, ctx.Err())
+		}
+		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), err)
+	}
+	return b, nil
+}
+
+func parseEndpoints(host string, secure bool) ([]string, error) {
+	if host == "" {
+		return nil, fmt.Errorf("%w: etcd URL names no endpoint (etcd://host:2379,...)", driver.ErrInvalid)
+	}
+	var eps []string
+	for ep := range strings.SplitSeq(host, ",") {
+		if ep == "" {
+			return nil, fmt.Errorf("%w: empty endpoint in etcd URL host list %q", driver.ErrInvalid, host)
+		}
+		h, port, err := net.SplitHostPort(ep)
+		if err != nil {
+			h, port = ep, DefaultPort
+			if strings.Contains(ep, ":") && !strings.HasPrefix(ep, "[") {
+				return nil, fmt.Errorf("%w: etcd endpoint %q is not host:port", driver.ErrInvalid, ep)
+			}
+			h = strings.Trim(h, "[]")
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%w: etcd endpoint %q has a bad port", driver.ErrInvalid, ep)
+		}
+		if h == "" {
+			return nil, fmt.Errorf("%w: etcd endpoint %q has no host", driver.ErrInvalid, ep)
+		}
+		scheme := "http://"
+		if secure {
+			scheme = "https://"
+		}
+		eps = append(eps, scheme+net.JoinHostPort(h, port))
+	}
+	return eps, nil
+}
+
+func tlsConfig(f map[string]string) (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if (f["tls_cert"] == "") != (f["tls_key"] == "") {
+		return nil, fmt.Errorf("%w: tls_cert and tls_key go together", driver.ErrInvalid)
+	}
+	if f["tls_ca"] != "" {
+		pem, err := os.ReadFile(f["tls_ca"])
+		if err != nil {
+			return nil, fmt.Errorf("%w: tls_ca: %v", driver.ErrInvalid, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: tls_ca %s holds no PEM certificate", driver.ErrInvalid, f["tls_ca"])
+		}
+		c.RootCAs = pool
+	}
+	if f["tls_cert"] != "" {
+		cert, err := tls.LoadX509KeyPair(f["tls_cert"], f["tls_key"])
+		if err != nil {
+			return nil, fmt.Errorf("%w: tls_cert/tls_key: %v", driver.ErrInvalid, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	c.ServerName = f["tls_server_name"]
+	return c, nil
+}
+
+// Client returns the etcd client.
+func (b *Backend) Client() *clientv3.Client { return b.cli }
+
+// Prefix returns the key prefix.
+func (b *Backend) Prefix() string { return b.prefix }
+
+// LockPrefix returns the etcd key prefix under which the member keys of the lock
+// named key live: prefix/<key>/, where "%" and "/" in key are escaped as %25 and %2F
+// so that no lock's range contains another's. A member key is the lock prefix
+// followed by <client id>.<n>; its value is the owner id.
+func (b *Backend) LockPrefix(key string) string {
+	return b.prefix + "/" + keyEscaper.Replace(key) + "/"
+}
+
+var keyEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
+
+func wrap(op, key string, err error) error {
+	return fmt.Errorf("etcdlock: %s %q: %w", op, key, err)
+}
+
+// opCtx bounds one request by the backend's timeout.
+func (b *Backend) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, b.timeout)
+}
+
+// retry runs f, an idempotent request, until it succeeds, fails for good, or ctx
+// ends. Each try has a shorter timeout than the whole: a request sent to a member
+// whose leader just died is lost without an answer, and a new try reaches the new
+// leader as soon as one is elected. All writes of this package are idempotent: they
+// create the owner's own member key only if absent, or delete it.
+func (b *Backend) retry(ctx context.Context, f func(ctx context.Context) error) error {
+	try := min(b.timeout, max(b.timeout/4, 500*time.Millisecond))
+	for {
+		tctx, cancel := context.WithTimeout(ctx, try)
+		err := f(tctx)
+		cancel()
+		if err == nil || ctx.Err() != nil || !retryable(err) {
+			return err
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
+// retryable reports whether err may go away by itself: the try's own timeout, or
+// etcd saying it is unavailable (no leader, leader changed, stopping, timed out).
+func retryable(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code() == codes.Unavailable
+	}
+	return false
+}
+
+func (b *Backend) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+// Close implements driver.Backend: it stops the keep-alive of every session and
+// revokes the session leases, which deletes the member keys still on them (queued
+// places; held grants the core did not release), and, when the backend was made by
+// Open, closes the etcd client.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	var sessions []*session
+	for _, s := range b.sessions {
+		sessions = append(sessions, s)
+	}
+	b.sessions = map[int64]*session{}
+	for k, h := range b.held {
+		h.timer.Stop()
+		delete(b.held, k)
+	}
+	b.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range sessions {
+		wg.Go(func() { s.end(fmt.Errorf("%w: backend closed", driver.ErrClosed), true) })
+	}
+	wg.Wait()
+	b.cancel()
+	b.wg.Wait()
+	if b.own {
+		return b.cli.Close()
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+package etcdlock
+
+import (
+	"context"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// tracked is a member key this backend answers for until it is released or deleted:
+// a grant the core holds, or an orphan, a key that may exist but that nobody uses
+// (the reply to the transaction that wrote it was lost, or its delete failed).
+//
+// The session lease that keeps member keys alive is renewed by the backend, not by
+// the core, so without this a key the core no longer renews would stay as long as
+// the process runs, and block the lock. Each tracked key has a timer: for a grant it
+// fires TTL after the last successful Refresh (the core stopped renewing: it declared
+// the lease lost, or the driver's caller never refreshes); for an orphan it fires
+// soon. When it fires the key is deleted, if it is still on this backend's session
+// (and has the grant's create revision), with retries until that succeeds or the
+// session ends. A process that stops altogether stops renewing its sessions too, and
+// etcd expires them.
+type tracked struct {
+	rev     int64    // create revision, for a grant; 0 when unknown
+	sess    *session // the session the key is on; nil when unknown
+	grant   bool
+	timer   *time.Timer
+	backoff time.Duration // between failed deletes
+}
+
+const (
+	sweepRetryMin = 100 * time.Millisecond
+	sweepRetryMax = 2 * time.Second
+)
+
+// track records a new grant of ok, replacing any earlier record.
+func (b *Backend) track(ok ownerKey, rev int64, s *session, ttl time.Duration) {
+	b.put(ok, &tracked{rev: rev, sess: s, grant: true}, ttl)
+}
+
+// orphan records that a member key of ok may exist on session s (nil: on any) with
+// nobody to use it, to be deleted after d.
+func (b *Backend) orphan(ok ownerKey, s *session, d time.Duration) {
+	b.put(ok, &tracked{sess: s}, d)
+}
+
+func (b *Backend) put(ok ownerKey, h *tracked, d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	if old := b.held[ok]; old != nil {
+		old.timer.Stop()
+	}
+	h.timer = time.AfterFunc(d, func() { b.sweep(ok, h) })
+	b.held[ok] = h
+}
+
+// touch re-arms the timer of grant h to fire ttl after from; it reports false if h is
+// no longer the current record of ok (released, swept, or replaced).
+func (b *Backend) touch(ok ownerKey, h *tracked, from time.Time, ttl time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held[ok] != h || !h.grant {
+		return false
+	}
+	h.timer.Reset(max(time.Until(from.Add(ttl)), 0))
+	return true
+}
+
+// untrack forgets the record of ok (only if it is h, when h is not nil).
+func (b *Backend) untrack(ok ownerKey, h *tracked) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := b.held[ok]
+	if cur == nil || (h != nil && cur != h) {
+		return
+	}
+	cur.timer.Stop()
+	delete(b.held, ok)
+	b.freeNameLocked(ok)
+}
+
+// untrackOrphan forgets the record of ok if it is an orphan.
+func (b *Backend) untrackOrphan(ok ownerKey) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h := b.held[ok]; h != nil && !h.grant {
+		h.timer.Stop()
+		delete(b.held, ok)
+		b.freeNameLocked(ok)
+	}
+}
+
+// disown turns the record of ok, if any, into an orphan to be deleted at once: its
+// release failed.
+func (b *Backend) disown(ok ownerKey) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h := b.held[ok]; h != nil {
+		h.grant = false
+		h.timer.Reset(0)
+	}
+}
+
+// sweep deletes the member key of record h if it is still on h's session (with h's
+// create revision, when known), retrying with backoff while that session lives.
+func (b *Backend) sweep(ok ownerKey, h *tracked) {
+	b.mu.Lock()
+	if b.closed || b.held[ok] != h {
+		b.mu.Unlock()
+		return
+	}
+	h.grant = false // Refresh no longer revives it
+	b.wg.Add(1)
+	b.mu.Unlock()
+	defer b.wg.Done()
+
+	b.mu.Lock()
+	member, found := b.names[ok]
+	b.mu.Unlock()
+	if !found {
+		b.untrack(ok, h)
+		return
+	}
+	var cmps []clientv3.Cmp
+	if h.rev > 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(member), "=", h.rev))
+	}
+	if h.sess != nil {
+		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(member), "=", int64(h.sess.id)))
+	}
+	ctx, cancel := b.opCtx(b.ctx)
+	err := b.retry(ctx, func(ctx context.Context) error {
+		_, err := b.cli.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(member)).Commit()
+		return err
+	})
+	cancel()
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held[ok] != h {
+		return
+	}
+	if err == nil || b.closed || (h.sess != nil && h.sess.isDone()) {
+		delete(b.held, ok)
+		b.freeNameLocked(ok)
+		return
+	}
+	h.backoff = min(max(2*h.backoff, sweepRetryMin), sweepRetryMax)
+	h.timer.Reset(h.backoff)
+}

@@ -1,0 +1,460 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+var (
+	errLeaseGone = errors.New("session lease gone")
+	errNameTaken = errors.New("member key name taken by another owner")
+)
+
+// Acquire implements driver.Backend.
+func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	if b.isClosed() {
+		return driver.Grant{}, driver.ErrClosed
+	}
+	ctx, cancel := b.opCtx(ctx)
+	defer cancel()
+	ok := ownerKey{req.Key, req.Owner}
+	var w *waiter
+	if req.Wait {
+		b.mu.Lock()
+		w = b.waiters[ok]
+		b.mu.Unlock()
+	}
+	for range 4 {
+		s, err := b.session(ctx, req.TTL)
+		if err != nil {
+			b.freeName(ok)
+			return driver.Grant{}, wrap("acquire", req.Key, err)
+		}
+		var g driver.Grant
+		err = b.retry(ctx, func(ctx context.Context) (err error) {
+			g, err = b.attempt(ctx, req, s, w)
+			return err
+		})
+		var held *driver.HeldError
+		switch {
+		case err == nil:
+			b.track(ok, int64(g.Token), s, req.TTL)
+			return g, nil
+		case errors.Is(err, errLeaseGone):
+			// The lease ended on the server before the keep-alive loop noticed.
+			s.end(fmt.Errorf("%w: the server no longer has lease %x", ErrSessionLost, int64(s.id)), false)
+			if w != nil && w.queuedOn(s) {
+				return driver.Grant{}, wrap("acquire", req.Key, fmt.Errorf("%w while waiting; the place in the queue is gone", ErrSessionLost))
+			}
+		case errors.Is(err, errNameTaken):
+			// Try again under another name.
+		case errors.As(err, &held):
+			switch {
+			case req.Wait && w != nil:
+				b.untrackOrphan(ok) // the waiter answers for its place now
+			case req.Wait:
+				// Queued by a caller that registered no wait: the place goes if it
+				// is not claimed within the patience.
+				b.orphan(ok, s, max(req.Patience, req.TTL))
+			default:
+				b.freeName(ok) // a TryLock that finds the lock taken writes nothing
+			}
+			return driver.Grant{}, err
+		case errors.Is(err, ErrSessionLost):
+			return driver.Grant{}, wrap("acquire", req.Key, err)
+		default:
+			// The outcome is unknown: a member key may have been written.
+			b.orphan(ok, s, req.TTL)
+			return driver.Grant{}, wrap("acquire", req.Key, err)
+		}
+	}
+	b.freeName(ok)
+	return driver.Grant{}, wrap("acquire", req.Key, fmt.Errorf("%w: sessions keep ending", ErrSessionLost))
+}
+
+func firstKV(r *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
+	kvs := r.GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		return nil
+	}
+	return kvs[0]
+}
+
+// firstOp reads the first member of a lock (the holder), with its value, the owner.
+func firstOp(prefix string) clientv3.Op {
+	return clientv3.OpGet(prefix, clientv3.WithFirstCreate()...)
+}
+
+// predecessorOp reads the member just ahead of the one created at rev.
+func predecessorOp(prefix string, rev int64) clientv3.Op {
+	return clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithMaxCreateRev(rev-1),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+}
+
+func leaseErr(err error) error {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return errLeaseGone
+	}
+	return err
+}
+
+// attempt is one try of Acquire on session s. It is idempotent: run again after a
+// lost reply, it finds the member key the first run wrote and carries on from there.
+func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w *waiter) (driver.Grant, error) {
+	ok := ownerKey{req.Key, req.Owner}
+	prefix := b.LockPrefix(req.Key)
+	member := b.name(ok)
+
+	if w != nil {
+		w.markAttempted(member)
+		if rev, ws, wm := w.place(); rev > 0 && wm == member {
+			if ws != s {
+				if ws.isDone() {
+					return driver.Grant{}, fmt.Errorf("%w while waiting; the place in the queue is gone", ErrSessionLost)
+				}
+			} else {
+				// A woken waiter: is the own key still there, and first?
+				resp, err := b.cli.Txn(ctx).
+					If(clientv3.Compare(clientv3.CreateRevision(member), "=", rev)).
+					Then(firstOp(prefix), predecessorOp(prefix, rev)).
+					Commit()
+				if err != nil {
+					return driver.Grant{}, leaseErr(err)
+				}
+				if !resp.Succeeded {
+					// The own key vanished while waiting: its lease expired or was
+					// revoked before this process noticed, or someone deleted it.
+					// Never take the lock on the strength of the old place.
+					return driver.Grant{}, fmt.Errorf("%w: the waiter's member key vanished while it waited; the place in the queue is gone", ErrSessionLost)
+				}
+				if first := firstKV(resp.Responses[0]); first != nil && first.CreateRevision == rev {
+					return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
+				}
+				if pred := firstKV(resp.Responses[1]); pred != nil {
+					w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
+				} else {
+					w.wake() // cannot happen: someone is ahead; look again
+				}
+				return driver.Grant{}, &driver.HeldError{}
+			}
+		}
+	}
+
+	// If nobody is there, just create the member key: that is the lock. Otherwise a
+	// waiter queues (creates it too, and reads who is first and who is just ahead)
+	// and a TryLock writes nothing.
+	put := clientv3.OpPut(member, req.Owner, clientv3.WithLease(s.id))
+	var elseOps []clientv3.Op
+	if req.Wait {
+		last2 := clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2), clientv3.WithKeysOnly())
+		elseOps = []clientv3.Op{put, firstOp(prefix), last2}
+	} else {
+		elseOps = []clientv3.Op{firstOp(prefix)}
+	}
+	free := clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix()}, []clientv3.Op{put}, elseOps)
+	resp, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(member), "=", 0)).
+		Then(free).
+		Else(clientv3.OpGet(member), firstOp(prefix)).
+		Commit()
+	if err != nil {
+		return driver.Grant{}, leaseErr(err)
+	}
+	rev := resp.Header.Revision
+	if resp.Succeeded {
+		nested := resp.Responses[0].GetResponseTxn()
+		if nested.GetSucceeded() {
+			return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
+		}
+		rs := nested.GetResponses()
+		if !req.Wait {
+			if first := firstKV(rs[0]); first != nil && string(first.Value) == req.Owner {
+				return b.resume(ctx, ok, first, s, "")
+			}
+			return driver.Grant{}, &driver.HeldError{}
+		}
+		first := firstKV(rs[1])
+		if first != nil && first.CreateRevision == rev {
+			return driver.Grant{Token: uint64(rev), Lost: s.done}, nil // cannot happen: someone was there
+		}
+		if first != nil && string(first.Value) == req.Owner {
+			return b.resume(ctx, ok, first, s, member)
+		}
+		if last := rs[2].GetResponseRange().GetKvs(); w != nil && len(last) == 2 {
+			w.follow(string(last[1].Key), last[1].CreateRevision, rev, s, rev, member)
+		}
+		return driver.Grant{}, &driver.HeldError{}
+	}
+
+	// The member key exists: the same grant (re-entry, or a retry after a lost
+	// reply), or a place in the queue.
+	mine, first := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
+	if mine == nil || first == nil {
+		return driver.Grant{}, errors.New("member key vanished during the read") // transient
+	}
+	if string(mine.Value) != req.Owner {
+		b.burn(ok, member)
+		return driver.Grant{}, errNameTaken
+	}
+	if first.CreateRevision != mine.CreateRevision {
+		if string(first.Value) == req.Owner {
+			return b.resume(ctx, ok, first, s, member)
+		}
+		if !req.Wait {
+			return driver.Grant{}, &driver.HeldError{}
+		}
+	}
+	// Keep the key on this session's lease (the create revision, the token, stays).
+	ops := []clientv3.Op{firstOp(prefix), predecessorOp(prefix, mine.CreateRevision)}
+	if mine.Lease != int64(s.id) {
+		ops = append(ops, put)
+	}
+	resp, err = b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(member), "=", mine.CreateRevision)).
+		Then(ops...).
+		Commit()
+	if err != nil {
+		return driver.Grant{}, leaseErr(err)
+	}
+	if !resp.Succeeded {
+		return driver.Grant{}, errors.New("member key vanished while it was read") // transient
+	}
+	if first := firstKV(resp.Responses[0]); first != nil && first.CreateRevision == mine.CreateRevision {
+		return driver.Grant{Token: uint64(mine.CreateRevision), Lost: s.done}, nil
+	}
+	if pred := firstKV(resp.Responses[1]); w != nil && pred != nil {
+		w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, mine.CreateRevision, member)
+	}
+	return driver.Grant{}, &driver.HeldError{}
+}
+
+// resume takes over the grant first, which the owner holds under another member key
+// (written by a previous process with the same owner id): it moves the key onto
+// session s, keeping its create revision and so its token, and deletes extra, a place
+// this attempt queued meanwhile.
+func (b *Backend) resume(ctx context.Context, ok ownerKey, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {
+	name := string(first.Key)
+	ops := []clientv3.Op{clientv3.OpPut(name, ok.owner, clientv3.WithLease(s.id))}
+	if extra != "" {
+		ops = append(ops, clientv3.OpDelete(extra))
+	}
+	resp, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(name), "=", first.CreateRevision),
+			clientv3.Compare(clientv3.Value(name), "=", ok.owner)).
+		Then(ops...).
+		Commit()
+	if err != nil {
+		return driver.Grant{}, leaseErr(err)
+	}
+	if !resp.Succeeded {
+		return driver.Grant{}, errors.New("the grant to resume ended meanwhile") // transient
+	}
+	b.adopt(ok, name)
+	return driver.Grant{Token: uint64(first.CreateRevision), Lost: s.done}, nil
+}
+
+// Refresh implements driver.Backend. The session lease is kept alive in the
+// background; Refresh checks that the grant made through this backend is still
+// there: its member key exists with the grant's create revision and owner, first in
+// line, on a live session.
+func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	ctx, cancel := b.opCtx(ctx)
+	defer cancel()
+	ok := ownerKey{key, owner}
+	b.mu.Lock()
+	h, name := b.held[ok], b.names[ok]
+	b.mu.Unlock()
+	if h == nil || !h.grant {
+		return wrap("refresh", key, fmt.Errorf("%w: no grant of this owner through this client", driver.ErrNotHeld))
+	}
+	started := time.Now()
+	prefix := b.LockPrefix(key)
+	var resp *clientv3.TxnResponse
+	err := b.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = b.cli.Txn(ctx).Then(clientv3.OpGet(name), firstOp(prefix)).Commit()
+		return err
+	})
+	if err != nil {
+		return wrap("refresh", key, err)
+	}
+	mine, first := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
+	var why string
+	switch {
+	case mine == nil:
+		why = "the member key is gone (released, expired or force-released)"
+	case mine.CreateRevision != h.rev || string(mine.Value) != owner:
+		why = "the member key was deleted and created again"
+	case first == nil || first.CreateRevision != mine.CreateRevision:
+		why = "the member key is not first in line"
+	case mine.Lease != int64(h.sess.id):
+		why = "the grant was resumed on another session with the same owner id"
+	case h.sess.isDone():
+		why = "the session lease ended"
+	case !b.touch(ok, h, started, ttl):
+		why = "the core did not refresh the grant within its TTL, so this client dropped it"
+	}
+	if why != "" {
+		b.untrack(ok, h)
+		return wrap("refresh", key, fmt.Errorf("%w: %s", driver.ErrNotHeld, why))
+	}
+	return nil
+}
+
+// deleteOwn deletes member key name if its value is owner.
+func (b *Backend) deleteOwn(ctx context.Context, name, owner string) (bool, error) {
+	var deleted bool
+	err := b.retry(ctx, func(ctx context.Context) error {
+		resp, err := b.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(name), "=", owner)).
+			Then(clientv3.OpDelete(name)).
+			Commit()
+		if err == nil {
+			deleted = resp.Succeeded && resp.Responses[0].GetResponseDeleteRange().GetDeleted() > 0
+		}
+		return err
+	})
+	return deleted, err
+}
+
+// Release implements driver.Backend: it deletes the owner's member key, which wakes
+// the one waiter that watches it. An owner that has no member key through this
+// backend (a restarted process cleaning up after itself) has every member key of
+// the lock with its owner id deleted.
+func (b *Backend) Release(ctx context.Context, key, owner string) error {
+	ctx, cancel := b.opCtx(ctx)
+	defer cancel()
+	ok := ownerKey{key, owner}
+	name, found := b.assigned(ok)
+	if !found {
+		return b.releaseByOwner(ctx, key, owner)
+	}
+	deleted, err := b.deleteOwn(ctx, name, owner)
+	if err != nil {
+		// Delete it in the background, with retries, so that it does not stay on
+		// this process's session for as long as the session lives.
+		b.disown(ok)
+		return wrap("release", key, err)
+	}
+	b.untrack(ok, nil)
+	b.freeName(ok)
+	if !deleted {
+		return wrap("release", key, driver.ErrNotHeld)
+	}
+	return nil
+}
+
+func (b *Backend) releaseByOwner(ctx context.Context, key, owner string) error {
+	var resp *clientv3.GetResponse
+	err := b.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = b.cli.Get(ctx, b.LockPrefix(key), clientv3.WithPrefix())
+		return err
+	})
+	if err != nil {
+		return wrap("release", key, err)
+	}
+	n := 0
+	for _, kv := range resp.Kvs {
+		if string(kv.Value) != owner {
+			continue
+		}
+		deleted, err := b.deleteOwn(ctx, string(kv.Key), owner)
+		if err != nil {
+			return wrap("release", key, err)
+		}
+		if deleted {
+			n++
+		}
+	}
+	if n == 0 {
+		return wrap("release", key, driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// ForceRelease implements driver.ForceReleaser: it deletes the first member key,
+// whoever owns it. The next grant has a larger create revision, so a fenced resource
+// rejects the old holder.
+func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	ctx, cancel := b.opCtx(ctx)
+	defer cancel()
+	prefix := b.LockPrefix(key)
+	for {
+		var resp *clientv3.GetResponse
+		err := b.retry(ctx, func(ctx context.Context) (err error) {
+			resp, err = b.cli.Get(ctx, prefix, clientv3.WithFirstCreate()...)
+			return err
+		})
+		if err != nil {
+			return wrap("force release", key, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return wrap("force release", key, driver.ErrNotHeld)
+		}
+		kv := resp.Kvs[0]
+		var tr *clientv3.TxnResponse
+		err = b.retry(ctx, func(ctx context.Context) (err error) {
+			tr, err = b.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)).
+				Then(clientv3.OpDelete(string(kv.Key))).
+				Commit()
+			return err
+		})
+		if err != nil {
+			return wrap("force release", key, err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+		// The holder left meanwhile; release whoever holds it now.
+	}
+}
+
+// Inspect implements driver.Inspector.
+func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	ctx, cancel := b.opCtx(ctx)
+	defer cancel()
+	prefix := b.LockPrefix(key)
+	var resp *clientv3.TxnResponse
+	err := b.retry(ctx, func(ctx context.Context) (err error) {
+		resp, err = b.cli.Txn(ctx).Then(
+			firstOp(prefix),
+			clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		).Commit()
+		return err
+	})
+	if err != nil {
+		return driver.Info{}, wrap("inspect", key, err)
+	}
+	first := firstKV(resp.Responses[0])
+	if first == nil {
+		return driver.Info{}, wrap("inspect", key, driver.ErrNotHeld)
+	}
+	count := resp.Responses[1].GetResponseRange().GetCount()
+	info := driver.Info{
+		Key: key, Owner: string(first.Value), Token: uint64(first.CreateRevision),
+		Waiters: int(max(count-1, 0)),
+	}
+	if first.Lease != 0 {
+		var tr *clientv3.LeaseTimeToLiveResponse
+		err := b.retry(ctx, func(ctx context.Context) (err error) {
+			tr, err = b.cli.TimeToLive(ctx, clientv3.LeaseID(first.Lease))
+			return err
+		})
+		if err != nil {
+			return driver.Info{}, wrap("inspect", key, err)
+		}
+		if tr.TTL > 0 {
+			info.TTL = time.Duration(tr.TTL) * time.Second
+		}
+	}
+	return info, nil
+}

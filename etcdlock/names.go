@@ -1,0 +1,87 @@
+package etcdlock
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+)
+
+// Member key names.
+//
+// The member key of (key, owner) is named after the backend, not after the owner:
+// prefix/<key>/<backend id>.<n>, with n the smallest number no other owner uses here
+// at the moment. The owner id is the key's value. Owners are usually random per lock
+// call, and etcd keeps an index entry for every key name ever written until the
+// history is compacted; every range read of a lock's members walks those entries. So
+// reusing a few names per client keeps each read as cheap on the thousandth grant as
+// on the first, where a name per owner would make reads slower with every grant.
+//
+// A name written by another backend is used here only when its grant is resumed with
+// the same owner id (see Acquire). If one of our names turns out to be occupied by
+// another owner (our grant was resumed elsewhere and the name reused here), it is
+// burned: never used again by this backend.
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// name returns the member key name of ok, assigning one if it has none.
+func (b *Backend) name(ok ownerKey) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n, found := b.names[ok]; found {
+		return n
+	}
+	used := make(map[string]bool, len(b.names))
+	for _, n := range b.names {
+		used[n] = true
+	}
+	base := b.LockPrefix(ok.key) + b.id + "."
+	for i := 0; ; i++ {
+		n := base + strconv.Itoa(i)
+		if !used[n] && !b.burned[n] {
+			b.names[ok] = n
+			return n
+		}
+	}
+}
+
+// assigned returns the member key name of ok, if it has one.
+func (b *Backend) assigned(ok ownerKey) (string, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n, found := b.names[ok]
+	return n, found
+}
+
+// adopt makes name (a grant being resumed) the member key name of ok.
+func (b *Backend) adopt(ok ownerKey, name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.names[ok] = name
+}
+
+// burn retires ok's name, found occupied by another owner.
+func (b *Backend) burn(ok ownerKey, name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.burned[name] = true
+	if b.names[ok] == name {
+		delete(b.names, ok)
+	}
+}
+
+// freeName releases ok's name if nothing here answers for it any more.
+func (b *Backend) freeName(ok ownerKey) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.freeNameLocked(ok)
+}
+
+func (b *Backend) freeNameLocked(ok ownerKey) {
+	if b.held[ok] == nil && b.waiters[ok] == nil {
+		delete(b.names, ok)
+	}
+}

@@ -1,0 +1,209 @@
+package etcdlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// Watch implements driver.Notifier. It only registers the wait: no request is made
+// until an attempt finds the lock taken, so an uncontended Lock costs nothing here.
+func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, error) {
+	w := &waiter{b: b, key: key, owner: owner, c: make(chan struct{}, 1)}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, driver.ErrClosed
+	}
+	b.waiters[ownerKey{key, owner}] = w
+	return w, nil
+}
+
+// waiter is one waiting Lock. Attempts that find the lock taken tell it which member
+// is just ahead (follow); it then watches that one key and signals C when it is
+// deleted, or when the waiter's own session ends.
+type waiter struct {
+	b          *Backend
+	key, owner string
+	c          chan struct{}
+
+	mu        sync.Mutex
+	stopped   bool
+	attempted bool     // an attempt may have created a member key
+	member    string   // the name of that key
+	rev       int64    // create revision of the own member key, once queued
+	sess      *session // the session the own member key is on
+	predKey   string   // the member watched
+	predRev   int64
+	cancel    context.CancelFunc // of the watch goroutine, if any
+	done      chan struct{}      // closed when that goroutine returns
+}
+
+func (w *waiter) C() <-chan struct{} { return w.c }
+
+func (w *waiter) wake() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+func (w *waiter) markAttempted(member string) {
+	w.mu.Lock()
+	w.attempted, w.member = true, member
+	w.mu.Unlock()
+}
+
+// place returns the own member key's create revision, session and name, once queued.
+func (w *waiter) place() (int64, *session, string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.rev, w.sess, w.member
+}
+
+func (w *waiter) queuedOn(s *session) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.rev > 0 && w.sess == s
+}
+
+// follow records the waiter's place (its key member, created at myRev on session s)
+// and makes sure it watches the member just ahead, predKey created at predRev, as
+// read at revision readRev.
+func (w *waiter) follow(predKey string, predRev, readRev int64, s *session, myRev int64, member string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	w.rev, w.sess, w.member = myRev, s, member
+	if w.cancel != nil && w.predKey == predKey && w.predRev == predRev {
+		select {
+		case <-w.done: // that watch ended (and woke us): start another
+		default:
+			return // already watching it
+		}
+	}
+	w.stopWatchLocked()
+	b := w.b
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan struct{})
+	w.predKey, w.predRev, w.cancel, w.done = predKey, predRev, cancel, done
+	go func() {
+		defer b.wg.Done()
+		defer close(done)
+		defer cancel()
+		w.watch(ctx, predKey, predRev, readRev, s)
+	}()
+}
+
+func (w *waiter) stopWatchLocked() {
+	if w.cancel != nil {
+		w.cancel()
+		<-w.done
+		w.cancel, w.done = nil, nil
+	}
+}
+
+// watch waits for the delete of predKey, or the end of session s, and wakes the
+// waiter. The watch starts at the current revision so that etcd puts it in its synced
+// group and delivers the delete at once; if the revision moved past readRev before
+// the watch was in place, predKey is read again so a delete in between is not missed.
+func (w *waiter) watch(ctx context.Context, predKey string, predRev, readRev int64, s *session) {
+	b := w.b
+	// WithRequireLeader: a member cut off from the leader ends the watch instead of
+	// keeping it open with nothing to deliver.
+	wch := b.cli.Watch(clientv3.WithRequireLeader(ctx), predKey, clientv3.WithCreatedNotify())
+	created := false
+	for {
+		select {
+		case resp, ok := <-wch:
+			if !ok || resp.Canceled || resp.Err() != nil {
+				if ctx.Err() == nil {
+					w.wake() // the next attempt watches again
+				}
+				return
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == mvccpb.DELETE {
+					w.wake()
+					return
+				}
+			}
+			if resp.Created && !created {
+				created = true
+				if rev := resp.Header.Revision; rev > readRev {
+					// Was predKey still there at the revision the watch starts
+					// after? History does not change, so any member that has
+					// applied that revision answers, without a quorum read.
+					gctx, cancel := b.opCtx(ctx)
+					var g *clientv3.GetResponse
+					err := b.retry(gctx, func(ctx context.Context) (err error) {
+						g, err = b.cli.Get(ctx, predKey, clientv3.WithKeysOnly(), clientv3.WithRev(rev), clientv3.WithSerializable())
+						if errors.Is(err, rpctypes.ErrFutureRev) {
+							// That member lags behind the watch's: ask the leader.
+							g, err = b.cli.Get(ctx, predKey, clientv3.WithKeysOnly(), clientv3.WithRev(rev))
+						}
+						return err
+					})
+					cancel()
+					if err != nil || len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != predRev {
+						if ctx.Err() == nil {
+							w.wake()
+						}
+						return
+					}
+				}
+			}
+		case <-s.done:
+			w.wake() // the next attempt gives up: the place went with the session
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// Stop implements driver.Waiter. A waiter that did not get the lock deletes its
+// member key, which wakes the waiter behind it.
+func (w *waiter) Stop(ctx context.Context, acquired bool) error {
+	b := w.b
+	b.mu.Lock()
+	if b.waiters[ownerKey{w.key, w.owner}] == w {
+		delete(b.waiters, ownerKey{w.key, w.owner})
+	}
+	closed := b.closed
+	b.mu.Unlock()
+	w.mu.Lock()
+	w.stopped = true
+	w.stopWatchLocked()
+	attempted, sess, member := w.attempted, w.sess, w.member
+	w.mu.Unlock()
+	ok := ownerKey{w.key, w.owner}
+	if acquired || !attempted || closed {
+		b.freeName(ok)
+		return nil
+	}
+	ctx, cancel := b.opCtx(ctx)
+	defer cancel()
+	if _, err := b.deleteOwn(ctx, member, w.owner); err != nil {
+		b.orphan(ok, sess, 0) // keep trying in the background
+		return wrap("withdraw waiter", w.key, err)
+	}
+	b.untrackOrphan(ok)
+	b.freeName(ok)
+	return nil
+}
