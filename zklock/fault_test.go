@@ -373,6 +373,13 @@ func TestBadRootAndAuth(t *testing.T) {
 	if _, err := raw.Create("/eph", nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll)); err != nil {
 		t.Fatal(err)
 	}
+	// An existing root inside a tree the application may not create in.
+	if _, err := raw.Create("/admin", nil, 0, zk.DigestACL(zk.PermAll, "admin", "adminpw")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Create("/admin/app", nil, 0, zk.DigestACL(zk.PermAll, "app", "rightpw")); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		path    string
 		invalid bool   // fails with ErrInvalid
@@ -427,6 +434,16 @@ func TestBadRootAndAuth(t *testing.T) {
 	if info, err := b2.Inspect(ctx, "k"); err != nil || info.Owner != l.Owner() {
 		t.Fatalf("Inspect with WithDigestAuth = %+v, %v", info, err)
 	}
+	c3, err := dlock.Open(ctx, "zk://app:rightpw@"+srv.Addr()+"/admin/app")
+	if err != nil {
+		t.Fatalf("Open of an existing root under a parent closed to the app: %v", err)
+	}
+	if l3, err := c3.TryLock(ctx, "k"); err != nil {
+		t.Fatal(err)
+	} else if err := l3.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c3.Close()
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -87,6 +87,7 @@
 package zklock
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -370,7 +371,7 @@ func dial(ctx context.Context, servers []string, name string, opts []Option) (*B
 	}
 	b := &Backend{
 		root: cfg.root, acl: cfg.acl, log: cfg.logger, name: name,
-		requested: cfg.sessionTimeout, timeout: cfg.sessionTimeout,
+		timeout: cfg.sessionTimeout,
 		closing: make(chan struct{}), ready: make(chan struct{}),
 		entries: make(map[ekey]*entry), byPath: make(map[string]*entry),
 		waiters: make(map[ekey]*waiter), predOf: make(map[string]map[*waiter]bool),
@@ -421,13 +422,27 @@ func dial(ctx context.Context, servers []string, name string, opts []Option) (*B
 	return b, nil
 }
 
-// prepareRoot creates the root if asked to, then checks that the session can read it.
+// prepareRoot creates the missing parts of the root if asked to (the existing ones
+// may belong to someone else and refuse us creation), then checks that the session
+// can read it.
 func (b *Backend) prepareRoot(ctx context.Context, create bool) error {
 	if b.root != "" && create {
 		parts := strings.Split(b.root[1:], "/")
 		for i := range parts {
 			p := "/" + strings.Join(parts[:i+1], "/")
+			var exists bool
 			err := b.call(ctx, func() error {
+				var err error
+				exists, _, err = b.conn.Exists(p)
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("look up %s: %w", p, explain(err))
+			}
+			if exists {
+				continue
+			}
+			err = b.call(ctx, func() error {
 				_, err := b.conn.Create(p, nil, zk.FlagPersistent, b.acl)
 				return err
 			})
@@ -467,8 +482,6 @@ type Backend struct {
 	acl    []zk.ACL
 	log    *slog.Logger
 	name   string // redacted URL, for messages
-
-	requested time.Duration
 
 	closing chan struct{}
 	ready   chan struct{} // closed when the first session is established
@@ -665,7 +678,7 @@ func queue(names []string) []child {
 			cs = append(cs, c)
 		}
 	}
-	slices.SortFunc(cs, func(a, b child) int { return int(a.seq - b.seq) })
+	slices.SortFunc(cs, func(a, b child) int { return cmp.Compare(a.seq, b.seq) })
 	return cs
 }
 
