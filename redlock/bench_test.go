@@ -5,10 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
@@ -30,7 +29,9 @@ func benchNodes(b *testing.B, n int) []*testserver.Redis {
 	return nodes
 }
 
-const benchQuery = "node_timeout=50ms"
+// benchQuery sets a node timeout that a busy benchmark machine does not hit on
+// healthy nodes; BenchmarkCyclePausedNode sets its own.
+const benchQuery = "node_timeout=1s"
 
 func benchHarness(b *testing.B, nodes []*testserver.Redis) drivertest.Harness {
 	h := harness(b, nodes)
@@ -43,14 +44,34 @@ func benchHarness(b *testing.B, nodes []*testserver.Redis) drivertest.Harness {
 // plus a compare-and-delete script on one node, same client library). The other
 // sub-benchmarks explain the ratio: "backend" is Redlock without the dlock core
 // (Acquire+Release), "ping-1" one PING to one node, "ping-5" one PING to each of the
-// 5 nodes in parallel (the cost of one fan-out round on this machine).
+// 5 nodes in parallel (the cost of one fan-out round on this machine), and
+// "ping-5-sequential" the same one node after the other.
 func BenchmarkCycle(b *testing.B) {
 	nodes := benchNodes(b, 5)
-	h := benchHarness(b, nodes)
+	cycleBenchmarks(b, nodes, testserver.RedlockURL(nodes, benchQuery))
+}
+
+// BenchmarkCycleDelayed is BenchmarkCycle with every node behind a proxy that delays
+// each direction by 0.5ms (more on a busy machine, where the sleeps overshoot;
+// "ping-1" shows the real round trip), as on a network where round trips, not CPU,
+// dominate: the parallel fan-out then costs about one round trip per round, like the
+// single-node floor, where one node after the other would cost five.
+func BenchmarkCycleDelayed(b *testing.B) {
+	nodes := benchNodes(b, 5)
+	addrs := make([]string, len(nodes))
+	for i, n := range nodes {
+		addrs[i] = testserver.StartDelayProxy(b, n.Addr(), 500*time.Microsecond)
+	}
+	cycleBenchmarks(b, nodes, "redlock://"+strings.Join(addrs, ",")+"?"+benchQuery)
+}
+
+func cycleBenchmarks(b *testing.B, nodes []*testserver.Redis, u string) {
+	h := harness(b, nodes)
+	h.Open = func(t testing.TB) driver.Backend { return open(t, u) }
 	drivertest.BenchCycle(b, h)
 	ctx := context.Background()
 	b.Run("backend", func(b *testing.B) {
-		be := open(b, testserver.RedlockURL(nodes, benchQuery))
+		be := open(b, u)
 		defer be.Close()
 		key := drivertest.Key(b, "k")
 		req := driver.Request{Key: key, Owner: "owner-value-0123456789abcdef", TTL: 15 * time.Second}
@@ -75,16 +96,28 @@ func BenchmarkCycle(b *testing.B) {
 		b.ReportMetric(float64(after-before)/float64(b.N), "cmds/op")
 	})
 	b.Run("ping-1", func(b *testing.B) {
-		rdb := redis.NewClient(&redis.Options{Addr: nodes[0].Addr(), ContextTimeoutEnabled: true})
-		defer rdb.Close()
+		be := open(b, u)
+		defer be.Close()
+		c := be.Clients()[0]
 		for b.Loop() {
-			if err := rdb.Ping(ctx).Err(); err != nil {
+			if err := c.Ping(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
+	b.Run("ping-5-sequential", func(b *testing.B) {
+		be := open(b, u)
+		defer be.Close()
+		for b.Loop() {
+			for _, c := range be.Clients() {
+				if err := c.Ping(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
 	b.Run("ping-5", func(b *testing.B) {
-		be := open(b, testserver.RedlockURL(nodes, benchQuery))
+		be := open(b, u)
 		defer be.Close()
 		for b.Loop() {
 			if err := be.Ping(ctx); err != nil {
@@ -95,12 +128,14 @@ func BenchmarkCycle(b *testing.B) {
 }
 
 // BenchmarkCyclePausedNode is the uncontended cycle with one of the 5 nodes stopped
-// (SIGSTOP): each of the two rounds waits for the node timeout (50ms here).
+// (SIGSTOP) and a node timeout of 20ms: each of the two rounds waits for it.
 func BenchmarkCyclePausedNode(b *testing.B) {
 	nodes := benchNodes(b, 5)
 	nodes[4].Pause()
 	defer nodes[4].Resume()
-	drivertest.BenchCycle(b, benchHarness(b, nodes))
+	h := harness(b, nodes)
+	h.Open = func(t testing.TB) driver.Backend { return open(t, testserver.RedlockURL(nodes, "node_timeout=20ms")) }
+	drivertest.BenchCycle(b, h)
 }
 
 func BenchmarkHandoff(b *testing.B) {

@@ -69,17 +69,20 @@ func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, 
 	return w, nil
 }
 
-// waitArgs returns the wait flag and the waiting-since time for an attempt.
-func (b *Backend) waitArgs(req driver.Request) (wait string, since int64, queued bool) {
+// waitArgs returns the acquire script's wait flag and waiting-since time.
+func (b *Backend) waitArgs(req driver.Request) (wait string, since int64) {
 	if !req.Wait {
-		return "0", 0, false
+		return "0", 0
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if w := b.waiters[waitKey{req.Key, req.Owner}]; w != nil {
-		return "1", w.since, w.queued
+		if w.queued {
+			return "2", w.since
+		}
+		return "1", w.since
 	}
-	return "1", time.Now().UnixMilli(), false
+	return "1", time.Now().UnixMilli()
 }
 
 // queued is called when an attempt with Wait found the key held: the waiter is now

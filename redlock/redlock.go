@@ -86,8 +86,9 @@
 //     it, by its own clock; the client trusts its grant for ttl*(1-drift) - 2ms minus
 //     the time the acquire took, by its monotonic clock. Mutual exclusion holds while
 //     no clock runs faster than the drift allowance (default 1%) relative to the
-//     client's and no clock jumps (Redis 7 expires keys on a monotonic clock, older
-//     ones on wall time).
+//     client's, and no node's clock is stepped: Redis stores an expiry as a wall
+//     clock time, so a step forward (a manual change, NTP stepping instead of
+//     slewing) ends that node's locks early.
 //   - No pause longer than the validity: a client that stops (GC, swapping, SIGSTOP)
 //     past its validity deadline may act while another holds the lock. Lease.Context
 //     is cancelled at the deadline, but code that was already past its check keeps
@@ -815,7 +816,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	start := time.Now()
 	keys := b.keys(req.Key)
 	proposal := b.guess(req.Key)
-	wait, since, _ := b.waitArgs(req)
+	wait, since := b.waitArgs(req)
 	ttl, patience, prefix := ms(req.TTL), ms(req.Patience), b.waiterPrefix(req.Key)
 	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (acqReply, error) {
 		return parseAcq(acquireScript.Run(ctx, n.rdb, keys, req.Owner, ttl, proposal, wait, patience,
@@ -889,7 +890,13 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	default:
 		t, cerrs, note := b.commit(ctx, req, keys, granted, maxSeen+1, start)
 		if t == 0 {
-			return fail(note, append(r.errs, cerrs...))
+			errs := slices.Clone(r.errs)
+			for i, err := range cerrs {
+				if err != nil {
+					errs[i] = err
+				}
+			}
+			return fail(note, errs)
 		}
 		token = t
 	}
@@ -898,6 +905,9 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	}
 	b.saw(req.Key, token)
 	b.mu.Lock()
+	if len(b.tokens) >= maxFenceCache {
+		clear(b.tokens) // only used to repair counters; leases lost unnoticed leave entries
+	}
 	b.tokens[grantKey{req.Key, req.Owner}] = token
 	b.mu.Unlock()
 	if req.Wait && len(granted) < len(b.nodes) {
@@ -917,15 +927,20 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 
 // commit offers token t to the granting nodes until a majority accepts one, within
 // the validity and a few rounds. It returns the accepted token, or 0 with the node
-// errors of the last round and a note.
+// errors of the last round (indexed like b.nodes) and a note.
 func (b *Backend) commit(ctx context.Context, req driver.Request, keys []string, nodes []int, t uint64, start time.Time) (uint64, []error, string) {
+	var errs []error
 	for range maxCommitRounds {
+		if err := ctx.Err(); err != nil {
+			return 0, errs, "cancelled while settling the fencing token: " + err.Error()
+		}
 		if b.validity(req.TTL, start) <= 0 {
-			return 0, nil, "validity used up while settling the fencing token"
+			return 0, errs, "validity used up while settling the fencing token"
 		}
 		r := fanout(ctx, b, nodes, func(ctx context.Context, n *node) (int64, error) {
 			return commitScript.Run(ctx, n.rdb, keys[:2], req.Owner, t).Int64()
 		})
+		errs = r.errs
 		accepted := 0
 		var next []int
 		maxC := t
@@ -945,12 +960,12 @@ func (b *Backend) commit(ctx context.Context, req driver.Request, keys []string,
 			return t, nil, ""
 		}
 		if len(next) < b.quorum {
-			return 0, r.errs, fmt.Sprintf("the lock vanished from granting nodes while settling the fencing token (%d accepted)", accepted)
+			return 0, errs, fmt.Sprintf("the lock vanished from granting nodes while settling the fencing token (%d accepted)", accepted)
 		}
 		b.saw(req.Key, maxC)
 		t, nodes = maxC+1, next
 	}
-	return 0, nil, "no fencing token accepted by a majority after several rounds"
+	return 0, errs, "no fencing token accepted by a majority after several rounds"
 }
 
 // retryAfter estimates when enough held nodes free up for a majority: with held

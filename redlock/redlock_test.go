@@ -679,3 +679,63 @@ func TestHandoffCostFlat(t *testing.T) {
 		t.Fatalf("commands per handoff grow with waiters: %.1f with 1, %.1f with 8", one, many)
 	}
 }
+
+// A guessed token that some granting nodes reject (their counters moved on) costs a
+// commit round and yields a token above every counter seen; a resume by the same
+// owner keeps its token only while every granting node still records it.
+func TestFencingGuessAndResume(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 5)
+	raw := rawClients(t, nodes)
+	ctx := ctxT(t)
+	u := testserver.RedlockURL(nodes, testQuery)
+	a := open(t, u)
+	defer a.Close()
+	const key, ttl = "k", 10 * time.Second
+	g, err := a.Acquire(ctx, driver.Request{Key: key, Owner: "alice", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx, key, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	// Counters move on behind the client's back on two nodes.
+	high := g.Token + 1000
+	for _, r := range raw[:2] {
+		if err := r.Set(ctx, a.FenceKey(key), high, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g2, err := a.Acquire(ctx, driver.Request{Key: key, Owner: "alice", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g2.Token <= high {
+		t.Fatalf("token %d not above the counter %d of two granting nodes", g2.Token, high)
+	}
+
+	// Resume from another process: same token while every node records it...
+	b := open(t, u)
+	defer b.Close()
+	g3, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "alice", TTL: ttl})
+	if err != nil || g3.Token != g2.Token {
+		t.Fatalf("resume = %d, %v; want token %d", g3.Token, err, g2.Token)
+	}
+	// ...and a new, larger one once a node lost the grant (as in a restart).
+	if err := raw[0].Del(ctx, a.LockKey(key)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	g4, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "alice", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g4.Token <= g3.Token {
+		t.Fatalf("resume after a node lost the grant: token %d, want above %d", g4.Token, g3.Token)
+	}
+	info, err := b.Inspect(ctx, key)
+	if err != nil || info.Owner != "alice" || info.Token != g4.Token {
+		t.Fatalf("Inspect = %+v, %v; want alice with token %d", info, err, g4.Token)
+	}
+	if err := b.Release(ctx, key, "alice"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -45,8 +45,9 @@ end
 
 // acquireScript is phase one of an acquire on one node.
 // KEYS: lock, fence, wait. ARGV: owner, ttl ms, proposal (a token to accept if it is
-// above this node's counter, or 0), wait (0/1), patience ms, waiter key prefix,
-// wake channel, waiting since (ms).
+// above this node's counter, or 0), wait (0: no; 1: record the owner as a waiter if
+// the key is held; 2: the same, and an earlier attempt may have recorded it, so a
+// grant removes it), patience ms, waiter key prefix, wake channel, waiting since (ms).
 // Returns {status, counter, x}:
 //
 //	{1, c, p}    the lock was free and is now the owner's; c is the counter before;
@@ -61,7 +62,7 @@ var acquireScript = redis.NewScript(luaCommon + `
 local owner = ARGV[1]
 local v = redis.call('GET', KEYS[1])
 local function leave()
-  if ARGV[4] == '1' then
+  if ARGV[4] == '2' then
     redis.call('ZREM', KEYS[3], owner)
     redis.call('DEL', ARGV[6] .. owner)
   end
@@ -84,7 +85,7 @@ if h == owner then
   leave()
   return {2, fence(), t}
 end
-if ARGV[4] == '1' then
+if ARGV[4] ~= '0' then
   redis.call('SET', ARGV[6] .. owner, ARGV[7], 'PX', ARGV[5])
   redis.call('ZADD', KEYS[3], 'NX', ARGV[8], owner)
   if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[5]) then

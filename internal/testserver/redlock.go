@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -108,4 +109,109 @@ func StartRedisTLS(t testing.TB, f TLSFiles, extra ...string) (*Redis, int) {
 	args := append([]string{"--tls-port", strconv.Itoa(port), "--tls-cert-file", f.Cert, "--tls-key-file", f.Key,
 		"--tls-ca-cert-file", f.CA, "--tls-auth-clients", "no"}, extra...)
 	return StartRedis(t, args...), port
+}
+
+// StartDelayProxy forwards TCP connections from a new loopback port to target,
+// delaying every chunk by oneWay in each direction (a round trip costs 2*oneWay
+// more), so that benchmarks on one machine can show how a protocol behaves when
+// round trips, not CPU, dominate. It returns the proxy's host:port and stops, with
+// every connection, when the test ends.
+func StartDelayProxy(t testing.TB, target string, oneWay time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("delay proxy: %v", err)
+	}
+	p := &delayProxy{}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			if !p.track(c, s) {
+				return
+			}
+			p.pipe(s, c, oneWay)
+			p.pipe(c, s, oneWay)
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		p.closeAll()
+		p.wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+type delayProxy struct {
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+	conns  []net.Conn
+}
+
+func (p *delayProxy) track(cs ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		for _, c := range cs {
+			c.Close()
+		}
+		return false
+	}
+	p.conns = append(p.conns, cs...)
+	return true
+}
+
+func (p *delayProxy) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+// pipe copies src to dst, each chunk written oneWay after it was read; order is kept
+// and reading goes on while chunks wait, so the delay does not limit throughput.
+func (p *delayProxy) pipe(dst, src net.Conn, oneWay time.Duration) {
+	type chunk struct {
+		b  []byte
+		at time.Time
+	}
+	ch := make(chan chunk, 4096)
+	p.wg.Go(func() {
+		defer close(ch)
+		for {
+			buf := make([]byte, 4<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				ch <- chunk{buf[:n], time.Now().Add(oneWay)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	p.wg.Go(func() {
+		defer dst.Close()
+		defer src.Close()
+		for c := range ch {
+			if d := time.Until(c.at); d > 0 {
+				time.Sleep(d)
+			}
+			if _, err := dst.Write(c.b); err != nil {
+				src.Close() // stops the reader
+				for range ch {
+				}
+				return
+			}
+		}
+	})
 }
