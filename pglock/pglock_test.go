@@ -96,6 +96,8 @@ func TestPostgres(t *testing.T) {
 	t.Run("NotifyOnlyWhenWaited", func(t *testing.T) { testNotifyOnlyWhenWaited(t, srv) })
 	t.Run("WokenByNotify", func(t *testing.T) { testWokenByNotify(t, srv) })
 	t.Run("HandoffCostFlat", func(t *testing.T) { testHandoffCostFlat(t, srv) })
+	t.Run("CrashedWaiter", func(t *testing.T) { testCrashedWaiter(t, srv) })
+	t.Run("NewAndLinger", func(t *testing.T) { testNewAndLinger(t, srv) })
 	t.Run("ConnectionLoss", func(t *testing.T) { testConnectionLoss(t, srv) })
 	t.Run("LoginRevoked", func(t *testing.T) { testLoginRevoked(t, srv) })
 }
@@ -533,7 +535,7 @@ func testWokenByNotify(t *testing.T, srv *testserver.Postgres) {
 	holder := h.Client(t, slow...)
 	waiters := h.Client(t, slow...)
 	other := h.Client(t, slow...)
-	key := drivertest.Key(t, "k")
+	key := drivertest.Key(t, "k") + ` it's "odd" 日本 ' OR ''='`
 	l, err := holder.Lock(ctx, key)
 	if err != nil {
 		t.Fatal(err)
@@ -568,7 +570,114 @@ func testWokenByNotify(t *testing.T, srv *testserver.Postgres) {
 	}
 }
 
-// clientConns returns the pids of the server connections with application_name app.
+// A waiter that crashes at the head of the queue (it stops trying without giving up
+// its place) holds up the lock only until its place lapses; the next waiter then gets
+// it without a wake-up, when its own retry comes.
+func testCrashedWaiter(t *testing.T, srv *testserver.Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	h := harness(t, srv)
+	key := drivertest.Key(t, "k")
+	holder := h.Client(t)
+	l, err := holder.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := h.Open(t)
+	defer crashed.Close()
+	req := driver.Request{Key: key, Owner: "crashed-waiter", TTL: time.Minute, Wait: true, Patience: 500 * time.Millisecond}
+	if _, err := crashed.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("crashed waiter's attempt: %v", err)
+	}
+	next := h.Client(t, dlock.WithRetry(10*time.Millisecond, 300*time.Millisecond))
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l2, err := next.Lock(ctx, key)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l2
+	}()
+	waitQueued(t, holder, key, 2)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l2 := <-got:
+		if l2 == nil {
+			t.FailNow()
+		}
+		if l2.Token() <= l.Token() {
+			t.Fatalf("token %d after %d", l2.Token(), l.Token())
+		}
+		if err := l2.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the lock stayed reserved for a crashed waiter")
+	}
+	// The crashed waiter's place is gone: the key is free again.
+	if _, err := holder.Backend().(driver.Inspector).Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("Inspect after the handoffs: %v", err)
+	}
+}
+
+// New works on the caller's pool and leaves it open; the listening connection opens
+// for the first wait and closes once no one has waited for the linger time.
+func testNewAndLinger(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	pool := admin(t, srv)
+	if _, err := pglock.New(ctx, pool, pglock.WithTable("Bad-Name")); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("New with a bad table: %v", err)
+	}
+	if _, err := pglock.New(ctx, pool, pglock.WithLinger(0)); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("New with linger 0: %v", err)
+	}
+	be, err := pglock.New(ctx, pool, pglock.WithTable("public.linger_locks"), pglock.WithLinger(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dlock.New(be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listeners := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = $1`,
+			"LISTEN "+pgx.Identifier{be.Channel()}.Sanitize()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := listeners(); n != 0 {
+		t.Fatalf("%d listening connections before any wait", n)
+	}
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := listeners(); n != 1 {
+		t.Fatalf("%d listening connections after a wait, want 1", n)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(drivertest.Wait)
+	for listeners() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("listening connection still open long after the linger time")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("the caller's pool was closed: %v", err)
+	}
+}
+
+// terminate ends the server connections with application_name app.
 func terminate(t *testing.T, pool *pgxpool.Pool, app string) int {
 	t.Helper()
 	var n int
