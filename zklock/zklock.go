@@ -56,7 +56,10 @@
 // session timeout), the child is deleted and the next waiter is granted. The backend
 // closes driver.Grant.Lost, and the core ends the lease at once, when:
 //   - the session expires (the library reports it on reconnection);
-//   - the holder's child is deleted (a force release, an administrator);
+//   - the holder's child is deleted (a force release, an administrator): at once
+//     when a watch is set on it, which the first renewal does (most locks are
+//     released before and never pay for it); before that, the renewal itself
+//     finds the child gone;
 //   - the session may have expired: no request is known to have reached the leader
 //     for half the session timeout less 1% (for clock-rate drift). ZooKeeper keeps a
 //     session at least the session timeout after the server last heard from the
