@@ -43,7 +43,10 @@
 // Refresh extends the lock on every node (compare owner, PEXPIRE) and keeps the
 // lease only if a majority did so within the validity; a node that lost the key (it
 // restarted empty) gets it back then, so a restarted node is closed again within one
-// renewal. Release compares the owner and deletes on every node.
+// renewal. Release compares the owner and deletes on every node. A node that was
+// stopped (not dead) may still run the calls it had buffered when it resumes, so a
+// lock released meanwhile can reappear on that one node until its TTL: the majority
+// rule makes that harmless, the node just counts as failed for that key meanwhile.
 //
 // # Fencing: a majority register
 //
