@@ -335,7 +335,9 @@ func (c *Client) obtain(ctx context.Context, key string, cfg config, wait, gener
 		case <-t.C():
 		case <-ctx.Done():
 			t.Stop()
-			return nil, ctxErr(ctx, true)
+			// The last attempt's error matches ErrLocked and says why (the
+			// holder's expiry, or which nodes refused).
+			return nil, errors.Join(err, context.Cause(ctx))
 		case <-c.closing:
 			t.Stop()
 			return nil, ErrClosed
