@@ -298,6 +298,14 @@ func (l *listener) markQueued(key, owner string) {
 	}
 }
 
+// queued reports whether owner's wait for key has taken a place in the queue.
+func (l *listener) queued(key, owner string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.waiters[waitKey{key, owner}]
+	return w != nil && w.queued
+}
+
 // waiter is one registered wait.
 type waiter struct {
 	l          *listener

@@ -513,6 +513,19 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if req.Wait {
 		sql = b.sql.acquireWait
 	}
+	if !req.Wait || !b.lst.queued(req.Key, req.Owner) {
+		// No row: the key is free, and a plain INSERT takes it.
+		var token int64
+		err := retry(ctx, func() error {
+			return b.pool.QueryRow(ctx, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL)).Scan(&token)
+		})
+		if err == nil {
+			return driver.Grant{Token: uint64(token)}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
+		}
+	}
 	for range casAttempts {
 		var granted, mustWrite, wrote bool
 		var token, left *int64
@@ -594,6 +607,19 @@ func (b *Backend) handOff(ctx context.Context, op, sql, retrySQL, key, owner str
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
+	}
+	// No one waits: a plain DELETE frees the key.
+	var live bool
+	err := retry(ctx, func() error {
+		return b.pool.QueryRow(ctx, b.sql.fastRelease, key, owner).Scan(&live)
+	})
+	switch {
+	case err == nil && live:
+		return nil
+	case err == nil:
+		return driver.ErrNotHeld // it had expired
+	case !errors.Is(err, pgx.ErrNoRows):
+		return b.ctxErr(ctx, wrap("release", key, err))
 	}
 	return b.handOff(ctx, "release", b.sql.release, b.sql.releaseLocked, key, owner)
 }

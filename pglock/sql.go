@@ -25,7 +25,7 @@ import "strings"
 // nothing and reports it, and the caller runs it again. Refresh changes only the
 // expiry of a row the caller holds, and needs neither.
 type statements struct {
-	acquireWait, acquireTry, refresh, release, releaseLocked, forceRelease, withdraw, inspect, floorInsert, floorDelete string
+	fastAcquire, acquireWait, acquireTry, refresh, fastRelease, release, releaseLocked, forceRelease, withdraw, inspect, floorInsert, floorDelete string
 }
 
 const us = ` * interval '1 microsecond'`
@@ -92,6 +92,14 @@ func buildStatements(table, seq string) statements {
 	// and no live waiter is queued ahead of it. Otherwise a waiting caller takes or
 	// renews its place in the queue. Result: (granted, must write, wrote, token,
 	// µs left on the holder's grant).
+	// The uncontended paths, tried first: they cost what the plainest table lock
+	// costs, and write nothing when they do not apply (a row exists; waiters queued).
+	s.fastAcquire = `INSERT INTO {T} (key, owner, token, expires_at)
+	VALUES ($1::text, $2::text, nextval(` + literal(seq) + `::regclass), now() + $3::bigint` + us + `)
+	ON CONFLICT (key) DO NOTHING RETURNING token`
+	s.fastRelease = `DELETE FROM {T} WHERE key = $1::text AND owner = $2::text AND NOT reserved AND queue_owner = '{}'
+	RETURNING expires_at > now()`
+
 	acquire := func(lock bool) string {
 		cas := ""
 		if !lock {
@@ -182,7 +190,7 @@ FROM t`
 	s.floorInsert = `INSERT INTO {T} (key, owner, token, expires_at) VALUES ($1::text, $2::text, 0, now() + interval '15 seconds')`
 	s.floorDelete = `DELETE FROM {T} WHERE key = $1::text AND owner = $2::text`
 
-	for _, p := range []*string{&s.acquireWait, &s.acquireTry, &s.refresh, &s.release, &s.releaseLocked, &s.forceRelease, &s.withdraw, &s.inspect, &s.floorInsert, &s.floorDelete} {
+	for _, p := range []*string{&s.fastAcquire, &s.acquireWait, &s.acquireTry, &s.refresh, &s.fastRelease, &s.release, &s.releaseLocked, &s.forceRelease, &s.withdraw, &s.inspect, &s.floorInsert, &s.floorDelete} {
 		*p = strings.ReplaceAll(*p, "{T}", table)
 	}
 	return s
