@@ -47,16 +47,19 @@
 //
 // # Algorithm
 //
-// A key has a row while it is held, reserved or waited for. Acquire is one statement
-// that reads the row and decides in SQL: with no row it inserts one with a new token;
-// a live row of the caller's own is re-entered (same token, TTL extended); a row the
-// lock is reserved for the caller, or an expired row with no live waiter queued ahead,
-// is taken with a new token. Otherwise a caller that will wait takes (or renews) its
-// place at the end of the row's queue. Expiry is computed by the server, now() + TTL,
-// so client clocks never matter. Refresh is an UPDATE of expires_at that compares the
-// owner and the expiry. A refused attempt that will not wait writes nothing.
+// A key has a row while it is held, reserved or waited for. Acquire first tries a
+// plain INSERT ... ON CONFLICT DO NOTHING with a new token: a free key costs one
+// insert. If a row exists, one statement reads it and decides in SQL: a live row of
+// the caller's own is re-entered (same token, TTL extended); a row the lock is
+// reserved for the caller, or an expired row with no live waiter queued ahead, is
+// taken with a new token. Otherwise a caller that will wait takes (or renews) its
+// place at the end of the row's queue. (A waiter already queued skips the INSERT.)
+// Expiry is computed by the server, now() + TTL, so client clocks never matter.
+// Refresh is an UPDATE of expires_at that compares the owner and the expiry. A
+// refused attempt that will not wait writes nothing.
 //
-// Release is one statement too: with live waiters queued, it reserves the free lock
+// Release first tries a plain DELETE of the caller's row with an empty queue. If
+// waiters are queued, one statement hands the lock on: with live waiters, it reserves the free lock
 // for the longest-waiting one (for as long as that waiter's place lasts) and calls
 // pg_notify on that waiter's client's channel, inside the same transaction, so the
 // wake-up is sent only if the release commits; with none, it deletes the row. So a
