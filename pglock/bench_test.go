@@ -1,10 +1,13 @@
 package pglock_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
+	"github.com/dlockio/dlock/pglock"
 )
 
 // Benchmarks run against a server with its default settings (fsync=on,
@@ -16,6 +19,40 @@ import (
 func BenchmarkCycle(b *testing.B) {
 	srv := testserver.StartPostgres(b)
 	drivertest.BenchCycle(b, harness(b, srv))
+}
+
+// BenchmarkCycleInterleaved alternates one floor cycle and one dlock Lock+Release
+// cycle per iteration on the same server, so that both see the same disk and CPU
+// weather (fsync latency on a shared machine drifts a lot between two sequential
+// benchmarks). It reports both, and their ratio.
+func BenchmarkCycleInterleaved(b *testing.B) {
+	srv := testserver.StartPostgres(b)
+	h := harness(b, srv)
+	ctx := context.Background()
+	floor := h.Open(b).(*pglock.Backend)
+	defer floor.Close()
+	c := h.Client(b)
+	fkey, key := drivertest.Key(b, "floor"), drivertest.Key(b, "k")
+	var tf, td time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if err := floor.FloorCycle(ctx, fkey); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		l, err := c.Lock(ctx, key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		td += time.Since(t1)
+		tf += t1.Sub(t0)
+	}
+	b.ReportMetric(float64(tf.Nanoseconds())/float64(b.N), "floor-ns/cycle")
+	b.ReportMetric(float64(td.Nanoseconds())/float64(b.N), "dlock-ns/cycle")
+	b.ReportMetric(float64(td)/float64(tf), "dlock/floor")
 }
 
 // BenchmarkHandoff measures the time from a release to the waiting client's Lock
