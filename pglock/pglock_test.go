@@ -821,6 +821,54 @@ func testLoginRevoked(t *testing.T, srv *testserver.Postgres) {
 	}
 }
 
+// TLS parameters reach pgx: verify-full against the right CA connects over TLS (the
+// listening connection too); against another CA it fails, and says why.
+func TestTLS(t *testing.T) {
+	files := testserver.NewTLSFiles(t)
+	srv := testserver.StartPostgresTLS(t, files)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	base := srv.URLFor("postgres", srv.Password, "postgres")
+	u := withQuery(base, "sslmode", "verify-full", "sslrootcert", files.CA, "application_name", "tls-test")
+	c, err := dlock.Open(ctx, u)
+	if err != nil {
+		t.Fatalf("Open over TLS: %v", err)
+	}
+	defer c.Close()
+	l, err := c.Lock(ctx, "k") // Lock opens the listening connection as well
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plain int
+	if err := admin(t, srv).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+		WHERE a.application_name = 'tls-test' AND NOT s.ssl`).Scan(&plain); err != nil {
+		t.Fatal(err)
+	}
+	var tlsConns int
+	if err := admin(t, srv).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+		WHERE a.application_name = 'tls-test' AND s.ssl`).Scan(&tlsConns); err != nil {
+		t.Fatal(err)
+	}
+	if plain != 0 || tlsConns < 2 {
+		t.Fatalf("%d plain and %d TLS connections, want 0 and at least 2 (pool and listener)", plain, tlsConns)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := testserver.NewTLSFiles(t)
+	bad := withQuery(base, "sslmode", "verify-full", "sslrootcert", other.CA)
+	if c, err := dlock.Open(ctx, bad); err == nil {
+		c.Close()
+		t.Fatal("Open trusting another CA succeeded")
+	} else if !strings.Contains(err.Error(), "certificate") || strings.Contains(err.Error(), srv.Password) {
+		t.Fatalf("Open trusting another CA: %v", err)
+	}
+	if c, err := dlock.Open(ctx, withQuery(base, "sslmode", "verify-full", "sslrootcert", "/nonexistent/ca.pem")); err == nil {
+		c.Close()
+		t.Fatal("Open with a missing CA file succeeded")
+	}
+}
+
 // The server crashes (SIGKILL) and restarts while a lock is held: the holder renews
 // on new connections and stays the only holder, or loses the lease before anyone else
 // gets in; tokens keep rising across the crash.

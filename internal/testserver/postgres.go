@@ -98,6 +98,18 @@ func serverCredential() (*syscall.Credential, error) {
 // with its default settings (fsync on, synchronous_commit on).
 func StartPostgres(t testing.TB, extra ...string) *Postgres {
 	t.Helper()
+	return startPostgres(t, nil, extra)
+}
+
+// StartPostgresTLS is StartPostgres with TLS on (ssl=on) using the server certificate
+// and key in f; clients may still connect without TLS.
+func StartPostgresTLS(t testing.TB, f TLSFiles, extra ...string) *Postgres {
+	t.Helper()
+	return startPostgres(t, &f, extra)
+}
+
+func startPostgres(t testing.TB, tlsFiles *TLSFiles, extra []string) *Postgres {
+	t.Helper()
 	bin := postgresBinDir(t)
 	cred, err := serverCredential()
 	if err != nil {
@@ -145,6 +157,24 @@ func StartPostgres(t testing.TB, extra ...string) *Postgres {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
 	_ = os.Remove(pwFile)
+	if tlsFiles != nil {
+		// The server reads its certificate and key (which must be private to it)
+		// from its data directory.
+		for src, dst := range map[string]string{tlsFiles.Cert: "server.crt", tlsFiles.Key: "server.key"} {
+			b, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(s.DataDir, dst)
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if cred != nil {
+				_ = os.Chown(path, int(cred.Uid), int(cred.Gid))
+			}
+		}
+		extra = append([]string{"-c", "ssl=on", "-c", "ssl_cert_file=server.crt", "-c", "ssl_key_file=server.key"}, extra...)
+	}
 
 	var last error
 	for range 3 {
