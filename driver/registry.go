@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -154,14 +155,23 @@ func (p *Params) Unknown() error {
 	return fmt.Errorf("%w: unknown URL parameter(s): %s", ErrInvalid, strings.Join(names, ", "))
 }
 
-// Without returns a copy of u with the named query parameters removed.
+// Without returns a copy of u with the named query parameters removed. The other
+// parameters keep their original encoding (a re-encoded "+" would mean a space to
+// some parsers and a plus to others).
 func Without(u *url.URL, names ...string) *url.URL {
 	c := *u
-	q := u.Query()
-	for _, n := range names {
-		q.Del(n)
+	var kept []string
+	for part := range strings.SplitSeq(u.RawQuery, "&") {
+		if part == "" {
+			continue
+		}
+		name, _, _ := strings.Cut(part, "=")
+		if n, err := url.QueryUnescape(name); err == nil && slices.Contains(names, n) {
+			continue
+		}
+		kept = append(kept, part)
 	}
-	c.RawQuery = q.Encode()
+	c.RawQuery = strings.Join(kept, "&")
 	return &c
 }
 

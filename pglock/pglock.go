@@ -242,10 +242,7 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	rest := driver.Without(u, "table")
-	// Without re-encodes the query with "+" for spaces; pgx, like libpq, decodes
-	// only %XX escapes. (A literal "+" is encoded as %2B, so this is exact.)
-	rest.RawQuery = strings.ReplaceAll(rest.RawQuery, "+", "%20")
+	rest := driver.Without(u, "table") // keeps the other parameters as written, for pgx
 	cfg, err := pgxpool.ParseConfig(rest.String())
 	if err != nil {
 		return nil, fmt.Errorf("%w: pglock: URL %s: %v", driver.ErrInvalid, driver.Redact(u), parseError(err))

@@ -62,7 +62,8 @@ func withQuery(rawURL string, kv ...string) string {
 	for i := 0; i+1 < len(kv); i += 2 {
 		q.Set(kv[i], kv[i+1])
 	}
-	u.RawQuery = q.Encode()
+	// Spaces as %20: pgx, like libpq, reads "+" as a plus sign.
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	return u.String()
 }
 
