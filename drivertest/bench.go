@@ -3,15 +3,17 @@ package drivertest
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/bench"
 	"github.com/dlockio/dlock/driver"
 )
+
+// The benchmarks below are thin wrappers over the measuring loops of package bench,
+// which the "dlock bench" command runs too: a developer's Go benchmark and a user's
+// side-by-side run measure the same thing.
 
 // OpsCounter returns a running total of server-side operations (for example the sum
 // of Redis commandstats calls), so benchmarks can report operations per handoff. A
@@ -39,142 +41,116 @@ func (h Harness) opsCounter(tb testing.TB, given OpsCounter) OpsCounter {
 	}
 }
 
+// opsFunc adapts an OpsCounter to bench's form; nil stays nil.
+func opsFunc(tb testing.TB, ops OpsCounter) func(context.Context) (int64, error) {
+	if ops == nil {
+		return nil
+	}
+	return func(context.Context) (int64, error) { return ops(tb), nil }
+}
+
+func reportLatency(b *testing.B, s *bench.Samples, prefix string) {
+	b.ReportMetric(float64(s.Percentile(0.5)), prefix+"p50-ns")
+	b.ReportMetric(float64(s.Percentile(0.99)), prefix+"p99-ns")
+}
+
 // BenchCycle measures one uncontended Lock+Release cycle on one key ("dlock"), and,
 // when the backend is a driver.Floorer, the floor cycle on the same server in the
-// same run ("floor"), so the two can be compared as a ratio.
+// same run ("floor") and both paired cycle by cycle ("interleaved", which reports
+// the ratio of their medians, "dlock/floor": the number to compare, since both see
+// the same machine load).
 func BenchCycle(b *testing.B, h Harness) {
 	ctx := context.Background()
 	be := h.Open(b)
 	defer be.Close()
-	if f, ok := be.(driver.Floorer); ok {
+	f, hasFloor := be.(driver.Floorer)
+	if hasFloor {
 		b.Run("floor", func(b *testing.B) {
+			var s bench.Samples
 			key := Key(b, "k")
 			b.ReportAllocs()
-			for b.Loop() {
-				if err := f.FloorCycle(ctx, key); err != nil {
-					b.Fatal(err)
-				}
+			b.ResetTimer()
+			if err := bench.FloorCycles(ctx, f, key, bench.Limit{N: int64(b.N)}, &s); err != nil {
+				b.Fatal(err)
 			}
+			b.StopTimer()
+			reportLatency(b, &s, "")
 		})
 	}
 	b.Run("dlock", func(b *testing.B) {
 		c := h.Client(b)
 		key := Key(b, "k")
+		var run bench.CycleRun
 		b.ReportAllocs()
-		for b.Loop() {
-			l, err := c.Lock(ctx, key)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := l.Release(ctx); err != nil {
-				b.Fatal(err)
-			}
+		b.ResetTimer()
+		if err := bench.Cycles(ctx, c, key, nil, "", bench.Limit{N: int64(b.N)}, &run); err != nil {
+			b.Fatal(err)
 		}
+		b.StopTimer()
+		reportLatency(b, &run.Dlock, "")
 	})
+	if hasFloor {
+		b.Run("interleaved", func(b *testing.B) {
+			c := h.Client(b)
+			var run bench.CycleRun
+			b.ResetTimer()
+			if err := bench.Cycles(ctx, c, Key(b, "k"), f, Key(b, "floor"), bench.Limit{N: int64(b.N)}, &run); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			fp, dp := run.Floor.Percentile(0.5), run.Dlock.Percentile(0.5)
+			b.ReportMetric(float64(fp), "floor-p50-ns")
+			b.ReportMetric(float64(dp), "dlock-p50-ns")
+			b.ReportMetric(float64(dp)/float64(fp), "dlock/floor")
+		})
+	}
 }
 
 // BenchHandoff measures contended handoff between two clients: the time from one
 // client's Release call to the waiting client's Lock returning. It reports the
 // median and 99th percentile ("handoff-p50-ns", "handoff-p99-ns"), and, when the
 // harness has RoundTrip, the median in round trips ("handoff-p50-rtt") and the
-// server operations per handoff ("ops/handoff") when ops is given.
+// server operations per handoff ("ops/handoff") when ops is given or the backend is
+// a driver.OpsCounter.
 func BenchHandoff(b *testing.B, h Harness, ops OpsCounter) {
 	ctx := context.Background()
 	key := Key(b, "k")
-	clients := [2]*dlock.Client{h.Client(b), h.Client(b)}
-	l := mustLock(b, ctx, clients[0], key)
-	lat := make([]time.Duration, 0, b.N)
-	type result struct {
-		l  *dlock.Lease
-		at time.Time
-	}
-	turn := make(chan result)
+	a, c := h.Client(b), h.Client(b)
 	ops = h.opsCounter(b, ops)
-	var opsTotal int64
+	in, _ := c.Backend().(driver.Inspector)
 	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		next := clients[(i+1)%2]
-		go func() {
-			nl, err := next.Lock(ctx, key)
-			if err != nil {
-				b.Error(err)
-			}
-			turn <- result{nl, time.Now()}
-		}()
-		// Let the waiter queue up before the release; the pause is not timed.
-		b.StopTimer()
-		waitForWaiter(ctx, next, key)
-		var before int64
-		if ops != nil {
-			before = ops(b)
-		}
-		b.StartTimer()
-		released := time.Now()
-		if err := l.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-		r := <-turn
-		if r.l == nil {
-			b.FailNow()
-		}
-		lat = append(lat, r.at.Sub(released))
-		l = r.l
-		if ops != nil {
-			b.StopTimer()
-			opsTotal += ops(b) - before
-			b.StartTimer()
-		}
-	}
+	run, err := bench.Handoff(ctx, a, c, key, bench.Limit{N: int64(b.N)}, bench.HandoffOptions{
+		Inspector: in, Ops: opsFunc(b, ops), Pause: b.StopTimer, Resume: b.StartTimer,
+	})
 	b.StopTimer()
-	if ops != nil {
-		b.ReportMetric(float64(opsTotal)/float64(b.N), "ops/handoff")
+	if err != nil {
+		b.Fatal(err)
 	}
-	p50, p99 := Percentile(lat, 0.5), Percentile(lat, 0.99)
-	b.ReportMetric(float64(p50), "handoff-p50-ns")
-	b.ReportMetric(float64(p99), "handoff-p99-ns")
+	if ops != nil {
+		b.ReportMetric(float64(run.Ops)/float64(run.Handoffs), "ops/handoff")
+	}
+	reportLatency(b, &run.Latency, "handoff-")
 	if h.RoundTrip != nil {
-		rtt := make([]time.Duration, 0, 1000)
+		var rtt bench.Samples
 		for range 1000 {
 			t := time.Now()
 			if err := h.RoundTrip(ctx); err != nil {
 				b.Fatal(err)
 			}
-			rtt = append(rtt, time.Since(t))
+			rtt.Add(time.Since(t))
 		}
-		b.ReportMetric(float64(p50)/float64(Percentile(rtt, 0.5)), "handoff-p50-rtt")
-	}
-	_ = l.Release(ctx)
-}
-
-// waitForWaiter waits until the backend shows a queued waiter on key, or, without an
-// Inspector, gives it a moment.
-func waitForWaiter(ctx context.Context, c *dlock.Client, key string) {
-	in, ok := c.Backend().(driver.Inspector)
-	if !ok {
-		time.Sleep(time.Millisecond)
-		return
-	}
-	for range 1000 {
-		if info, err := in.Inspect(ctx, key); err == nil && info.Waiters > 0 {
-			return
-		}
-		time.Sleep(20 * time.Microsecond)
+		b.ReportMetric(float64(run.Latency.Percentile(0.5))/float64(rtt.Percentile(0.5)), "handoff-p50-rtt")
 	}
 }
 
 // Percentile returns the q-quantile (0..1) of ds, which it sorts.
-func Percentile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	i := int(q * float64(len(ds)-1))
-	return ds[i]
-}
+func Percentile(ds []time.Duration, q float64) time.Duration { return bench.Percentile(ds, q) }
 
 // BenchContended runs W workers, each with its own client, looping Lock+Release on
 // one hot key. It reports acquisitions/s, server operations per acquisition (if ops
-// is given) and the fairness ratio min/max acquisitions per worker.
+// is given or the backend is a driver.OpsCounter), the fairness ratio min/max
+// acquisitions per worker, Jain's fairness index ("jain": 1 is equal shares) and the
+// handoff latency from a Release call to the next holder's Lock returning.
 func BenchContended(b *testing.B, h Harness, workers int, ops OpsCounter) {
 	b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 		ctx := context.Background()
@@ -183,45 +159,30 @@ func BenchContended(b *testing.B, h Harness, workers int, ops OpsCounter) {
 		for i := range cs {
 			cs[i] = h.Client(b)
 		}
-		var next atomic.Int64
-		counts := make([]int64, workers)
 		ops := h.opsCounter(b, ops)
 		var start0 int64
 		if ops != nil {
 			start0 = ops(b)
 		}
 		b.ResetTimer()
-		t0 := time.Now()
-		var wg sync.WaitGroup
-		for w := range workers {
-			wg.Go(func() {
-				for next.Add(1) <= int64(b.N) {
-					l, err := cs[w].Lock(ctx, key)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					counts[w]++
-					if err := l.Release(ctx); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		el := time.Since(t0)
+		run, err := bench.Contend(ctx, cs, []string{key}, bench.Limit{N: int64(b.N)})
 		b.StopTimer()
-		lo, hi := counts[0], counts[0]
-		for _, c := range counts {
-			lo, hi = min(lo, c), max(hi, c)
+		if err != nil {
+			b.Fatal(err)
 		}
-		b.ReportMetric(float64(b.N)/el.Seconds(), "acq/s")
-		if hi > 0 {
+		if run.Overlaps > 0 {
+			b.Fatalf("%d acquisitions found the key held by another worker", run.Overlaps)
+		}
+		b.ReportMetric(bench.PerSecond(run.Acquisitions, run.Elapsed), "acq/s")
+		if lo, hi := bench.MinMax(run.Counts); hi > 0 {
 			b.ReportMetric(float64(lo)/float64(hi), "min/max")
 		}
+		b.ReportMetric(bench.Jain(run.Counts), "jain")
+		if run.Handoff.Count() > 0 {
+			reportLatency(b, &run.Handoff, "handoff-")
+		}
 		if ops != nil {
-			b.ReportMetric(float64(ops(b)-start0)/float64(b.N), "ops/acq")
+			b.ReportMetric(float64(ops(b)-start0)/float64(run.Acquisitions), "ops/acq")
 		}
 	})
 }

@@ -1,0 +1,176 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// Server kinds that StartServers knows.
+const (
+	ServerRedis    = "redis"    // one redis-server
+	ServerRedlock  = "redlock"  // five redis-server masters
+	ServerEtcd     = "etcd"     // one embedded etcd member, inside this process
+	ServerZK       = "zk"       // one ZooKeeper server (Debian package zookeeper)
+	ServerPostgres = "postgres" // one PostgreSQL cluster (Debian package postgresql)
+)
+
+// ServerKinds lists the kinds StartServers knows, in the order it starts them.
+var ServerKinds = []string{ServerRedis, ServerRedlock, ServerEtcd, ServerZK, ServerPostgres}
+
+// RedlockNodes is how many masters a started Redlock gets.
+const RedlockNodes = 5
+
+// Servers are local servers started by StartServers.
+type Servers struct {
+	// Targets are the started servers' backends, in the order of ServerKinds.
+	Targets []Target
+	// Skipped says, per kind, why it was not started (not installed, failed).
+	Skipped map[string]string
+
+	tb *serverTB
+}
+
+// StartServers starts a local server for every kind in kinds (nil means all of
+// ServerKinds) that is installed, the way the tests do: on free 127.0.0.1 ports, in a
+// temporary directory, with no persistence for Redis and ZooKeeper and PostgreSQL's
+// default settings (fsync on). A kind that is not installed or fails to start is
+// listed in Skipped and the others still start. Stop stops them all; they are also
+// killed if this process dies. Servers inherit this process's CPU affinity (see Pin).
+func StartServers(kinds []string) (*Servers, error) {
+	if kinds == nil {
+		kinds = ServerKinds
+	}
+	for _, k := range kinds {
+		if !slices.Contains(ServerKinds, k) {
+			return nil, fmt.Errorf("unknown server kind %q (known: %s)", k, strings.Join(ServerKinds, ", "))
+		}
+	}
+	dir, err := os.MkdirTemp("", "dlock-bench-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Servers{Skipped: map[string]string{}, tb: &serverTB{dir: dir}}
+	for _, kind := range ServerKinds {
+		if !slices.Contains(kinds, kind) {
+			continue
+		}
+		t, err := s.tb.try(func(tb testing.TB) Target { return start(tb, kind) })
+		if err != nil {
+			s.Skipped[kind] = err.Error()
+			continue
+		}
+		s.Targets = append(s.Targets, t)
+	}
+	return s, nil
+}
+
+func start(tb testing.TB, kind string) Target {
+	switch kind {
+	case ServerRedis:
+		r := testserver.StartRedis(tb)
+		return Target{Name: "redis", URL: r.URL(), Note: "redis-server started by dlock bench, no persistence"}
+	case ServerRedlock:
+		nodes := testserver.StartRedisNodes(tb, RedlockNodes)
+		return Target{Name: "redlock", URL: testserver.RedlockURL(nodes, "node_timeout=1s"),
+			Note: fmt.Sprintf("%d redis-server masters started by dlock bench", RedlockNodes)}
+	case ServerEtcd:
+		e := testserver.StartEtcd(tb)
+		return Target{Name: "etcd", URL: e.URL("dlock"), Note: "one etcd member embedded in the dlock process"}
+	case ServerZK:
+		z := testserver.StartZooKeeper(tb)
+		return Target{Name: "zk", URL: z.URL("/dlock"), Note: "standalone ZooKeeper started by dlock bench, forceSync=no"}
+	case ServerPostgres:
+		p := testserver.StartPostgres(tb)
+		return Target{Name: "postgres", URL: p.URL(), Note: "PostgreSQL started by dlock bench, default settings (fsync on)"}
+	}
+	panic("unknown kind " + kind)
+}
+
+// Stop stops every server and removes their directories.
+func (s *Servers) Stop() {
+	if s != nil && s.tb != nil {
+		s.tb.cleanup()
+	}
+}
+
+// serverTB lets the test server helpers run outside a test: it is a testing.TB
+// whose Fatal and Skip end the helper with an error (recovered by try), whose
+// Cleanup functions run at Stop, and whose TempDir is under one directory removed at
+// Stop. Methods it does not override belong to the nil embedded TB and would panic;
+// the helpers do not use them.
+type serverTB struct {
+	testing.TB
+
+	dir string
+
+	mu       sync.Mutex
+	cleanups []func()
+	n        int
+}
+
+type tbAbort struct{ err error }
+
+func (t *serverTB) Helper()                   {}
+func (t *serverTB) Name() string              { return "dlock-bench" }
+func (t *serverTB) Logf(string, ...any)       {}
+func (t *serverTB) Log(...any)                {}
+func (t *serverTB) Fatalf(f string, a ...any) { panic(tbAbort{fmt.Errorf(f, a...)}) }
+func (t *serverTB) Fatal(a ...any)            { panic(tbAbort{errors.New(fmt.Sprint(a...))}) }
+func (t *serverTB) Errorf(f string, a ...any) { panic(tbAbort{fmt.Errorf(f, a...)}) }
+func (t *serverTB) Error(a ...any)            { panic(tbAbort{errors.New(fmt.Sprint(a...))}) }
+func (t *serverTB) FailNow()                  { panic(tbAbort{errors.New("failed")}) }
+func (t *serverTB) Skipf(f string, a ...any)  { panic(tbAbort{fmt.Errorf(f, a...)}) }
+func (t *serverTB) Skip(a ...any)             { panic(tbAbort{errors.New(fmt.Sprint(a...))}) }
+func (t *serverTB) SkipNow()                  { panic(tbAbort{errors.New("skipped")}) }
+func (t *serverTB) Failed() bool              { return false }
+func (t *serverTB) Skipped() bool             { return false }
+
+func (t *serverTB) Cleanup(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cleanups = append(t.cleanups, f)
+}
+
+func (t *serverTB) TempDir() string {
+	t.mu.Lock()
+	t.n++
+	n := t.n
+	t.mu.Unlock()
+	d, err := os.MkdirTemp(t.dir, fmt.Sprintf("%03d-", n))
+	if err != nil {
+		t.Fatalf("temporary directory: %v", err)
+	}
+	return d
+}
+
+// try runs f, turning a Fatal or Skip into an error.
+func (t *serverTB) try(f func(testing.TB) Target) (tg Target, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			a, ok := r.(tbAbort)
+			if !ok {
+				panic(r)
+			}
+			err = a.err
+		}
+	}()
+	return f(t), nil
+}
+
+func (t *serverTB) cleanup() {
+	t.mu.Lock()
+	fs := t.cleanups
+	t.cleanups = nil
+	t.mu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+	_ = os.RemoveAll(t.dir)
+}
