@@ -8,43 +8,18 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
-// BenchmarkCycle compares an uncontended Lock+Release with the floor: the same
-// client library doing the least a correct etcd lock can do, one lease-bound
-// create-if-absent transaction and one delete, on a lease granted beforehand.
+// BenchmarkCycle compares an uncontended Lock+Release with the floor (FloorCycle: one
+// lease-bound create-if-absent transaction and one delete with the same client), in
+// the same run and interleaved cycle by cycle.
 func BenchmarkCycle(b *testing.B) {
 	srv := testserver.StartEtcd(b)
-	b.Run("floor=put-txn+delete", func(b *testing.B) { benchFloor(b, srv) })
-	b.Run("dlock", func(b *testing.B) { drivertest.BenchCycle(b, harness(b, srv)) })
-}
-
-func benchFloor(b *testing.B, srv *testserver.Etcd) {
-	ctx := context.Background()
-	cli := rawClient(b, srv.Endpoint())
-	lease, err := cli.Grant(ctx, 15)
-	if err != nil {
-		b.Fatal(err)
-	}
-	key := drivertest.Key(b, "floor")
-	b.ReportAllocs()
-	for b.Loop() {
-		resp, err := cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, "owner-value-0123456789abcdef", clientv3.WithLease(lease.ID))).
-			Commit()
-		if err != nil || !resp.Succeeded {
-			b.Fatal(resp, err)
-		}
-		if _, err := cli.Delete(ctx, key); err != nil {
-			b.Fatal(err)
-		}
-	}
+	drivertest.BenchCycle(b, harness(b, srv))
 }
 
 func BenchmarkHandoff(b *testing.B) {

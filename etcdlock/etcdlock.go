@@ -202,7 +202,8 @@ func WithAuth(user, password string) Option {
 }
 
 // Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector and driver.ForceReleaser, and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser and driver.Floorer, and is safe for
+// concurrent use.
 type Backend struct {
 	cli     *clientv3.Client
 	own     bool // close cli in Close
@@ -214,14 +215,15 @@ type Backend struct {
 	wg     sync.WaitGroup // background goroutines
 	grant  chan struct{}  // capacity 1: serialises session creation
 
-	mu       sync.Mutex
-	closed   bool
-	sessions map[int64]*session // live sessions by TTL in seconds
-	waiters  map[ownerKey]*waiter
-	held     map[ownerKey]*tracked
-	names    map[ownerKey]string // member key name of each (key, owner) in use here
-	burned   map[string]bool     // names of ours found taken by another owner
-	id       string              // in this backend's member key names
+	mu        sync.Mutex
+	closed    bool
+	sessions  map[int64]*session // live sessions by TTL in seconds
+	waiters   map[ownerKey]*waiter
+	held      map[ownerKey]*tracked
+	idleWatch bool                // keepWatchStream runs
+	names     map[ownerKey]string // member key name of each (key, owner) in use here
+	burned    map[string]bool     // names of ours found taken by another owner
+	id        string              // in this backend's member key names
 }
 
 type ownerKey struct{ key, owner string }
@@ -230,6 +232,7 @@ var (
 	_ driver.Notifier      = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
+	_ driver.Floorer       = (*Backend)(nil)
 )
 
 func defaultOptions() options {

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"strconv"
+	"strings"
 )
 
 // Member key names.
@@ -34,18 +35,28 @@ func (b *Backend) name(ok ownerKey) string {
 	if n, found := b.names[ok]; found {
 		return n
 	}
-	used := make(map[string]bool, len(b.names))
-	for _, n := range b.names {
-		used[n] = true
-	}
 	base := b.LockPrefix(ok.key) + b.id + "."
 	for i := 0; ; i++ {
 		n := base + strconv.Itoa(i)
-		if !used[n] && !b.burned[n] {
+		if !b.burned[n] && !b.inUseLocked(n) {
 			b.names[ok] = n
 			return n
 		}
 	}
+}
+
+func (b *Backend) inUseLocked(name string) bool {
+	for _, n := range b.names {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ours reports whether name is one of this backend's own names (not adopted).
+func (b *Backend) ours(name string) bool {
+	return strings.HasPrefix(name[strings.LastIndexByte(name, '/')+1:], b.id+".")
 }
 
 // assigned returns the member key name of ok, if it has one.

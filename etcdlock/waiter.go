@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -96,6 +97,10 @@ func (w *waiter) follow(predKey string, predRev, readRev int64, s *session, myRe
 	if b.closed {
 		b.mu.Unlock()
 		return
+	}
+	if !b.idleWatch {
+		b.idleWatch = true
+		b.wg.Go(b.keepWatchStream)
 	}
 	b.wg.Add(1)
 	b.mu.Unlock()
@@ -199,11 +204,29 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	}
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
-	if _, err := b.deleteOwn(ctx, member, w.owner); err != nil {
+	if _, err := b.deleteOwn(ctx, member, w.owner, true); err != nil {
 		b.orphan(ok, sess, 0) // keep trying in the background
 		return wrap("withdraw waiter", w.key, err)
 	}
 	b.untrackOrphan(ok)
 	b.freeName(ok)
 	return nil
+}
+
+// keepWatchStream keeps one watch open, on a key nobody writes, for as long as the
+// backend lives. The etcd client closes its watch stream (a gRPC stream, with
+// goroutines on both ends) when its last watch ends, and opens a new one for the
+// next: without this, a client that waits for locks one at a time would pay for a
+// new stream on every wait.
+func (b *Backend) keepWatchStream() {
+	idle := b.prefix + "\x00idle"
+	for {
+		for range b.cli.Watch(clientv3.WithRequireLeader(b.ctx), idle) {
+		}
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond): // the watch was cancelled (no leader): again
+		}
+	}
 }
