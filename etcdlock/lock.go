@@ -478,7 +478,7 @@ func (b *Backend) FloorCycle(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	k := b.prefix + "\x00floor/" + key
+	k := b.prefix + "/\x00floor/" + key // in the prefix range, in no lock's
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 		Then(clientv3.OpPut(k, "floor", clientv3.WithLease(s.id))).

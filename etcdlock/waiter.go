@@ -219,7 +219,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 // next: without this, a client that waits for locks one at a time would pay for a
 // new stream on every wait.
 func (b *Backend) keepWatchStream() {
-	idle := b.prefix + "\x00idle"
+	idle := b.prefix + "/\x00idle" // inside the prefix range (permissions), never written
 	for {
 		for range b.cli.Watch(clientv3.WithRequireLeader(b.ctx), idle) {
 		}

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -46,6 +47,10 @@ type Config struct {
 	TickMs, ElectionMs uint
 	// LogLevel of the member's log, written to Dir/etcd.log (default "warn").
 	LogLevel string
+	// CertFile and KeyFile, when set, make the client port serve TLS (https) with
+	// that certificate; with ClientCAFile set too, clients must present a
+	// certificate signed by that CA.
+	CertFile, KeyFile, ClientCAFile string
 }
 
 // Member is one embedded etcd member. Its methods are safe for concurrent use.
@@ -111,8 +116,7 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func peerURL(port int) string   { return "http://127.0.0.1:" + strconv.Itoa(port) }
-func clientURL(port int) string { return "http://127.0.0.1:" + strconv.Itoa(port) }
+func peerURL(port int) string { return "http://127.0.0.1:" + strconv.Itoa(port) }
 
 // Name returns the member name.
 func (m *Member) Name() string { return m.cfg.Name }
@@ -123,8 +127,14 @@ func (m *Member) Dir() string { return m.cfg.Dir }
 // Endpoint returns host:port of the client listener.
 func (m *Member) Endpoint() string { return "127.0.0.1:" + strconv.Itoa(m.cfg.ClientPort) }
 
-// ClientURL returns the client URL (http://127.0.0.1:port).
-func (m *Member) ClientURL() string { return clientURL(m.cfg.ClientPort) }
+// ClientURL returns the client URL (http://127.0.0.1:port, or https:// with TLS).
+func (m *Member) ClientURL() string {
+	scheme := "http://"
+	if m.cfg.CertFile != "" {
+		scheme = "https://"
+	}
+	return scheme + m.Endpoint()
+}
 
 // PeerURL returns the peer URL, for Config.InitialCluster.
 func (m *Member) PeerURL() string { return peerURL(m.cfg.PeerPort) }
@@ -170,6 +180,12 @@ func (m *Member) Start(ctx context.Context) error {
 	ec.Metrics = "basic"
 	ec.EnableGRPCGateway = false
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
+	if m.cfg.CertFile != "" {
+		ec.ClientTLSInfo = transport.TLSInfo{
+			CertFile: m.cfg.CertFile, KeyFile: m.cfg.KeyFile,
+			TrustedCAFile: m.cfg.ClientCAFile, ClientCertAuth: m.cfg.ClientCAFile != "",
+		}
+	}
 	ec.LogLevel = m.cfg.LogLevel
 
 	e, err := embed.StartEtcd(ec)

@@ -24,10 +24,21 @@ func (e *Etcd) URL(prefix string) string { return "etcd://" + e.Endpoint() + "/"
 // StartEtcd starts a single-member etcd.
 func StartEtcd(t testing.TB) *Etcd {
 	t.Helper()
+	return StartEtcdTLS(t, "", "", "")
+}
+
+// StartEtcdTLS starts a single-member etcd whose client port serves TLS with the
+// given certificate and key (PEM files), and, when clientCA is not empty, requires
+// client certificates signed by that CA. Empty certFile means no TLS.
+func StartEtcdTLS(t testing.TB, certFile, keyFile, clientCA string) *Etcd {
+	t.Helper()
 	dir := t.TempDir()
 	var last error
 	for attempt := range 3 { // a free port may be taken before etcd binds it
-		m, err := devserver.NewMember(devserver.Config{Dir: filepath.Join(dir, strconv.Itoa(attempt)), Name: "etcd-test"})
+		m, err := devserver.NewMember(devserver.Config{
+			Dir: filepath.Join(dir, strconv.Itoa(attempt)), Name: "etcd-test",
+			CertFile: certFile, KeyFile: keyFile, ClientCAFile: clientCA,
+		})
 		if err != nil {
 			t.Fatalf("start etcd: %v", err)
 		}
