@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,35 +44,52 @@ func (c *counter) take() bool {
 	if c.lim.N > 0 && c.next.Add(1) > c.lim.N {
 		return false
 	}
-	return c.lim.Duration <= 0 || time.Since(c.start) < c.lim.Duration
+	return !c.expired()
 }
 
-// CycleRun holds the latencies of uncontended cycles: Lock+Release through dlock, and
+// expired reports whether the time limit has passed.
+func (c *counter) expired() bool {
+	return c.lim.Duration > 0 && time.Since(c.start) >= c.lim.Duration
+}
+
+// next decides the fate of a worker's next operation: run and count it (it takes
+// one from the limit), run it uncounted (not every worker has started yet), or stop.
+func (c *counter) nextOp(st *starter) (run, counted bool) {
+	if !st.counting() {
+		return !c.expired(), false
+	}
+	ok := c.take()
+	return ok, ok
+}
+
+// CycleRun holds the latencies of uncontended cycles: Lock+Release through dlock,
+// the same through the backend driver alone (Acquire+Release, none of the core), and
 // the backend's floor cycle (see driver.Floorer).
 type CycleRun struct {
-	Dlock Samples
-	Floor Samples
+	Dlock  Samples
+	Driver Samples
+	Floor  Samples
+}
+
+// CyclePeers are what Cycles pairs the dlock cycles with, each optional: the
+// backend's floor, and the raw driver (its Acquire and Release called directly with
+// one owner id, to tell the driver's cost from the core's).
+type CyclePeers struct {
+	Floor     driver.Floorer
+	FloorKey  string
+	Driver    driver.Backend
+	DriverKey string
 }
 
 // Cycles runs uncontended Lock+Release cycles of key on c until lim is reached and
-// adds their latencies to run.Dlock. When floor is not nil, every dlock cycle is
-// paired with one floor cycle on floorKey (in alternating order), so that both see
-// the same machine load and their ratio means something on a busy machine; lim.N
-// then counts pairs.
-func Cycles(ctx context.Context, c *dlock.Client, key string, floor driver.Floorer, floorKey string, lim Limit, run *CycleRun) error {
+// adds their latencies to run.Dlock. Each dlock cycle is paired with one cycle of
+// every peer given, in rotating order, so that all see the same machine load and
+// their ratios mean something on a busy machine; lim.N then counts such groups.
+func Cycles(ctx context.Context, c *dlock.Client, key string, peers CyclePeers, lim Limit, run *CycleRun) error {
 	if err := lim.check(); err != nil {
 		return err
 	}
-	cnt := newCounter(lim)
-	for i := 0; cnt.take(); i++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if floor != nil && i%2 == 0 {
-			if err := floorOnce(ctx, floor, floorKey, &run.Floor); err != nil {
-				return err
-			}
-		}
+	steps := []func() error{func() error {
 		t0 := time.Now()
 		l, err := c.Lock(ctx, key)
 		if err != nil {
@@ -81,8 +99,33 @@ func Cycles(ctx context.Context, c *dlock.Client, key string, floor driver.Floor
 			return fmt.Errorf("bench: release %q: %w", key, err)
 		}
 		run.Dlock.Add(time.Since(t0))
-		if floor != nil && i%2 == 1 {
-			if err := floorOnce(ctx, floor, floorKey, &run.Floor); err != nil {
+		return nil
+	}}
+	if peers.Floor != nil {
+		steps = append(steps, func() error { return floorOnce(ctx, peers.Floor, peers.FloorKey, &run.Floor) })
+	}
+	if peers.Driver != nil {
+		owner := "bench-driver-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		req := driver.Request{Key: peers.DriverKey, Owner: owner, TTL: dlock.DefaultTTL}
+		steps = append(steps, func() error {
+			t0 := time.Now()
+			if _, err := peers.Driver.Acquire(ctx, req); err != nil {
+				return fmt.Errorf("bench: driver acquire %q: %w", req.Key, err)
+			}
+			if err := peers.Driver.Release(ctx, req.Key, owner); err != nil {
+				return fmt.Errorf("bench: driver release %q: %w", req.Key, err)
+			}
+			run.Driver.Add(time.Since(t0))
+			return nil
+		})
+	}
+	cnt := newCounter(lim)
+	for i := 0; cnt.take(); i++ {
+		for j := range steps {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := steps[(i+j)%len(steps)](); err != nil {
 				return err
 			}
 		}
@@ -246,6 +289,7 @@ func sleep(ctx context.Context, d time.Duration) {
 type ContendRun struct {
 	Counts       []int64 // acquisitions per worker, once every worker has started
 	Acquisitions int64   // their sum
+	All          int64   // every acquisition, counted or not
 	Elapsed      time.Duration
 	// Handoff holds, for a single hot key, the time from a Release call to the
 	// next holder's Lock returning (whichever worker that is).
@@ -286,8 +330,8 @@ func (s *starter) elapsed() time.Duration {
 
 // Contend runs one worker per client, each looping Lock+Release on a key drawn
 // uniformly from keys (a single key makes it a hot key), until lim is reached (lim.N
-// counts acquisitions over all workers, from the start). Every client should have its
-// own connection, as separate processes would.
+// counts the acquisitions made once every worker has started). Every client should
+// have its own connection, as separate processes would.
 func Contend(ctx context.Context, clients []*dlock.Client, keys []string, lim Limit) (ContendRun, error) {
 	run := ContendRun{Counts: make([]int64, len(clients))}
 	if err := lim.check(); err != nil {
@@ -308,7 +352,11 @@ func Contend(ctx context.Context, clients []*dlock.Client, keys []string, lim Li
 		wg.Go(func() {
 			rng := mrand.New(mrand.NewPCG(uint64(w), 42))
 			st.enter()
-			for cnt.take() && ctx.Err() == nil {
+			for ctx.Err() == nil {
+				ok, counted := cnt.nextOp(st)
+				if !ok {
+					return
+				}
 				k := 0
 				if len(keys) > 1 {
 					k = rng.IntN(len(keys))
@@ -323,7 +371,8 @@ func Contend(ctx context.Context, clients []*dlock.Client, keys []string, lim Li
 				if inside[k].Add(1) != 1 {
 					atomic.AddInt64(&run.Overlaps, 1)
 				}
-				if st.counting() {
+				atomic.AddInt64(&run.All, 1)
+				if counted {
 					if t := lastRelease.Load(); t != 0 && len(keys) == 1 {
 						d := time.Since(st.base) - time.Duration(t)
 						hmu.Lock()
@@ -372,7 +421,11 @@ func FloorContend(ctx context.Context, floors []driver.Floorer, prefix string, p
 		wg.Go(func() {
 			rng := mrand.New(mrand.NewPCG(uint64(w), 43))
 			st.enter()
-			for cnt.take() && ctx.Err() == nil {
+			for ctx.Err() == nil {
+				ok, counted := cnt.nextOp(st)
+				if !ok {
+					return
+				}
 				key := fmt.Sprintf("%s.%d.%d", prefix, w, rng.IntN(perWorker))
 				if err := f.FloorCycle(ctx, key); err != nil {
 					if ctx.Err() == nil {
@@ -380,7 +433,8 @@ func FloorContend(ctx context.Context, floors []driver.Floorer, prefix string, p
 					}
 					return
 				}
-				if st.counting() {
+				atomic.AddInt64(&run.All, 1)
+				if counted {
 					run.Counts[w]++
 				}
 			}
@@ -460,7 +514,9 @@ func Growth(ctx context.Context, holder *dlock.Client, pool []*dlock.Client, key
 	}
 	fail := func(err error) (GrowthRun, error) {
 		cancel(err)
-		_ = l.Release(context.WithoutCancel(ctx))
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = l.Release(rctx)
+		rcancel()
 		wg.Wait()
 		return run, err
 	}

@@ -25,15 +25,15 @@ func (r *Result) WriteMarkdown(w io.Writer) error {
 
 	ok := r.ok()
 	b.WriteString("### Uncontended Lock + Release (one client)\n\n")
-	b.WriteString("The floor is the least a correct lock does on the engine, with its own client and none of dlock; it runs paired with the dlock cycles, in the same rounds.\n\n")
-	table(&b, []string{"backend", "cycles/s", "p50", "p99", "floor cycles/s", "floor p50", "floor p99", "p50 / floor", "per round"},
-		"lrrrrrrrl", ok, func(br *BackendResult) []string {
+	b.WriteString("Three cycles run in turn, in the same rounds: dlock (Lock+Release through the core), the driver alone (its Acquire+Release called directly: what the backend's own requests cost) and the floor (the least a correct lock does on the engine, with the engine's own client and none of dlock).\n\n")
+	table(&b, []string{"backend", "cycles/s", "p50", "p99", "driver p50", "floor p50", "floor p99", "dlock / floor", "driver / floor", "dlock / floor per round"},
+		"lrrrrrrrrl", ok, func(br *BackendResult) []string {
 			c := br.Cycle
-			row := []string{br.Name, fmtRate(c.PerSecond), fmtDur(c.Dlock.P50), fmtDur(c.Dlock.P99)}
+			row := []string{br.Name, fmtRate(c.PerSecond), fmtDur(c.Dlock.P50), fmtDur(c.Dlock.P99), fmtDur(c.Driver.P50)}
 			if c.Floor != nil {
-				row = append(row, fmtRate(float64(c.FloorPerSecond)), fmtDur(c.Floor.P50), fmtDur(c.Floor.P99))
+				row = append(row, fmtDur(c.Floor.P50), fmtDur(c.Floor.P99))
 			} else {
-				row = append(row, "n/a", "n/a", "n/a")
+				row = append(row, "n/a", "n/a")
 			}
 			var rounds []string
 			for _, rc := range c.Rounds {
@@ -43,7 +43,7 @@ func (r *Result) WriteMarkdown(w io.Writer) error {
 			if !c.Ratio.Valid() {
 				per = ""
 			}
-			return append(row, fmtRatio(c.Ratio), per)
+			return append(row, fmtRatio(c.Ratio), fmtRatio(c.DriverRatio), per)
 		})
 	if rel := r.relativeCycles(); rel != "" {
 		b.WriteString("\n" + rel)

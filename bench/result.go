@@ -74,21 +74,27 @@ type BackendResult struct {
 
 // CycleResult is the uncontended Lock+Release cycle and its floor.
 type CycleResult struct {
-	Dlock          Latency  `json:"dlock"`
-	PerSecond      float64  `json:"per_second"`
+	Dlock     Latency `json:"dlock"`
+	PerSecond float64 `json:"per_second"`
+	// Driver is the backend driver's Acquire+Release called directly: the cycle
+	// without the dlock core.
+	Driver         Latency  `json:"driver"`
 	Floor          *Latency `json:"floor,omitempty"`
 	FloorPerSecond Float    `json:"floor_per_second"`
-	// Ratio is the dlock p50 over the floor p50, over all rounds.
-	Ratio  Float        `json:"ratio"`
-	Rounds []RoundCycle `json:"rounds"`
+	// Ratio is the dlock p50 over the floor p50, over all rounds; DriverRatio
+	// the driver's p50 over the floor p50.
+	Ratio       Float        `json:"ratio"`
+	DriverRatio Float        `json:"driver_ratio"`
+	Rounds      []RoundCycle `json:"rounds"`
 }
 
 // RoundCycle is one round's cycle medians.
 type RoundCycle struct {
-	N        int64         `json:"n"`
-	P50      time.Duration `json:"p50_ns"`
-	FloorP50 time.Duration `json:"floor_p50_ns"`
-	Ratio    Float         `json:"ratio"`
+	N         int64         `json:"n"`
+	P50       time.Duration `json:"p50_ns"`
+	DriverP50 time.Duration `json:"driver_p50_ns"`
+	FloorP50  time.Duration `json:"floor_p50_ns"`
+	Ratio     Float         `json:"ratio"`
 }
 
 // ManyKeysResult is W workers over K keys.

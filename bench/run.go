@@ -423,11 +423,21 @@ func (e *targetEnv) do(ctx context.Context, f func(context.Context) error) {
 
 func (e *targetEnv) key(name string) string { return e.keys + name }
 
+// peers are what the dlock cycles of workload name are paired with: the floor and
+// the raw driver, each on a key of its own.
+func (e *targetEnv) peers(name string) CyclePeers {
+	p := CyclePeers{Driver: e.obs, DriverKey: e.key(name + "-driver")}
+	if e.floor != nil {
+		p.Floor, p.FloorKey = e.floor, e.key(name+"-floor")
+	}
+	return p
+}
+
 func (e *targetEnv) warmUp(ctx context.Context, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
 	defer cancel()
 	var scratch CycleRun
-	if err := Cycles(ctx, e.cl[0], e.key("warm-up"), e.floor, e.key("warm-up-floor"), Limit{Duration: d / 2}, &scratch); err != nil {
+	if err := Cycles(ctx, e.cl[0], e.key("warm-up"), e.peers("warm-up"), Limit{Duration: d / 2}, &scratch); err != nil {
 		return err
 	}
 	_, err := Contend(ctx, e.cl, []string{e.key("warm-up")}, Limit{Duration: d / 2})
@@ -438,10 +448,10 @@ func (e *targetEnv) cycle(ctx context.Context, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
 	defer cancel()
 	var r CycleRun
-	if err := Cycles(ctx, e.cl[0], e.key("cycle"), e.floor, e.key("cycle-floor"), Limit{Duration: d}, &r); err != nil {
+	if err := Cycles(ctx, e.cl[0], e.key("cycle"), e.peers("cycle"), Limit{Duration: d}, &r); err != nil {
 		return err
 	}
-	round := RoundCycle{P50: r.Dlock.Percentile(0.5), N: r.Dlock.Count()}
+	round := RoundCycle{P50: r.Dlock.Percentile(0.5), N: r.Dlock.Count(), DriverP50: r.Driver.Percentile(0.5)}
 	if r.Floor.Count() > 0 {
 		round.FloorP50 = r.Floor.Percentile(0.5)
 		round.Ratio = Float(Ratio(float64(round.P50), float64(round.FloorP50)))
@@ -450,6 +460,7 @@ func (e *targetEnv) cycle(ctx context.Context, d time.Duration) error {
 	}
 	e.res.Cycle.Rounds = append(e.res.Cycle.Rounds, round)
 	e.cycles.Dlock.Merge(&r.Dlock)
+	e.cycles.Driver.Merge(&r.Driver)
 	e.cycles.Floor.Merge(&r.Floor)
 	return nil
 }
@@ -525,7 +536,7 @@ func (e *targetEnv) growth(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := Cycles(ctx, e.cl[0], e.key("cost"), nil, "", Limit{N: n}, &scratch); err != nil {
+		if err := Cycles(ctx, e.cl[0], e.key("cost"), CyclePeers{}, Limit{N: n}, &scratch); err != nil {
 			return err
 		}
 		ops1, calls1, err := e.readOps(ctx)
@@ -591,6 +602,8 @@ func (e *targetEnv) finish() {
 	br.samples.cycle, br.samples.floor, br.samples.handoff = &e.cycles.Dlock, &e.cycles.Floor, &e.handoffs
 	c := &br.Cycle
 	c.Dlock = e.cycles.Dlock.Summary()
+	c.Driver = e.cycles.Driver.Summary()
+	c.DriverRatio = Float(math.NaN())
 	c.PerSecond = PerSecond(e.cycles.Dlock.Count(), e.cycles.Dlock.Sum())
 	c.Ratio, c.FloorPerSecond = Float(math.NaN()), Float(math.NaN())
 	if e.cycles.Floor.Count() > 0 {
@@ -598,6 +611,7 @@ func (e *targetEnv) finish() {
 		c.Floor = &f
 		c.FloorPerSecond = Float(PerSecond(f.N, e.cycles.Floor.Sum()))
 		c.Ratio = Float(Ratio(float64(c.Dlock.P50), float64(f.P50)))
+		c.DriverRatio = Float(Ratio(float64(c.Driver.P50), float64(f.P50)))
 	}
 	m := &br.ManyKeys
 	m.Workers, m.Keys = e.cfg.Workers, e.cfg.Keys

@@ -88,7 +88,7 @@ func start(tb testing.TB, kind string) Target {
 		return Target{Name: "zk", URL: z.URL("/dlock"), Note: "standalone ZooKeeper started by dlock bench, forceSync=no"}
 	case ServerPostgres:
 		p := testserver.StartPostgres(tb)
-		return Target{Name: "postgres", URL: p.URL(), Note: "PostgreSQL started by dlock bench, default settings (fsync on)"}
+		return Target{Name: "postgres", URL: p.URL(), Note: "PostgreSQL started by dlock bench, default settings: fsync on"}
 	}
 	panic("unknown kind " + kind)
 }

@@ -83,7 +83,7 @@ func BenchCycle(b *testing.B, h Harness) {
 		var run bench.CycleRun
 		b.ReportAllocs()
 		b.ResetTimer()
-		if err := bench.Cycles(ctx, c, key, nil, "", bench.Limit{N: int64(b.N)}, &run); err != nil {
+		if err := bench.Cycles(ctx, c, key, bench.CyclePeers{}, bench.Limit{N: int64(b.N)}, &run); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()
@@ -94,7 +94,7 @@ func BenchCycle(b *testing.B, h Harness) {
 			c := h.Client(b)
 			var run bench.CycleRun
 			b.ResetTimer()
-			if err := bench.Cycles(ctx, c, Key(b, "k"), f, Key(b, "floor"), bench.Limit{N: int64(b.N)}, &run); err != nil {
+			if err := bench.Cycles(ctx, c, Key(b, "k"), bench.CyclePeers{Floor: f, FloorKey: Key(b, "floor")}, bench.Limit{N: int64(b.N)}, &run); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
@@ -182,7 +182,7 @@ func BenchContended(b *testing.B, h Harness, workers int, ops OpsCounter) {
 			reportLatency(b, &run.Handoff, "handoff-")
 		}
 		if ops != nil {
-			b.ReportMetric(float64(ops(b)-start0)/float64(run.Acquisitions), "ops/acq")
+			b.ReportMetric(float64(ops(b)-start0)/float64(run.All), "ops/acq")
 		}
 	})
 }
