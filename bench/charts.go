@@ -84,16 +84,17 @@ func (r *Result) WriteCharts(dir string) ([]string, error) {
 		return files, err
 	}
 
-	p = waitersPlot("Cost per handoff (server ops solid, driver calls dashed)", "per handoff")
-	p.Y.Min = 0
-	p.headroom = true
+	p = waitersPlot("Cost per handoff (server ops solid, driver calls dashed)", "per handoff (log scale)")
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = powerTicks{label: func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }}
+	p.decades = true
 	for i, br := range ok {
 		var ops, calls plotter.XYs
 		for _, g := range br.Growth {
-			if g.Cost.ServerOps.Valid() {
+			if g.Cost.ServerOps.Valid() && g.Cost.ServerOps > 0 {
 				ops = append(ops, plotter.XY{X: float64(g.Waiters), Y: float64(g.Cost.ServerOps)})
 			}
-			if g.Cost.Calls.Valid() {
+			if g.Cost.Calls.Valid() && g.Cost.Calls > 0 {
 				calls = append(calls, plotter.XY{X: float64(g.Waiters), Y: float64(g.Cost.Calls)})
 			}
 		}
@@ -118,7 +119,6 @@ type chart struct {
 	legend   plot.Legend
 	decades  bool // widen a log Y axis to whole powers of ten
 	xdecades bool // the same for a log X axis
-	headroom bool // leave room above the highest point
 }
 
 const legendW = 1.7 * vg.Inch
@@ -145,9 +145,6 @@ func (c *chart) save(path string) error {
 	}
 	if c.xdecades && c.X.Min > 0 {
 		c.X.Min, c.X.Max = decadeBelow(c.X.Min), decadeAbove(c.X.Max)
-	}
-	if c.headroom {
-		c.Y.Max *= 1.15
 	}
 	img := vgimg.NewWith(vgimg.UseWH(chartW+legendW, chartH), vgimg.UseDPI(96))
 	dc := draw.New(img)
