@@ -1,0 +1,68 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
+)
+
+func init() { register(newInspectCommand) }
+
+func newInspectCommand(e *env) *cobra.Command {
+	var backend *string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect [flags] KEY",
+		Short: "Show who holds a lock",
+		Long: `Inspect shows the holder of KEY: its owner id, fencing token, the time left
+before the server expires the grant unless renewed, and the number of queued
+waiters (-1 when the backend cannot tell). A free key is reported as free (exit 0).`,
+		Example: `  dlock inspect --backend redis://127.0.0.1:6379/0 nightly-report
+  dlock inspect --json deploy`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := driver.ValidateKey(args[0]); err != nil {
+				return usageError{err}
+			}
+			c, err := openBackend(cmd.Context(), *backend)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			in, ok := c.Backend().(driver.Inspector)
+			if !ok {
+				return fmt.Errorf("inspect is not supported by this backend: %w", dlock.ErrUnsupported)
+			}
+			info, err := in.Inspect(cmd.Context(), args[0])
+			held := err == nil
+			if err != nil && !errors.Is(err, dlock.ErrNotHeld) {
+				return exitCodeError{code: 69, err: err}
+			}
+			if asJSON {
+				out := map[string]any{"key": args[0], "held": held}
+				if held {
+					out["owner"], out["token"], out["ttl_ms"], out["waiters"] = info.Owner, info.Token, info.TTL.Milliseconds(), info.Waiters
+				}
+				enc := json.NewEncoder(e.stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(out)
+			}
+			if !held {
+				fmt.Fprintf(e.stdout, "%s: free\n", args[0])
+				return nil
+			}
+			fmt.Fprintf(e.stdout, "key:     %s\nowner:   %s\ntoken:   %d\nttl:     %v\nwaiters: %d\n",
+				args[0], info.Owner, info.Token, info.TTL.Round(time.Millisecond), info.Waiters)
+			return nil
+		},
+	}
+	backend = backendFlag(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
