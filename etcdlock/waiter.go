@@ -129,6 +129,8 @@ func (w *waiter) stopWatchLocked() {
 // the watch was in place, predKey is read again so a delete in between is not missed.
 func (w *waiter) watch(ctx context.Context, predKey string, predRev, readRev int64, s *session) {
 	b := w.b
+	// Watch is called here, not in follow: it blocks until the client's watch stream
+	// takes the request, which lasts as long as no member is reachable.
 	// WithRequireLeader: a member cut off from the leader ends the watch instead of
 	// keeping it open with nothing to deliver.
 	wch := b.cli.Watch(clientv3.WithRequireLeader(ctx), predKey, clientv3.WithCreatedNotify())
