@@ -171,11 +171,16 @@ type HandoffOptions struct {
 	// Pause and Resume, when set, are called around the untimed set-up of each
 	// handoff (a Go benchmark stops and starts its timer there).
 	Pause, Resume func()
+	// RoundTrip, when set, is timed once per handoff, in the untimed set-up right
+	// before the release, so that HandoffRun.RTT sees the machine in the same state
+	// as the handoff (after the same idle wait) and the two can be divided.
+	RoundTrip func(context.Context) error
 }
 
 // HandoffRun is the outcome of Handoff.
 type HandoffRun struct {
 	Latency  Samples // from a Release call to the waiting client's Lock returning
+	RTT      Samples // one RoundTrip per handoff, when HandoffOptions.RoundTrip is set
 	Handoffs int64
 	Ops      int64 // server operations during the timed parts, when counted
 }
@@ -213,6 +218,12 @@ func Handoff(ctx context.Context, a, b *dlock.Client, key string, lim Limit, o H
 		}()
 		pause()
 		waitQueued(ctx, o.Inspector, key, 1)
+		if o.RoundTrip != nil {
+			t := time.Now()
+			if err := o.RoundTrip(ctx); err == nil {
+				run.RTT.Add(time.Since(t))
+			}
+		}
 		var before int64
 		if o.Ops != nil {
 			if before, err = o.Ops(ctx); err != nil {
