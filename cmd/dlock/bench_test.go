@@ -38,8 +38,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		if code != exitUsage {
 			t.Errorf("dlock %v: exit %d, want %d (stderr %q)", args, code, exitUsage, stderr)
 		}
-		if stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "dlock: ") {
-			t.Errorf("dlock %v: want one line on stderr, got stdout %q stderr %q", args, stdout, stderr)
+		lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+		if stdout != "" || len(lines) != 2 || !strings.HasPrefix(lines[0], "dlock: ") || !strings.HasPrefix(lines[1], "usage: dlock bench") {
+			t.Errorf("dlock %v: want a one-line reason and the usage on stderr, got stdout %q stderr %q", args, stdout, stderr)
 		}
 	}
 }

@@ -124,7 +124,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "dlock: %s (see %q)\n", oneLine(err), cmd.CommandPath()+" --help")
+		fmt.Fprintf(stderr, "dlock: %s\nusage: %s (see %q)\n", oneLine(err), cmd.UseLine(), cmd.CommandPath()+" --help")
 		return exitUsage
 	}
 	fmt.Fprintf(stderr, "dlock: %s\n", oneLine(err))
