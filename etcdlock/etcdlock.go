@@ -102,12 +102,10 @@ package etcdlock
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -320,7 +318,7 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		o.user, o.pass, o.auth = u.User.Username(), pass, true
 	}
 	if tlsOn {
-		if o.tls, err = tlsConfig(tlsFiles); err != nil {
+		if o.tls, err = driver.TLSConfig(tlsFiles); err != nil {
 			return nil, err
 		}
 	}
@@ -400,33 +398,6 @@ func parseEndpoints(host string, secure bool) ([]string, error) {
 		eps = append(eps, scheme+net.JoinHostPort(h, port))
 	}
 	return eps, nil
-}
-
-func tlsConfig(f map[string]string) (*tls.Config, error) {
-	c := &tls.Config{MinVersion: tls.VersionTLS12}
-	if (f["tls_cert"] == "") != (f["tls_key"] == "") {
-		return nil, fmt.Errorf("%w: tls_cert and tls_key go together", driver.ErrInvalid)
-	}
-	if f["tls_ca"] != "" {
-		pem, err := os.ReadFile(f["tls_ca"])
-		if err != nil {
-			return nil, fmt.Errorf("%w: tls_ca: %v", driver.ErrInvalid, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: tls_ca %s holds no PEM certificate", driver.ErrInvalid, f["tls_ca"])
-		}
-		c.RootCAs = pool
-	}
-	if f["tls_cert"] != "" {
-		cert, err := tls.LoadX509KeyPair(f["tls_cert"], f["tls_key"])
-		if err != nil {
-			return nil, fmt.Errorf("%w: tls_cert/tls_key: %v", driver.ErrInvalid, err)
-		}
-		c.Certificates = []tls.Certificate{cert}
-	}
-	c.ServerName = f["tls_server_name"]
-	return c, nil
 }
 
 // Client returns the etcd client.

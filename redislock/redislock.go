@@ -48,14 +48,11 @@ package redislock
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -197,29 +194,16 @@ func configureTLS(opt *redis.Options, scheme string, f map[string]string) error 
 	if scheme != "rediss" {
 		return fmt.Errorf("%w: tls_* parameters need the rediss:// scheme", driver.ErrInvalid)
 	}
-	if (f["tls_cert"] == "") != (f["tls_key"] == "") {
-		return fmt.Errorf("%w: tls_cert and tls_key go together", driver.ErrInvalid)
+	base, err := driver.TLSConfig(f)
+	if err != nil {
+		return err
 	}
-	if f["tls_ca"] != "" {
-		pem, err := os.ReadFile(f["tls_ca"])
-		if err != nil {
-			return fmt.Errorf("%w: tls_ca: %v", driver.ErrInvalid, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("%w: tls_ca %s holds no PEM certificate", driver.ErrInvalid, f["tls_ca"])
-		}
-		opt.TLSConfig.RootCAs = pool
+	if base.RootCAs != nil {
+		opt.TLSConfig.RootCAs = base.RootCAs
 	}
-	if f["tls_cert"] != "" {
-		cert, err := tls.LoadX509KeyPair(f["tls_cert"], f["tls_key"])
-		if err != nil {
-			return fmt.Errorf("%w: tls_cert/tls_key: %v", driver.ErrInvalid, err)
-		}
-		opt.TLSConfig.Certificates = []tls.Certificate{cert}
-	}
-	if f["tls_server_name"] != "" {
-		opt.TLSConfig.ServerName = f["tls_server_name"]
+	opt.TLSConfig.Certificates = base.Certificates
+	if base.ServerName != "" {
+		opt.TLSConfig.ServerName = base.ServerName
 	}
 	return nil
 }

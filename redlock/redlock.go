@@ -125,13 +125,11 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -452,7 +450,7 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	}
 	var tlsBase *tls.Config
 	if tlsOn {
-		if tlsBase, err = tlsConfig(tlsFiles); err != nil {
+		if tlsBase, err = driver.TLSConfig(tlsFiles); err != nil {
 			return nil, err
 		}
 	}
@@ -528,32 +526,6 @@ func parseHosts(hosts string) ([]string, error) {
 		addrs = append(addrs, addr)
 	}
 	return addrs, nil
-}
-
-func tlsConfig(f map[string]string) (*tls.Config, error) {
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f["tls_server_name"]}
-	if (f["tls_cert"] == "") != (f["tls_key"] == "") {
-		return nil, fmt.Errorf("%w: tls_cert and tls_key go together", driver.ErrInvalid)
-	}
-	if f["tls_ca"] != "" {
-		pem, err := os.ReadFile(f["tls_ca"])
-		if err != nil {
-			return nil, fmt.Errorf("%w: tls_ca: %v", driver.ErrInvalid, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: tls_ca %s holds no PEM certificate", driver.ErrInvalid, f["tls_ca"])
-		}
-		c.RootCAs = pool
-	}
-	if f["tls_cert"] != "" {
-		cert, err := tls.LoadX509KeyPair(f["tls_cert"], f["tls_key"])
-		if err != nil {
-			return nil, fmt.Errorf("%w: tls_cert/tls_key: %v", driver.ErrInvalid, err)
-		}
-		c.Certificates = []tls.Certificate{cert}
-	}
-	return c, nil
 }
 
 // check is Open's look at the nodes: see Open.

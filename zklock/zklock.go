@@ -94,14 +94,12 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -305,7 +303,7 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		return nil, err
 	}
 	if useTLS {
-		cfg, err := tlsConfig(files)
+		cfg, err := driver.TLSConfig(files)
 		if err != nil {
 			return nil, err
 		}
@@ -316,32 +314,6 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		uopts = append(uopts, WithDigestAuth(u.User.Username(), pw))
 	}
 	return dial(ctx, servers, driver.Redact(u), append(uopts, opts...))
-}
-
-func tlsConfig(f map[string]string) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f["tls_server_name"]}
-	if (f["tls_cert"] == "") != (f["tls_key"] == "") {
-		return nil, invalid("tls_cert and tls_key go together")
-	}
-	if f["tls_ca"] != "" {
-		pem, err := os.ReadFile(f["tls_ca"])
-		if err != nil {
-			return nil, invalid("tls_ca: %v", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, invalid("tls_ca %s holds no PEM certificate", f["tls_ca"])
-		}
-		cfg.RootCAs = pool
-	}
-	if f["tls_cert"] != "" {
-		cert, err := tls.LoadX509KeyPair(f["tls_cert"], f["tls_key"])
-		if err != nil {
-			return nil, invalid("tls_cert/tls_key: %v", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	}
-	return cfg, nil
 }
 
 // Dial returns a backend connected to the given servers (host:port). It returns once
