@@ -113,6 +113,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("CloseReleases", h.testCloseReleases)
 	t.Run("Inspect", h.testInspect)
 	t.Run("ForceRelease", h.testForceRelease)
+	t.Run("HandoffCost", h.testHandoffCost)
 	if h.FIFO {
 		t.Run("FIFO", h.testFIFO)
 	}

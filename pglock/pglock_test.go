@@ -96,7 +96,6 @@ func TestPostgres(t *testing.T) {
 	t.Run("ConcurrentSchemaCreation", func(t *testing.T) { testConcurrentSchemaCreation(t, srv) })
 	t.Run("NotifyOnlyWhenWaited", func(t *testing.T) { testNotifyOnlyWhenWaited(t, srv) })
 	t.Run("WokenByNotify", func(t *testing.T) { testWokenByNotify(t, srv) })
-	t.Run("HandoffCostFlat", func(t *testing.T) { testHandoffCostFlat(t, srv) })
 	t.Run("CrashedWaiter", func(t *testing.T) { testCrashedWaiter(t, srv) })
 	t.Run("NewAndLinger", func(t *testing.T) { testNewAndLinger(t, srv) })
 	t.Run("ConnectionLoss", func(t *testing.T) { testConnectionLoss(t, srv) })
@@ -465,64 +464,6 @@ func testNotifyOnlyWhenWaited(t *testing.T, srv *testserver.Postgres) {
 	}
 	if n := recvB(300 * time.Millisecond); len(n) != 1 || n[0] != l2.Owner()+" "+key {
 		t.Fatalf("notifications on the waiter's channel: %q, want [%q]", n, l2.Owner()+" "+key)
-	}
-}
-
-// One handoff costs the same whether 1 or 16 clients wait: the release hands the lock
-// to the longest waiter and notifies only its client.
-func testHandoffCostFlat(t *testing.T, srv *testserver.Postgres) {
-	ctx := context.Background()
-	h := harness(t, srv)
-	ops := h.Open(t).(*pglock.Backend)
-	defer ops.Close()
-	perHandoff := func(waiters int) float64 {
-		key := drivertest.Key(t, "k")
-		holder := h.Client(t)
-		l, err := holder.Lock(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := make(chan *dlock.Lease, waiters)
-		for range waiters {
-			c := h.Client(t)
-			go func() {
-				l, err := c.Lock(ctx, key)
-				if err != nil {
-					t.Error(err)
-				}
-				got <- l
-			}()
-		}
-		waitQueued(t, holder, key, waiters)
-		start, err := ops.ServerOps(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for range waiters {
-			nl := <-got
-			if nl == nil {
-				t.FailNow()
-			}
-			if err := nl.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		end, err := ops.ServerOps(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return float64(end-start) / float64(waiters)
-	}
-	one, many := perHandoff(1), perHandoff(16)
-	t.Logf("write transactions per handoff: %.2f with 1 waiter, %.2f with 16", one, many)
-	// A handoff is two writes (the release that reserves, the grant). Waiters renew
-	// their places when their fallback timer fires (about once a second), which may
-	// add a few; never one per waiter per handoff.
-	if many > one+1 {
-		t.Fatalf("writes per handoff grow with waiters: %.2f with 1, %.2f with 16", one, many)
 	}
 }
 

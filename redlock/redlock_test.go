@@ -621,65 +621,6 @@ func waitWaiters(t *testing.T, ctx context.Context, c *dlock.Client, key string,
 	}
 }
 
-// One handoff costs about the same number of Redis commands with 1 or 8 waiting
-// clients: a release wakes only the oldest waiter's client, which makes one attempt.
-func TestHandoffCostFlat(t *testing.T) {
-	nodes := testserver.StartRedisNodes(t, 5)
-	u := testserver.RedlockURL(nodes, testQuery)
-	ctx := ctxT(t)
-	counter := open(t, u)
-	defer counter.Close()
-	ops := func() int64 {
-		n, err := counter.ServerOps(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	perHandoff := func(waiters int) float64 {
-		key := drivertest.Key(t, "k")
-		holder := client(t, u)
-		l, err := holder.Lock(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := make(chan *dlock.Lease, waiters)
-		for range waiters {
-			// No fallback attempts during the test: only wake-ups.
-			c := client(t, u, dlock.WithRetry(10*time.Millisecond, time.Minute))
-			go func() {
-				l, err := c.Lock(ctx, key)
-				if err != nil {
-					t.Error(err)
-				}
-				got <- l
-			}()
-		}
-		waitWaiters(t, ctx, holder, key, waiters)
-		start := ops()
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for range waiters {
-			nl := <-got
-			if nl == nil {
-				t.FailNow()
-			}
-			if err := nl.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return float64(ops()-start) / float64(waiters)
-	}
-	one, many := perHandoff(1), perHandoff(8)
-	t.Logf("redis commands per handoff over 5 nodes: %.1f with 1 waiting client, %.1f with 8", one, many)
-	// A herd would make every waiting client attempt on every release: about 8
-	// times the attempts. Allow for background withdrawals and a lost race or two.
-	if many > 1.5*one {
-		t.Fatalf("commands per handoff grow with waiters: %.1f with 1, %.1f with 8", one, many)
-	}
-}
-
 // A guessed token that some granting nodes reject (their counters moved on) costs a
 // commit round and yields a token above every counter seen; a resume by the same
 // owner keeps its token only while every granting node still records it.

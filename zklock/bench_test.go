@@ -10,8 +10,6 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 )
@@ -37,64 +35,6 @@ func packetsReceived(srv *testserver.ZooKeeper) drivertest.OpsCounter {
 		}
 		tb.Fatalf("mntr has no zk_packets_received: %q", out)
 		return 0
-	}
-}
-
-// One handoff costs the same number of ZooKeeper requests with 1 or 16 waiters: a
-// release wakes only the next waiter (predecessor watch), which lists the queue once.
-func TestHandoffCostFlat(t *testing.T) {
-	srv := testserver.StartZooKeeper(t)
-	// A long session timeout keeps pings and heartbeats out of the count.
-	h := harness(t, srv)
-	h.Open = func(t testing.TB) driver.Backend { return open(t, srv.URL("/dlock?session_timeout=60s")) }
-	ops := packetsReceived(srv)
-	ctx := ctxT(t, time.Minute)
-	perHandoff := func(waiters int) float64 {
-		key := drivertest.Key(t, "k")
-		holder := h.Client(t)
-		l, err := holder.Lock(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := make(chan *dlock.Lease, waiters)
-		for range waiters {
-			c := h.Client(t)
-			go func() {
-				l, err := c.Lock(ctx, key)
-				if err != nil {
-					t.Error(err)
-					got <- nil
-					return
-				}
-				got <- l
-			}()
-		}
-		in := holder.Backend().(driver.Inspector)
-		eventually(t, "every waiter queues", func() bool {
-			info, err := in.Inspect(ctx, key)
-			return err == nil && info.Waiters == waiters
-		})
-		start := ops(t)
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for range waiters {
-			nl := <-got
-			if nl == nil {
-				t.FailNow()
-			}
-			if err := nl.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return float64(ops(t)-start) / float64(waiters)
-	}
-	one, many := perHandoff(1), perHandoff(16)
-	t.Logf("zookeeper requests per handoff: %.2f with 1 waiter, %.2f with 16", one, many)
-	// A handoff is a delete (release) and a children listing (the woken waiter's
-	// attempt); fallback retries and heartbeats may add a little, never one per waiter.
-	if many > one+1 {
-		t.Fatalf("requests per handoff grow with waiters: %.2f with 1, %.2f with 16", one, many)
 	}
 }
 
