@@ -81,6 +81,7 @@ func (p Persistence) Durable() bool {
 	return p.Known && p.AppendOnly && p.AppendFsync == "always"
 }
 
+// String shows the settings, as "appendonly=true appendfsync=always".
 func (p Persistence) String() string {
 	if !p.Known {
 		return "unknown (CONFIG and INFO refused)"

@@ -229,6 +229,7 @@ type NodeError struct {
 	Err  error
 }
 
+// Error names the node and its error.
 func (e *NodeError) Error() string { return "redlock node " + e.Addr + ": " + e.Err.Error() }
 
 // Unwrap returns the underlying error.
@@ -252,6 +253,7 @@ type QuorumError struct {
 	notHeld bool
 }
 
+// Error says how many nodes answered and why that was not enough.
 func (e *QuorumError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "redlock: %s %q: no majority: %d of %d nodes ok (need %d)", e.Op, e.Key, e.OK, e.Nodes, e.Need)
