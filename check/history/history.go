@@ -86,7 +86,12 @@ type Event struct {
 
 // Meta describes the run.
 type Meta struct {
-	Backend  string        `json:"backend"`  // backend name and setup, e.g. "redis (appendonly no)"
+	Backend string `json:"backend"` // backend name and setup, e.g. "redis (appendonly no)"
+	// Hold is what the backend promises about expiry: a grant or renewal whose
+	// attempt began at t keeps the key on the server until at least t + Hold
+	// unless it is released (TTL for Redis, Redlock and PostgreSQL; less for
+	// etcd and ZooKeeper, whose session keep-alives are not in the history).
+	Hold     time.Duration `json:"hold"`
 	URL      string        `json:"url"`      // the backend URL with secrets redacted
 	Fault    string        `json:"fault"`    // the fault schedule's name, "none" for none
 	Fenced   bool          `json:"fenced"`   // the store checked tokens
