@@ -41,11 +41,15 @@ const (
 
 // Op is one operation by one worker process on one key.
 type Op struct {
-	Process int    `json:"p"`             // worker number, from 1
-	Key     string `json:"k"`             // lock key
-	Kind    string `json:"op"`            // Acquire, Renew, Write, Release or Lost
-	Lease   int    `json:"l"`             // the worker's lease number (1, 2, ...): ties renewals, writes, releases to their acquire; 0 for a failed acquire
-	Start   int64  `json:"s"`             // CLOCK_MONOTONIC ns when the call began
+	Process int    `json:"p"`  // worker number, from 1
+	Key     string `json:"k"`  // lock key
+	Kind    string `json:"op"` // Acquire, Renew, Write, Release or Lost
+	Lease   int    `json:"l"`  // the worker's lease number (1, 2, ...): ties renewals, writes, releases to their acquire; 0 for a failed acquire
+	Start   int64  `json:"s"`  // CLOCK_MONOTONIC ns when the call began
+	// Attempt, for an OK Acquire, is when the last backend attempt of the Lock
+	// call began (recorded by wrapping the backend): the server granted the key at
+	// some moment in [Attempt, End]. For other ops it equals Start.
+	Attempt int64  `json:"a"`
 	End     int64  `json:"e"`             // CLOCK_MONOTONIC ns when it returned
 	OK      bool   `json:"ok"`            // the call succeeded
 	Token   uint64 `json:"tok,omitempty"` // the fencing token of the lease
