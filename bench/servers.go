@@ -1,12 +1,9 @@
 package bench
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/dlockio/dlock/internal/testserver"
@@ -34,7 +31,7 @@ type Servers struct {
 	// Skipped says, per kind, why it was not started (not installed, failed).
 	Skipped map[string]string
 
-	tb *serverTB
+	host *testserver.Host
 }
 
 // StartServers starts a local server for every kind in kinds (nil means all of
@@ -52,16 +49,16 @@ func StartServers(kinds []string) (*Servers, error) {
 			return nil, fmt.Errorf("unknown server kind %q (known: %s)", k, strings.Join(ServerKinds, ", "))
 		}
 	}
-	dir, err := os.MkdirTemp("", "dlock-bench-")
+	host, err := testserver.NewHost("dlock-bench")
 	if err != nil {
 		return nil, err
 	}
-	s := &Servers{Skipped: map[string]string{}, tb: &serverTB{dir: dir}}
+	s := &Servers{Skipped: map[string]string{}, host: host}
 	for _, kind := range ServerKinds {
 		if !slices.Contains(kinds, kind) {
 			continue
 		}
-		t, err := s.tb.try(func(tb testing.TB) Target { return start(tb, kind) })
+		t, err := testserver.Try(s.host, func(tb testing.TB) Target { return start(tb, kind) })
 		if err != nil {
 			s.Skipped[kind] = err.Error()
 			continue
@@ -95,82 +92,7 @@ func start(tb testing.TB, kind string) Target {
 
 // Stop stops every server and removes their directories.
 func (s *Servers) Stop() {
-	if s != nil && s.tb != nil {
-		s.tb.cleanup()
+	if s != nil && s.host != nil {
+		s.host.Close()
 	}
-}
-
-// serverTB lets the test server helpers run outside a test: it is a testing.TB
-// whose Fatal and Skip end the helper with an error (recovered by try), whose
-// Cleanup functions run at Stop, and whose TempDir is under one directory removed at
-// Stop. Methods it does not override belong to the nil embedded TB and would panic;
-// the helpers do not use them.
-type serverTB struct {
-	testing.TB
-
-	dir string
-
-	mu       sync.Mutex
-	cleanups []func()
-	n        int
-}
-
-type tbAbort struct{ err error }
-
-func (t *serverTB) Helper()                   {}
-func (t *serverTB) Name() string              { return "dlock-bench" }
-func (t *serverTB) Logf(string, ...any)       {}
-func (t *serverTB) Log(...any)                {}
-func (t *serverTB) Fatalf(f string, a ...any) { panic(tbAbort{fmt.Errorf(f, a...)}) }
-func (t *serverTB) Fatal(a ...any)            { panic(tbAbort{errors.New(fmt.Sprint(a...))}) }
-func (t *serverTB) Errorf(f string, a ...any) { panic(tbAbort{fmt.Errorf(f, a...)}) }
-func (t *serverTB) Error(a ...any)            { panic(tbAbort{errors.New(fmt.Sprint(a...))}) }
-func (t *serverTB) FailNow()                  { panic(tbAbort{errors.New("failed")}) }
-func (t *serverTB) Skipf(f string, a ...any)  { panic(tbAbort{fmt.Errorf(f, a...)}) }
-func (t *serverTB) Skip(a ...any)             { panic(tbAbort{errors.New(fmt.Sprint(a...))}) }
-func (t *serverTB) SkipNow()                  { panic(tbAbort{errors.New("skipped")}) }
-func (t *serverTB) Failed() bool              { return false }
-func (t *serverTB) Skipped() bool             { return false }
-
-func (t *serverTB) Cleanup(f func()) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.cleanups = append(t.cleanups, f)
-}
-
-func (t *serverTB) TempDir() string {
-	t.mu.Lock()
-	t.n++
-	n := t.n
-	t.mu.Unlock()
-	d, err := os.MkdirTemp(t.dir, fmt.Sprintf("%03d-", n))
-	if err != nil {
-		t.Fatalf("temporary directory: %v", err)
-	}
-	return d
-}
-
-// try runs f, turning a Fatal or Skip into an error.
-func (t *serverTB) try(f func(testing.TB) Target) (tg Target, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			a, ok := r.(tbAbort)
-			if !ok {
-				panic(r)
-			}
-			err = a.err
-		}
-	}()
-	return f(t), nil
-}
-
-func (t *serverTB) cleanup() {
-	t.mu.Lock()
-	fs := t.cleanups
-	t.cleanups = nil
-	t.mu.Unlock()
-	for i := len(fs) - 1; i >= 0; i-- {
-		fs[i]()
-	}
-	_ = os.RemoveAll(t.dir)
 }

@@ -46,32 +46,10 @@ func TestStartServers(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	dir := s.tb.dir
+	dir := s.host.Dir()
 	s.Stop()
 	stopped = true
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("server directory %s left behind: %v", dir, err)
-	}
-}
-
-// A helper's Fatal becomes an error, and its Cleanup functions run at Stop.
-func TestServerTB(t *testing.T) {
-	tb := &serverTB{dir: t.TempDir()}
-	cleaned := false
-	_, err := tb.try(func(t testing.TB) Target {
-		t.Helper()
-		t.Cleanup(func() { cleaned = true })
-		if d := t.TempDir(); d == "" {
-			t.Fatal("no temp dir")
-		}
-		t.Fatalf("redis-server not found: %s", "install it")
-		return Target{Name: "unreached"}
-	})
-	if err == nil || err.Error() != "redis-server not found: install it" {
-		t.Fatalf("err = %v", err)
-	}
-	tb.cleanup()
-	if !cleaned {
-		t.Error("cleanup did not run")
 	}
 }
