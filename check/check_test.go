@@ -1,0 +1,162 @@
+package check
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	_ "github.com/dlockio/dlock/all"
+	"github.com/dlockio/dlock/check/history"
+)
+
+// The test binary doubles as the worker process: Run starts it again with
+// DLOCK_CHECK_WORKER=1 and the worker's flags.
+func TestMain(m *testing.M) {
+	if os.Getenv("DLOCK_CHECK_WORKER") == "1" {
+		cfg, err := ParseWorkerArgs(os.Args[1:])
+		if err != nil {
+			os.Stderr.WriteString("check-worker: " + err.Error() + "\n")
+			os.Exit(64)
+		}
+		if err := RunWorker(context.Background(), cfg, os.Stdin, os.Stdout); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func testConfig(t *testing.T, setup, fault string, fenced bool) Config {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Config{
+		Setup: setup, Fault: fault, Fenced: fenced, Workers: 4, Keys: 1,
+		Duration: 4 * time.Second, TTL: 500 * time.Millisecond, Interval: time.Second,
+		Worker: []string{exe}, Env: []string{"DLOCK_CHECK_WORKER=1"}, Seed: 1,
+	}
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// staleAccepted counts accepted writes with an older token than one already
+// accepted for the key (P3, read straight off the store's log).
+func staleAccepted(h *history.History) int {
+	n := 0
+	for _, w := range h.Writes {
+		if w.Accepted && w.Token < w.Max {
+			n++
+		}
+	}
+	return n
+}
+
+func count(h *history.History, kind string, ok bool) int {
+	n := 0
+	for _, op := range h.Ops {
+		if op.Kind == kind && op.OK == ok {
+			n++
+		}
+	}
+	return n
+}
+
+// Without faults the workers take turns on the key: every worker's acquisitions,
+// writes and releases are in the history, and no write is stale.
+func TestRunNoFault(t *testing.T) {
+	cfg := testConfig(t, "redis", FaultNone, false)
+	h, err := Run(ctxT(t, time.Minute), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acq, rel := count(h, history.Acquire, true), count(h, history.Release, true)
+	if acq < 20 || rel < acq-cfg.Workers {
+		t.Fatalf("acquisitions %d, releases %d: the workload did not run", acq, rel)
+	}
+	seen := map[int]bool{}
+	for _, op := range h.Ops {
+		if op.Kind == history.Acquire && op.OK {
+			seen[op.Process] = true
+			if op.Attempt < op.Start || op.Attempt > op.End || op.Token == 0 {
+				t.Fatalf("bad acquire %+v", op)
+			}
+		}
+	}
+	if len(seen) != cfg.Workers {
+		t.Errorf("only workers %v acquired", seen)
+	}
+	if len(h.Writes) < 2*acq-cfg.Workers*2 {
+		t.Errorf("%d writes for %d acquisitions", len(h.Writes), acq)
+	}
+	if n := staleAccepted(h); n != 0 {
+		t.Errorf("%d stale writes without a fault", n)
+	}
+	if h.Meta.Start == 0 || h.Meta.End <= h.Meta.Start || h.Meta.Expected != "safe" {
+		t.Errorf("meta %+v", h.Meta)
+	}
+}
+
+// A holder that stops right after checking its lease writes with a stale token when
+// it resumes: without fencing the store takes it (P3 > 0), with fencing it refuses.
+func TestRunPauseAfterCheck(t *testing.T) {
+	for _, fenced := range []bool{false, true} {
+		cfg := testConfig(t, "redis", FaultPauseAfterCheck, fenced)
+		h, err := Run(ctxT(t, time.Minute), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		faults := 0
+		for _, e := range h.Events {
+			if e.Kind == history.Fault {
+				faults++
+			}
+		}
+		if faults == 0 {
+			t.Fatalf("fenced=%v: no fault injected", fenced)
+		}
+		stale, rejected := staleAccepted(h), 0
+		for _, w := range h.Writes {
+			if !w.Accepted {
+				rejected++
+			}
+		}
+		if fenced && (stale != 0 || rejected == 0) {
+			t.Errorf("fenced: %d stale writes accepted, %d rejected; want 0 and > 0", stale, rejected)
+		}
+		if !fenced && stale == 0 {
+			t.Errorf("unfenced: no stale write accepted after %d pauses", faults)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	good := testConfig(t, "redis", FaultNone, true)
+	for name, mut := range map[string]func(*Config){
+		"setup":    func(c *Config) { c.Setup = "nosuch" },
+		"fault":    func(c *Config) { c.Fault = "nosuch" },
+		"applies":  func(c *Config) { c.Fault = FaultLeader },
+		"workers":  func(c *Config) { c.Workers = 0 },
+		"ttl":      func(c *Config) { c.TTL = time.Millisecond },
+		"hold":     func(c *Config) { c.Hold = c.TTL },
+		"interval": func(c *Config) { c.Interval = c.TTL / 2 },
+		"worker":   func(c *Config) { c.Worker = nil },
+	} {
+		c := good
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,348 @@
+package check
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// Config is one check run: one backend setup, one fault, fenced or not.
+type Config struct {
+	Setup    string        // a name from Setups
+	Fault    string        // a name from Faults; "none" for a run without faults
+	Fenced   bool          // the store rejects writes with an older token
+	Workers  int           // worker processes (default 5)
+	Keys     int           // keys they contend for (default 2)
+	Duration time.Duration // how long the workload runs (default 10s)
+	TTL      time.Duration // lock TTL (default 1s; etcd and ZooKeeper round up to whole seconds)
+	Hold     time.Duration // time a worker holds each lease (default TTL/10)
+	Interval time.Duration // time between fault injections (default 3*TTL)
+	Seed     int64         // random seed of the schedule and the workers (0: from the time)
+	// Worker is the command that runs one worker process; the worker's flags are
+	// appended (for the dlock command: its own path and "check-worker").
+	Worker []string
+	// Env is added to the worker processes' environment.
+	Env []string
+	// Log, if set, receives one line per fault and per worker problem.
+	Log io.Writer
+}
+
+func (c *Config) defaults() {
+	if c.Fault == "" {
+		c.Fault = FaultNone
+	}
+	if c.Workers == 0 {
+		c.Workers = 5
+	}
+	if c.Keys == 0 {
+		c.Keys = 2
+	}
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.TTL == 0 {
+		c.TTL = time.Second
+	}
+	if c.Hold == 0 {
+		c.Hold = c.TTL / 10
+	}
+	if c.Interval == 0 {
+		c.Interval = 3 * c.TTL
+	}
+	if c.Seed == 0 {
+		c.Seed = time.Now().UnixNano()
+	}
+}
+
+// Validate reports a configuration that cannot run, naming the problem.
+func (c Config) Validate() error {
+	s, ok := setups[c.Setup]
+	if !ok {
+		return fmt.Errorf("unknown setup %q (known: %s)", c.Setup, strings.Join(Setups(), ", "))
+	}
+	f, ok := faults[c.Fault]
+	if !ok {
+		return fmt.Errorf("unknown fault %q (known: %s)", c.Fault, strings.Join(Faults(), ", "))
+	}
+	if !f.appliesTo(s) {
+		return fmt.Errorf("fault %q does not apply to setup %q (it applies to: %s)", c.Fault, c.Setup, strings.Join(f.setupsFor(), ", "))
+	}
+	switch {
+	case c.Workers < 1 || c.Workers > 64:
+		return fmt.Errorf("workers %d: give 1 to 64", c.Workers)
+	case c.Keys < 1 || c.Keys > 1000:
+		return fmt.Errorf("keys %d: give 1 to 1000", c.Keys)
+	case c.Duration < time.Second || c.Duration > 24*time.Hour:
+		return fmt.Errorf("duration %v: give 1s to 24h", c.Duration)
+	case c.TTL < 100*time.Millisecond || c.TTL > time.Minute:
+		return fmt.Errorf("ttl %v: give 100ms to 1m", c.TTL)
+	case c.Hold < 0 || c.Hold >= c.TTL:
+		return fmt.Errorf("hold %v: give 0 to less than the TTL", c.Hold)
+	case c.Interval < c.TTL:
+		return fmt.Errorf("interval %v: give at least the TTL", c.Interval)
+	case len(c.Worker) == 0:
+		return errors.New("no worker command")
+	}
+	return nil
+}
+
+// Run starts the setup's servers, the fenced store and the worker processes, injects
+// the fault every Interval while the workload runs for Duration, stops everything
+// and returns the history. Servers and workers are killed if this process dies.
+func Run(ctx context.Context, cfg Config) (*history.History, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s, f := setups[cfg.Setup], faults[cfg.Fault]
+	ttl := s.roundTTL(cfg.TTL)
+	host, err := testserver.NewHost("dlock-check")
+	if err != nil {
+		return nil, err
+	}
+	defer host.Close()
+	tg, err := testserver.Try(host, func(tb testing.TB) *target { return s.start(tb, ttl) })
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", cfg.Setup, err)
+	}
+	store, err := StartStore(cfg.Fenced)
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+
+	r := &run{cfg: cfg, ttl: ttl, tg: tg, rnd: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed))}
+	r.h.Meta = history.Meta{
+		Backend: s.name + ": " + s.describe, URL: tg.redactedURL(), Fault: cfg.Fault, Fenced: cfg.Fenced, TTL: ttl,
+		Hold: s.hold(ttl), Workers: cfg.Workers, Keys: cfg.Keys, Seed: cfg.Seed,
+		Expected: Expected(cfg.Setup, cfg.Fault, cfg.Fenced),
+	}
+	if s.proxied {
+		if err := tg.startProxies(cfg.Workers); err != nil {
+			return nil, err
+		}
+		defer tg.stopProxies()
+	}
+	defer tg.stop()
+	for i := 1; i <= cfg.Workers; i++ {
+		if err := r.startWorker(i, store.Addr()); err != nil {
+			r.stopWorkers()
+			return nil, err
+		}
+	}
+	r.h.Meta.Start = history.Now()
+	wctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	defer cancel()
+	var faultErr error
+	if cfg.Fault != FaultNone {
+		faultErr = r.schedule(wctx, f)
+	} else {
+		<-wctx.Done()
+	}
+	r.h.Meta.End = history.Now()
+	r.stopWorkers()
+	r.h.Writes = store.Writes()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	slices.SortFunc(r.h.Ops, func(a, b history.Op) int { return cmpInt64(a.Start, b.Start) })
+	if err := ctx.Err(); err != nil {
+		return &r.h, err
+	}
+	return &r.h, errors.Join(faultErr, r.workerErr)
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// run is the state of one Run.
+type run struct {
+	cfg Config
+	ttl time.Duration
+	tg  *target
+	rnd *rand.Rand // used by the scheduler goroutine only
+
+	mu        sync.Mutex
+	h         history.History
+	workers   []*proc
+	workerErr error
+}
+
+func (r *run) logf(format string, a ...any) {
+	if r.cfg.Log != nil {
+		fmt.Fprintf(r.cfg.Log, format+"\n", a...)
+	}
+}
+
+func (r *run) event(kind, fault, target, detail string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.h.Events = append(r.h.Events, history.Event{Time: history.Now(), Kind: kind, Fault: fault, Target: target, Detail: detail})
+	if kind != history.Note {
+		r.logf("%s %s %s %s", kind, fault, target, detail)
+	}
+}
+
+// proc is one worker process.
+type proc struct {
+	id     int
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	done   chan struct{}
+	paused chan struct{} // receives when the worker stopped itself after a lease check
+
+	mu      sync.Mutex
+	holding bool // holds a lease now (from its ops)
+}
+
+func (p *proc) send(line string) {
+	_, _ = io.WriteString(p.stdin, line+"\n")
+}
+
+func (p *proc) signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) }
+
+func (p *proc) isHolding() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holding
+}
+
+func (r *run) startWorker(id int, storeAddr string) error {
+	wc := WorkerConfig{
+		ID: id, URL: r.tg.urlFor(id), Store: storeAddr, Keys: r.cfg.Keys, TTL: r.ttl,
+		Hold: r.cfg.Hold, Writes: 2, LockTimeout: 4 * r.ttl, Seed: r.cfg.Seed,
+	}
+	args := append(slices.Clone(r.cfg.Worker[1:]), wc.Args()...)
+	cmd := exec.Command(r.cfg.Worker[0], args...)
+	cmd.Env = append(os.Environ(), r.cfg.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	stderr := &tailBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start worker %d: %w", id, err)
+	}
+	p := &proc{id: id, cmd: cmd, stdin: stdin, done: make(chan struct{}), paused: make(chan struct{}, 1)}
+	r.workers = append(r.workers, p)
+	go func() {
+		r.read(p, stdout)
+		err := cmd.Wait()
+		if err != nil && !errors.Is(err, os.ErrProcessDone) {
+			r.mu.Lock()
+			if r.workerErr == nil && p.cmd.ProcessState != nil && !p.cmd.ProcessState.Success() && !killed(p.cmd.ProcessState) {
+				r.workerErr = fmt.Errorf("worker %d: %v: %s", id, err, stderr.String())
+			}
+			r.mu.Unlock()
+		}
+		close(p.done)
+	}()
+	return nil
+}
+
+func killed(ps *os.ProcessState) bool {
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+// read collects a worker's ops and status lines.
+func (r *run) read(p *proc, out io.Reader) {
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		switch {
+		case len(line) > 0 && line[0] == '{':
+			var op history.Op
+			if err := json.Unmarshal(line, &op); err != nil {
+				r.event(history.Note, "", fmt.Sprintf("worker %d", p.id), "unreadable line: "+err.Error())
+				continue
+			}
+			p.mu.Lock()
+			switch {
+			case op.Kind == history.Acquire && op.OK:
+				p.holding = true
+			case op.Kind == history.Release || op.Kind == history.Lost:
+				p.holding = false
+			}
+			p.mu.Unlock()
+			r.mu.Lock()
+			r.h.Ops = append(r.h.Ops, op)
+			r.mu.Unlock()
+		case strings.HasPrefix(string(line), msgPaused):
+			select {
+			case p.paused <- struct{}{}:
+			default:
+			}
+		case strings.HasPrefix(string(line), msgError):
+			r.event(history.Note, "", fmt.Sprintf("worker %d", p.id), strings.TrimSpace(strings.TrimPrefix(string(line), msgError)))
+		}
+	}
+}
+
+// stopWorkers asks every worker to finish its lease and exit, and kills those that
+// do not within a few TTLs.
+func (r *run) stopWorkers() {
+	for _, p := range r.workers {
+		p.signal(syscall.SIGCONT) // a paused worker cannot hear "stop"
+		p.send(ctlStop)
+	}
+	deadline := time.After(3*r.ttl + 5*time.Second)
+	for _, p := range r.workers {
+		select {
+		case <-p.done:
+		case <-deadline:
+			p.signal(syscall.SIGKILL)
+			<-p.done
+		}
+	}
+}
+
+// tailBuffer keeps the last few KiB of a worker's standard error.
+type tailBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > 4096 {
+		t.b = t.b[len(t.b)-4096:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.b))
+}
