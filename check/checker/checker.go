@@ -130,7 +130,9 @@ type Liveness struct {
 	MaxRecovery time.Duration `json:"max_recovery"`
 	Unrecovered int           `json:"unrecovered"`
 	// LongestGap is the longest time within [Meta.Start, Meta.End] without an
-	// accepted write (on any key), from GapStart to GapEnd.
+	// accepted write (on any key), from GapStart to GapEnd: between two
+	// consecutive accepted writes, or from Meta.Start to the first, or from the
+	// last to Meta.End.
 	LongestGap time.Duration `json:"longest_gap"`
 	GapStart   int64         `json:"gap_start"`
 	GapEnd     int64         `json:"gap_end"`
