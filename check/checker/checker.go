@@ -290,6 +290,7 @@ func (c *run) p1() {
 		c.note("P1: Meta.Hold is 0, so no grant is certainly held past its own attempt: lease safety was not checked")
 		return
 	}
+	var found []Violation
 	for _, k := range c.keys {
 		ls := c.byKey[k] // by acquire End
 		byAttempt := slices.Clone(ls)
@@ -315,7 +316,7 @@ func (c *run) p1() {
 			if worst == nil {
 				continue
 			}
-			c.r.P1.add(c.opts.MaxExamples, Violation{
+			found = append(found, Violation{
 				Check: CheckP1, Key: k, Time: g2.Acquire.End, End: worstH,
 				Processes: []int{g2.Process, worst.Process},
 				Leases:    []int{g2.Lease, worst.Lease},
@@ -323,6 +324,10 @@ func (c *run) p1() {
 				Detail:    c.p1Detail(k, g2, worst, worstH),
 			})
 		}
+	}
+	slices.SortStableFunc(found, func(a, b Violation) int { return cmp.Compare(a.Time, b.Time) })
+	for _, v := range found {
+		c.r.P1.add(c.opts.MaxExamples, v)
 	}
 }
 

@@ -389,3 +389,16 @@ func TestSummaryAndJSON(t *testing.T) {
 		t.Fatalf("leases %+v", ls)
 	}
 }
+
+func TestP1ExamplesInTimeOrder(t *testing.T) {
+	b := newHistory(hold, ttl, 1000)
+	b.grant(1, 1, "a", 1, 0, 300, 301)
+	b.grant(2, 1, "a", 2, 0, 310, 320) // later, on the first key in order
+	b.grant(3, 1, "b", 3, 0, 0, 1)
+	b.grant(4, 1, "b", 4, 0, 10, 20)
+	r := b.check(Options{})
+	wantCount(t, "P1", r.P1, 2)
+	if r.P1.Examples[0].Key != "b" || r.P1.Examples[1].Key != "a" {
+		t.Fatalf("examples not in time order: %+v", r.P1.Examples)
+	}
+}

@@ -58,7 +58,7 @@ const (
 	rightPad   = 40 // room for the last tick label
 	minPlot    = 1000
 	maxPlot    = 16000
-	pxPerLease = 8 // plot width grows with the leases drawn, within [minPlot, maxPlot]
+	pxPerLease = 20 // plot width grows with the leases drawn, within [minPlot, maxPlot]
 )
 
 // num is a coordinate, printed with one decimal.
