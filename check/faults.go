@@ -145,6 +145,11 @@ func injectKill(_ context.Context, r *run) error {
 		r.event(history.Fault, FaultKill, "postgres", "kill -9 the postmaster and its children")
 		tg.pg.Kill()
 		err := tg.pg.Restart()
+		for try := 0; err != nil && try < 5; try++ {
+			// The killed server's children may still hold its shared memory.
+			time.Sleep(500 * time.Millisecond)
+			err = tg.pg.Restart()
+		}
 		r.event(history.Heal, FaultKill, "postgres", "restarted")
 		return err
 	}

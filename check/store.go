@@ -2,8 +2,10 @@ package check
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -171,3 +173,8 @@ func (sc *storeClient) write(process, lease int, token uint64, key string) (bool
 }
 
 func (sc *storeClient) Close() error { return sc.c.Close() }
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	return enc.Encode(v)
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+func TestCheckUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"check"},
+		{"check", "extra"},
+		{"check", "--setup", "nosuch"},
+		{"check", "--setup", "redis", "--fault", "nosuch"},
+		{"check", "--setup", "etcd", "--fault", "kill"},
+		{"check", "--setup", "redis", "--fencing", "maybe"},
+		{"check", "--setup", "redis", "--workers", "0"},
+		{"check", "--setup", "redis", "--ttl", "1ms"},
+		{"check", "--setup", "redis", "--hold", "2s"},
+		{"check", "--setup", "redis", "--duration", "abc"},
+		{"check", "--matrix", "--setup", "redis"},
+		{"check", "--setup", "redis", "--doc", "x.md"},
+		{"check-worker", "--id", "0"},
+	} {
+		code, stdout, stderr := run(args...)
+		if code != exitUsage {
+			t.Errorf("dlock %v: exit %d, want %d (stderr %q)", args, code, exitUsage, stderr)
+		}
+		if stdout != "" || !strings.HasPrefix(stderr, "dlock: ") || !strings.Contains(stderr, "usage: dlock check") {
+			t.Errorf("dlock %v: want a reason and the usage on stderr, got stdout %q stderr %q", args, stdout, stderr)
+		}
+	}
+}
+
+func TestCheckList(t *testing.T) {
+	code, stdout, _ := run("check", "--list")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{"redis-aof", "redlock", "etcd", "zk", "postgres", "pause-after-check", "failover", "clock"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("--list does not mention %q", want)
+		}
+	}
+}
+
+// A short real run of the cell the checker must catch: Redis without persistence,
+// killed and restarted while a lock is held. Unfenced and fenced, the lock is
+// violated (P1 > 0, "detected"); fenced, the store refused every stale write.
+func TestCheckRedisKill(t *testing.T) {
+	testserver.Require(t, "redis", "redis-server", "install it with: apt-get install -y redis-server")
+	t.Setenv("DLOCK_TEST_MAIN", "1") // the workers are this test binary running Main
+	out := t.TempDir()
+	code, stdout, stderr := run("check", "--setup", "redis", "--fault", "kill", "--duration", "4s",
+		"--ttl", "500ms", "--interval", "1s", "--keys", "1", "--out", out, "--seed", "7")
+	if code != exitOK {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	rows := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(rows) != 4 {
+		t.Fatalf("want a header and 2 rows, got:\n%s", stdout)
+	}
+	for i, want := range []string{"| redis | kill | no |", "| redis | kill | yes |"} {
+		row := rows[2+i]
+		if !strings.HasPrefix(row, want) || !strings.HasSuffix(row, "| detected |") {
+			t.Errorf("row %q: want %q ... detected", row, want)
+		}
+	}
+	for _, name := range []string{"redis_kill_unfenced", "redis_kill_fenced"} {
+		for _, ext := range []string{".json", ".html"} {
+			if st, err := os.Stat(filepath.Join(out, name+ext)); err != nil || st.Size() == 0 {
+				t.Errorf("%s%s: %v", name, ext, err)
+			}
+		}
+	}
+}
