@@ -9,6 +9,7 @@ import (
 	"go.uber.org/goleak"
 
 	_ "github.com/dlockio/dlock/all"
+	"github.com/dlockio/dlock/check/checker"
 	"github.com/dlockio/dlock/check/history"
 )
 
@@ -158,5 +159,54 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := good.Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A setup that promises safety under its fault shows no violation: killing the
+// etcd leader of a 3-member cluster while workers hold locks, without fencing.
+func TestRunCellEtcdLeader(t *testing.T) {
+	cfg := testConfig(t, "", "", false)
+	cfg.TTL, cfg.Interval, cfg.Duration = time.Second, 2*time.Second, 6*time.Second
+	o := RunCell(ctxT(t, 2*time.Minute), Cell{Setup: "etcd", Fault: FaultLeader}, cfg, t.TempDir())
+	if o.Report == nil {
+		t.Fatalf("run failed: %s", o.RunError)
+	}
+	r := o.Report
+	if r.Summary.Faults == 0 || r.Summary.AcquiresOK < 10 {
+		t.Fatalf("faults %d, acquisitions %d: the cell did not run", r.Summary.Faults, r.Summary.AcquiresOK)
+	}
+	if o.Verdict != VerdictAsExpected || !r.Safe() {
+		t.Errorf("verdict %q, P1 %d, P3 %d, P4 %d: %v", o.Verdict, r.P1.Count, r.P3.Count, r.P4.Count, r.Violations())
+	}
+	if len(o.Files) != 2 {
+		t.Errorf("files %v", o.Files)
+	}
+}
+
+func TestVerdict(t *testing.T) {
+	unsafeLock := Expect("redis", FaultKill, false)
+	safe := Expect("etcd", FaultLeader, false)
+	fencedPause := Expect("redis", FaultPauseAfterCheck, true)
+	if unsafeLock.LockSafe || unsafeLock.ResourceSafe || !safe.LockSafe || !safe.ResourceSafe || !fencedPause.ResourceSafe {
+		t.Fatalf("expectations: %+v %+v %+v", unsafeLock, safe, fencedPause)
+	}
+	var clean, p1, p3 checker.Report
+	p1.P1.Count, p3.P3.Count = 1, 1
+	clean.P4.Porcupine, p1.P4.Porcupine, p3.P4.Porcupine = checker.VerdictOK, checker.VerdictOK, checker.VerdictOK
+	for _, c := range []struct {
+		e    Expectation
+		r    *checker.Report
+		want string
+	}{
+		{safe, &clean, VerdictAsExpected},
+		{safe, &p1, VerdictUnexpected},
+		{unsafeLock, &p1, VerdictDetected},
+		{unsafeLock, &clean, VerdictNotSeen},
+		{fencedPause, &p3, VerdictUnexpected},
+		{Expect("redis", FaultPauseAfterCheck, false), &p3, VerdictDetected},
+	} {
+		if got := Verdict(c.e, c.r); got != c.want {
+			t.Errorf("Verdict(%+v, P1=%d P3=%d) = %q, want %q", c.e, c.r.P1.Count, c.r.P3.Count, got, c.want)
+		}
 	}
 }

@@ -102,6 +102,7 @@ type worker struct {
 	out   io.Writer
 
 	stopping  atomic.Bool
+	stopWait  context.CancelFunc // ends a Lock in progress when "stop" arrives
 	pauseNext atomic.Bool
 	linger    atomic.Bool
 	clk       jumpClock
@@ -143,7 +144,7 @@ func (w *worker) control(in io.Reader) {
 		}
 		switch f[0] {
 		case ctlStop:
-			w.stopping.Store(true)
+			w.stop()
 		case ctlPause:
 			w.pauseNext.Store(true)
 		case ctlLinger:
@@ -156,7 +157,12 @@ func (w *worker) control(in io.Reader) {
 			}
 		}
 	}
-	w.stopping.Store(true) // the runner is gone
+	w.stop() // the runner is gone
+}
+
+func (w *worker) stop() {
+	w.stopping.Store(true)
+	w.stopWait()
 }
 
 func (w *worker) run(ctx context.Context, in io.Reader) error {
@@ -183,6 +189,9 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 		return err
 	}
 	defer store.Close()
+	waitCtx, stopWait := context.WithCancel(ctx)
+	defer stopWait()
+	w.stopWait = stopWait
 	go w.control(in)
 
 	var watchers sync.WaitGroup
@@ -190,11 +199,14 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 	lease := 0
 	for !w.stopping.Load() && ctx.Err() == nil {
 		key := fmt.Sprintf("k%d", w.rnd.IntN(w.cfg.Keys))
-		lctx, cancel := context.WithTimeout(ctx, w.cfg.LockTimeout)
+		lctx, cancel := context.WithTimeout(waitCtx, w.cfg.LockTimeout)
 		start := history.Now()
 		l, err := c.Lock(lctx, key)
 		end := history.Now()
 		cancel()
+		if err != nil && w.stopping.Load() {
+			break // told to stop while waiting: not a failed acquire
+		}
 		if err != nil {
 			w.record(history.Op{Key: key, Kind: history.Acquire, Start: start, End: end, Err: err.Error()})
 			if !errors.Is(err, context.DeadlineExceeded) {
