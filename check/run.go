@@ -235,7 +235,7 @@ func (r *run) startWorker(id int, storeAddr string) error {
 	}
 	args := append(slices.Clone(r.cfg.Worker[1:]), wc.Args()...)
 	cmd := exec.Command(r.cfg.Worker[0], args...)
-	cmd.Env = append(os.Environ(), r.cfg.Env...)
+	cmd.Env = append(append(os.Environ(), r.cfg.Env...), URLEnv+"="+wc.URL)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

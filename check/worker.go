@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,10 +38,14 @@ type WorkerConfig struct {
 	Seed        int64
 }
 
-// Args returns the worker's command-line flags.
+// URLEnv is the environment variable that gives a worker its backend URL, so that
+// a password in the URL does not show in the process list.
+const URLEnv = "DLOCK_CHECK_URL"
+
+// Args returns the worker's command-line flags; the URL goes in URLEnv.
 func (c WorkerConfig) Args() []string {
 	return []string{
-		"--id", fmt.Sprint(c.ID), "--url", c.URL, "--store", c.Store, "--keys", fmt.Sprint(c.Keys),
+		"--id", fmt.Sprint(c.ID), "--store", c.Store, "--keys", fmt.Sprint(c.Keys),
 		"--ttl", c.TTL.String(), "--hold", c.Hold.String(), "--writes", fmt.Sprint(c.Writes),
 		"--lock-timeout", c.LockTimeout.String(), "--seed", fmt.Sprint(c.Seed),
 	}
@@ -349,7 +354,7 @@ func ParseWorkerArgs(args []string) (WorkerConfig, error) {
 	fs := flag.NewFlagSet("check-worker", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.IntVar(&c.ID, "id", 0, "worker number")
-	fs.StringVar(&c.URL, "url", "", "backend URL")
+	fs.StringVar(&c.URL, "url", os.Getenv(URLEnv), "backend URL (default $"+URLEnv+")")
 	fs.StringVar(&c.Store, "store", "", "store address")
 	fs.IntVar(&c.Keys, "keys", 1, "keys")
 	fs.DurationVar(&c.TTL, "ttl", time.Second, "lock TTL")
