@@ -138,7 +138,6 @@ func Run(ctx context.Context, cfg Config) (*history.History, error) {
 		}
 		defer tg.stopProxies()
 	}
-	defer tg.stop()
 	for i := 1; i <= cfg.Workers; i++ {
 		if err := r.startWorker(i, store.Addr()); err != nil {
 			r.stopWorkers()

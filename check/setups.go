@@ -197,6 +197,3 @@ func (t *target) retarget(upstream string) error {
 	}
 	return nil
 }
-
-// stop is called when the run ends; servers stop with the host.
-func (t *target) stop() {}
