@@ -71,7 +71,7 @@ fenced, and writes the table to --doc (docs/safety.md in the repository). The
 default matrix takes about a minute per cell with --duration 30s; the full
 matrix for the safety targets (10^5 acquisitions and 50 injections per cell) is
 
-  dlock check --matrix --duration 300s --interval 4s --doc docs/safety.md
+  dlock check --matrix --duration 300s --hold 2ms --interval 6s --doc docs/safety.md
 
 Setups need their servers installed (redis-server; zookeeper and postgresql
 Debian packages; etcd is embedded). "dlock check --list" lists setups and faults.`,
