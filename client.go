@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dlockio/dlock/clock"
 	"github.com/dlockio/dlock/driver"
 )
 
@@ -24,11 +26,16 @@ type Token uint64
 // release what it still holds and stop its goroutines.
 type Client struct {
 	b        driver.Backend
-	notifier driver.Notifier // nil when the backend cannot notify
+	notifier driver.Notifier     // nil when the backend cannot notify
+	advisor  driver.WatchAdvisor // nil unless the notifier advises
 	cfg      config
 
 	closing chan struct{} // closed by Close
 	wg      sync.WaitGroup
+	ren     renewer
+
+	idmu sync.Mutex
+	ids  *mrand.ChaCha8 // owner ids; keyed from crypto/rand
 
 	mu     sync.Mutex
 	closed bool
@@ -38,11 +45,54 @@ type Client struct {
 type slotKey struct{ key, owner string }
 
 // slot serialises the server-side work of one (key, owner): acquiring, and releasing
-// the last reference. Re-entry into a live grant needs only Client.mu.
+// the last reference. Re-entry into a live grant needs only Client.mu. Its fields are
+// guarded by Client.mu.
 type slot struct {
-	sem   chan struct{} // capacity 1; held while talking to the server
-	g     *grant        // the live grant, or nil; guarded by Client.mu
-	users int           // lock calls inside acquire; guarded by Client.mu
+	busy  bool            // someone is talking to the server for this (key, owner)
+	queue []chan struct{} // callers waiting for busy to clear, oldest first
+	g     *grant          // the live grant, or nil
+	users int             // lock calls inside acquire
+}
+
+// enterLocked makes the caller the slot's only user of the server, waiting, if it
+// must, until ctx or stop ends (then it returns false). It is called with Client.mu
+// held and returns with Client.mu held; waited reports whether it let go of it.
+func (c *Client) enterLocked(ctx context.Context, s *slot, stop <-chan struct{}) (ok, waited bool) {
+	if !s.busy {
+		s.busy = true
+		return true, false
+	}
+	ch := make(chan struct{})
+	s.queue = append(s.queue, ch)
+	c.mu.Unlock()
+	select {
+	case <-ch:
+		c.mu.Lock()
+		return true, true
+	case <-ctx.Done():
+	case <-stop:
+	}
+	c.mu.Lock()
+	for i, q := range s.queue {
+		if q == ch {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			return false, true
+		}
+	}
+	// The slot was passed to us as we gave up: pass it on.
+	c.leaveLocked(s)
+	return false, true
+}
+
+// leaveLocked passes the slot to the next waiting caller, or frees it.
+func (c *Client) leaveLocked(s *slot) {
+	if len(s.queue) > 0 {
+		ch := s.queue[0]
+		s.queue = s.queue[1:]
+		close(ch)
+		return
+	}
+	s.busy = false
 }
 
 // New returns a client for a backend, bypassing the URL registry. The client owns b
@@ -56,7 +106,14 @@ func New(b driver.Backend, opts ...Option) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{b: b, cfg: cfg, closing: make(chan struct{}), slots: make(map[slotKey]*slot)}
+	c.ren.clk, c.ren.base, c.ren.lazy = cfg.clock, cfg.clock.Now(), cfg.clock == clock.Real
+	var seed [32]byte
+	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails (it crashes the program instead)
+	c.ids = mrand.NewChaCha8(seed)
 	c.notifier, _ = b.(driver.Notifier)
+	if c.notifier != nil {
+		c.advisor, _ = b.(driver.WatchAdvisor)
+	}
 	return c, nil
 }
 
@@ -155,9 +212,15 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 	return fn(fctx, l)
 }
 
-func newOwner() string {
+// newOwner returns a fresh random 128-bit owner id, in hex, from the client's ChaCha8
+// generator, which crypto/rand keyed: as unpredictable as crypto/rand's own output,
+// at a third of its cost.
+func (c *Client) newOwner() string {
 	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (it crashes the program instead)
+	c.idmu.Lock()
+	binary.LittleEndian.PutUint64(b[:8], c.ids.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], c.ids.Uint64())
+	c.idmu.Unlock()
 	return hex.EncodeToString(b[:])
 }
 
@@ -165,17 +228,22 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 	if err := driver.ValidateKey(key); err != nil {
 		return nil, err
 	}
-	cfg := c.cfg
-	cfg.perLock = true
-	cfg, err := cfg.with(opts)
-	if err != nil {
-		return nil, err
+	cfg := &c.cfg // shared with the grant unless this call has options
+	if len(opts) > 0 {
+		own := c.cfg
+		own.perLock = true
+		var err error
+		if own, err = own.with(opts); err != nil {
+			return nil, err
+		}
+		cfg = &own
 	}
-	generated := cfg.owner == ""
+	owner := cfg.owner
+	generated := owner == ""
 	if generated {
-		cfg.owner = newOwner()
+		owner = c.newOwner()
 	}
-	sk := slotKey{key, cfg.owner}
+	sk := slotKey{key, owner}
 
 	c.mu.Lock()
 	if c.closed {
@@ -184,7 +252,7 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 	}
 	s := c.slots[sk]
 	if s == nil {
-		s = &slot{sem: make(chan struct{}, 1)}
+		s = &slot{}
 		c.slots[sk] = s
 	}
 	if l := c.reenterLocked(s); l != nil {
@@ -192,59 +260,61 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 		return l, nil
 	}
 	s.users++
-	c.wg.Add(1)
-	c.mu.Unlock()
-	defer c.wg.Done()
-	defer func() {
-		c.mu.Lock()
+	ok, waited := c.enterLocked(ctx, s, c.closing)
+	if !ok {
 		s.users--
 		c.dropLocked(sk, s)
 		c.mu.Unlock()
-	}()
-
-	select {
-	case s.sem <- struct{}{}:
-	case <-ctx.Done():
+		if ctx.Err() == nil {
+			return nil, ErrClosed
+		}
 		return nil, ctxErr(ctx, wait)
-	case <-c.closing:
-		return nil, ErrClosed
 	}
-	defer func() { <-s.sem }()
-
-	c.mu.Lock()
-	if l := c.reenterLocked(s); l != nil {
-		c.mu.Unlock()
-		return l, nil
+	if waited {
+		// Another call of the same owner may have acquired meanwhile.
+		if l := c.reenterLocked(s); l != nil {
+			s.users--
+			c.leaveLocked(s)
+			c.mu.Unlock()
+			return l, nil
+		}
 	}
+	c.wg.Add(1)
 	c.mu.Unlock()
 
-	g, err := c.obtain(ctx, key, cfg, wait, generated)
+	g, now, err := c.obtain(ctx, key, owner, cfg, wait, generated)
+
+	c.mu.Lock()
+	defer c.wg.Done()
+	defer c.mu.Unlock()
+	s.users--
+	c.leaveLocked(s)
 	if err != nil {
+		c.dropLocked(sk, s)
 		return nil, err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
 		// Close ran while we were acquiring: give the grant back.
-		c.releaseAsync(key, cfg.owner)
+		c.dropLocked(sk, s)
+		c.releaseAsync(key, owner)
 		return nil, ErrClosed
 	}
 	g.slot = s
 	s.g = g
-	g.start(c)
+	g.start(c, now)
 	return g.newLease(), nil
 }
 
 // reenterLocked returns a new lease on the slot's live grant, or nil.
 func (c *Client) reenterLocked(s *slot) *Lease {
-	if s.g == nil || s.g.ctx.Err() != nil {
+	if s.g == nil || s.g.ended() {
 		return nil
 	}
 	return s.g.newLease()
 }
 
 func (c *Client) dropLocked(sk slotKey, s *slot) {
-	if s.users == 0 && s.g == nil && c.slots[sk] == s {
+	if s.users == 0 && s.g == nil && !s.busy && c.slots[sk] == s {
 		delete(c.slots, sk)
 	}
 }
@@ -256,62 +326,90 @@ func ctxErr(ctx context.Context, wait bool) error {
 	return context.Cause(ctx)
 }
 
-// obtain runs the attempt loop against the backend.
-func (c *Client) obtain(ctx context.Context, key string, cfg config, wait, generated bool) (*grant, error) {
+// obtain runs the attempt loop against the backend. It returns the grant and the
+// client clock's time when it was granted.
+func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wait, generated bool) (*grant, time.Time, error) {
 	clk := cfg.clock
-	req := driver.Request{Key: key, Owner: cfg.owner, TTL: cfg.ttl}
+	req := driver.Request{Key: key, Owner: owner, TTL: cfg.ttl}
 	var w driver.Waiter
-	if wait && c.notifier != nil {
+	acquired := false
+	defer func() {
+		if w == nil {
+			return
+		}
+		sctx, cancel := c.withdrawCtx(ctx)
+		defer cancel()
+		if err := w.Stop(sctx, acquired); err != nil {
+			cfg.logger.Debug("dlock: withdraw waiter", "key", key, "err", err)
+		}
+	}()
+	// A waiting Lock registers its wait before the first attempt that may queue,
+	// so that no wake-up is lost; when the backend advises that the key is likely
+	// free, it tries first without (see driver.WatchAdvisor).
+	watch := func() error {
 		var err error
-		w, err = c.notifier.Watch(ctx, key, cfg.owner)
-		if err != nil {
-			return nil, fmt.Errorf("dlock: wait for %q: %w", key, err)
+		if w, err = c.notifier.Watch(ctx, key, owner); err != nil {
+			w = nil
+			return fmt.Errorf("dlock: wait for %q: %w", key, err)
 		}
 		req.Wait = true
 		req.Patience = 3*cfg.retryMax + time.Second
+		return nil
 	}
-	acquired := false
-	if w != nil {
-		defer func() {
-			sctx, cancel := c.withdrawCtx(ctx)
-			defer cancel()
-			if err := w.Stop(sctx, acquired); err != nil {
-				cfg.logger.Debug("dlock: withdraw waiter", "key", key, "err", err)
-			}
-		}()
+	if wait && c.notifier != nil && (c.advisor == nil || c.advisor.WatchFirst(key)) {
+		if err := watch(); err != nil {
+			return nil, time.Time{}, err
+		}
 	}
 	backoff := cfg.retryMin
+	reasked := false
 	for {
 		sent := clk.Now()
 		gr, err := c.b.Acquire(ctx, req)
 		if err == nil {
-			if clk.Now().Sub(sent) >= cfg.validity() {
+			// The server started the grant's TTL no earlier than start: when this
+			// attempt was sent, or, for a grant handed over at release, Age before.
+			start, now := sent.Add(-gr.Age), clk.Now()
+			if gr.Age > 0 && now.Sub(start) >= cfg.renewEvery() && !reasked {
+				// Handed over long ago (the waiter's last attempt was old): ask the
+				// server at once. The owner holds the key, so the attempt re-enters
+				// it and the validity restarts from now.
+				reasked = true
+				continue
+			}
+			if now.Sub(start) >= cfg.validity() {
 				// Granted too late to be trusted: treat as held and try again. A
 				// generated owner gives it back; a given owner re-enters it on
 				// the next attempt with a fresh TTL.
 				if generated {
-					c.releaseAsync(key, cfg.owner)
+					c.releaseAsync(key, owner)
 				}
 				err = &driver.HeldError{}
 			} else {
 				acquired = true
-				return newGrant(key, cfg, gr, sent), nil
+				return newGrant(key, owner, cfg, gr, start), now, nil
 			}
 		}
 		if !errors.Is(err, ErrLocked) {
 			if generated {
 				// The outcome is unknown (a lost reply may hide a grant). The owner
 				// id is ours alone, so releasing it cannot hurt anyone.
-				c.releaseAsync(key, cfg.owner)
+				c.releaseAsync(key, owner)
 			}
 			// Backends name themselves and the key in their errors.
 			if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-				return nil, errors.Join(err, context.Cause(ctx))
+				return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
 			}
-			return nil, err
+			return nil, time.Time{}, err
 		}
 		if !wait {
-			return nil, err
+			return nil, time.Time{}, err
+		}
+		if w == nil && c.notifier != nil && ctx.Err() == nil {
+			if err := watch(); err != nil {
+				return nil, time.Time{}, err
+			}
+			continue // attempt again at once, now waiting
 		}
 		var d time.Duration
 		if w != nil {
@@ -337,10 +435,10 @@ func (c *Client) obtain(ctx context.Context, key string, cfg config, wait, gener
 			t.Stop()
 			// The last attempt's error matches ErrLocked and says why (the
 			// holder's expiry, or which nodes refused).
-			return nil, errors.Join(err, context.Cause(ctx))
+			return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
 		case <-c.closing:
 			t.Stop()
-			return nil, ErrClosed
+			return nil, time.Time{}, ErrClosed
 		}
 		t.Stop()
 	}
@@ -401,14 +499,15 @@ func (c *Client) Close() error {
 	var errs []error
 	for _, g := range live {
 		g.stopRenewal()
-		if g.ctx.Err() == nil {
+		if !g.ended() {
 			if err := c.b.Release(ctx, g.key, g.owner); err != nil && !errors.Is(err, ErrNotHeld) {
 				errs = append(errs, fmt.Errorf("dlock: release %q on close: %w", g.key, err))
 			}
 		}
-		g.cancel(fmt.Errorf("%w: client closed", ErrReleased))
+		g.end(fmt.Errorf("%w: client closed", ErrReleased))
 	}
 	c.wg.Wait()
+	c.ren.stop()
 	if err := c.b.Close(); err != nil {
 		errs = append(errs, err)
 	}

@@ -5,59 +5,124 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/dlockio/dlock/clock"
 	"github.com/dlockio/dlock/driver"
 )
 
 // grant is one server-side grant of (key, owner), shared by the leases that
-// re-entered it. Its context is cancelled when the grant is lost or released.
+// re-entered it. It ends, once, when it is lost or released; its context, made only
+// if a lease's Context is asked for, is then cancelled with the same cause.
 //
-// Renewal runs on one clock timer rather than a goroutine per grant. Between
-// refreshes the timer is set to the next renewal; while a refresh is in flight it is
-// set to the validity deadline, so a refresh that hangs cannot keep the lease looking
-// valid. A tick in progress is waited for by stopRenewal, so no goroutine outlives
-// Release or Close.
+// Renewal runs on the client's renewer (one clock timer for all grants) rather than
+// a goroutine or a timer per grant. Between refreshes the grant's tick is set for the
+// next renewal; while a refresh is in flight it is set for the validity deadline, so a
+// refresh that hangs cannot keep the lease looking valid. A tick in progress is
+// waited for by stopRenewal, so no goroutine outlives Release or Close.
 type grant struct {
 	key, owner string
 	token      Token
-	cfg        config
+	cfg        *config // the client's, or the lock call's own
 
-	ctx    context.Context // cancelled with the cause of the end of the grant
-	cancel context.CancelCauseFunc
+	cause atomic.Pointer[error] // why the grant ended; nil while it lasts
 
-	c    *Client
-	slot *slot // guarded by Client.mu together with slot.g
-	refs int   // leases not yet released; guarded by Client.mu
+	c     *Client
+	slot  *slot // guarded by Client.mu together with slot.g
+	refs  int   // leases not yet released; guarded by Client.mu
+	first Lease // the first lease, allocated with the grant
 
 	mu            sync.Mutex
 	deadline      time.Time // local validity deadline
+	used          bool      // first is handed out; guarded by Client.mu
 	stopped       bool
 	refreshing    bool
-	lost          <-chan struct{} // from the backend, or nil
-	halted        chan struct{}   // closed by halt when lost is watched
-	timer         clock.Timer
+	hasCtx        atomic.Bool        // ctx was made
+	ctx           *cancelCtx         // made on demand, cancelled with cause
+	lost          <-chan struct{}    // from the backend, or nil
+	halted        chan struct{}      // closed by halt when lost is watched
 	cancelRefresh context.CancelFunc // of the refresh in flight, if any
 	inflight      sync.WaitGroup     // ticks in progress
+
+	next int64 // when the tick is due (see renewer); guarded by the renewer
+	hidx int   // index in the renewer's heap, -1 when not scheduled
 }
 
-func newGrant(key string, cfg config, dg driver.Grant, sent time.Time) *grant {
-	ctx, cancel := context.WithCancelCause(context.Background())
+// cancelCtx is a context with its cancel function, made only when asked for.
+type cancelCtx struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+func newCancelCtx(parent context.Context) *cancelCtx {
+	ctx, cancel := context.WithCancelCause(parent)
+	return &cancelCtx{ctx, cancel}
+}
+
+// newGrant returns the grant whose server-side TTL started no earlier than start. Its
+// first renewal is due one renew interval after start.
+func newGrant(key, owner string, cfg *config, dg driver.Grant, start time.Time) *grant {
 	return &grant{
-		key: key, owner: cfg.owner, token: Token(dg.Token), cfg: cfg, lost: dg.Lost,
-		ctx: ctx, cancel: cancel,
-		deadline: sent.Add(cfg.validity()),
+		key: key, owner: owner, token: Token(dg.Token), cfg: cfg, lost: dg.Lost,
+		deadline: start.Add(cfg.validity()),
+		hidx:     -1,
 	}
 }
 
-// start arms the renewal timer. Called with Client.mu held.
-func (g *grant) start(c *Client) {
-	g.c = c
+// errReleased is ErrReleased as grant.end keeps it, made once.
+var errReleased = &ErrReleased
+
+// end ends the grant with cause, unless it had already ended.
+func (g *grant) end(cause error) {
+	p := errReleased
+	if cause != ErrReleased {
+		own := cause
+		p = &own
+	}
+	if !g.cause.CompareAndSwap(nil, p) {
+		return
+	}
+	// context sets hasCtx before it reads cause: one of the two sees the other.
+	if g.hasCtx.Load() {
+		g.mu.Lock()
+		g.ctx.cancel(cause)
+		g.mu.Unlock()
+	}
+}
+
+// ended reports whether the grant has ended.
+func (g *grant) ended() bool { return g.cause.Load() != nil }
+
+// endCause returns why the grant ended, or nil.
+func (g *grant) endCause() error {
+	if p := g.cause.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// context returns a context that is cancelled, with the cause, when the grant ends.
+func (g *grant) context() context.Context {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.timer = g.cfg.clock.AfterFunc(g.cfg.renewEvery(), g.tick)
+	if g.ctx == nil {
+		g.ctx = newCancelCtx(context.Background())
+		g.hasCtx.Store(true)
+		if cause := g.endCause(); cause != nil {
+			g.ctx.cancel(cause)
+		}
+	}
+	return g.ctx.ctx
+}
+
+// start schedules the first renewal, one renew interval after the validity started;
+// now is the client clock's time. Called with Client.mu held.
+func (g *grant) start(c *Client, now time.Time) {
+	g.c = c
+	c.ren.schedule(g, g.deadline.Add(g.cfg.renewEvery()-g.cfg.validity()), now)
 	if g.lost != nil {
+		g.mu.Lock()
+		defer g.mu.Unlock()
 		g.halted = make(chan struct{})
 		g.inflight.Add(1)
 		go func() {
@@ -80,7 +145,7 @@ func (g *grant) halt() bool {
 		return false
 	}
 	g.stopped = true
-	g.timer.Stop()
+	g.c.ren.cancel(g)
 	if g.halted != nil {
 		close(g.halted)
 	}
@@ -123,7 +188,7 @@ func (g *grant) tick() {
 	defer cancel()
 	g.refreshing = true
 	g.cancelRefresh = cancel
-	g.timer.Reset(left) // watchdog while the refresh is in flight
+	g.c.ren.schedule(g, g.deadline, sent) // watchdog while the refresh is in flight
 	g.inflight.Add(1)
 	defer g.inflight.Done()
 	g.mu.Unlock()
@@ -140,15 +205,17 @@ func (g *grant) tick() {
 	switch {
 	case err == nil:
 		g.deadline = sent.Add(g.cfg.validity())
-		g.timer.Reset(g.cfg.renewEvery())
+		now := clk.Now()
+		g.c.ren.schedule(g, now.Add(g.cfg.renewEvery()), now)
 		g.mu.Unlock()
 	case errors.Is(err, ErrNotHeld):
 		g.mu.Unlock()
 		g.lose(fmt.Errorf("%w: renewal refused: %w", ErrLeaseLost, err))
 	default:
 		// A transient error: retry soon, but not past the deadline.
-		retry := min(max(g.cfg.renewEvery()/8, 10*time.Millisecond), time.Second, g.deadline.Sub(clk.Now()))
-		g.timer.Reset(retry)
+		now := clk.Now()
+		retry := min(max(g.cfg.renewEvery()/8, 10*time.Millisecond), time.Second, g.deadline.Sub(now))
+		g.c.ren.schedule(g, now.Add(retry), now)
 		g.mu.Unlock()
 		g.cfg.logger.Debug("dlock: renewal failed, retrying", "key", g.key, "err", err, "retry_in", retry)
 	}
@@ -168,12 +235,17 @@ func (g *grant) lose(cause error) {
 	}
 	c.mu.Unlock()
 	g.cfg.logger.Warn("dlock: lease lost", "key", g.key, "token", uint64(g.token), "cause", cause)
-	g.cancel(cause)
+	g.end(cause)
 }
 
 // newLease returns a new handle on g. Called with Client.mu held.
 func (g *grant) newLease() *Lease {
 	g.refs++
+	if !g.used {
+		g.used = true
+		g.first.g = g
+		return &g.first
+	}
 	return &Lease{g: g}
 }
 
@@ -186,9 +258,8 @@ type Lease struct {
 	mu sync.Mutex // serialises Release
 
 	cmu      sync.Mutex // guards the fields below
-	ctx      context.Context
-	cancel   context.CancelCauseFunc
-	released bool
+	ctx      *cancelCtx
+	released bool  // written under mu too
 	cause    error // why the lease ended, once released
 }
 
@@ -217,12 +288,12 @@ func (l *Lease) Context() context.Context {
 	l.cmu.Lock()
 	defer l.cmu.Unlock()
 	if l.ctx == nil {
-		l.ctx, l.cancel = context.WithCancelCause(l.g.ctx)
+		l.ctx = newCancelCtx(l.g.context())
 		if l.released {
-			l.cancel(l.cause)
+			l.ctx.cancel(l.cause)
 		}
 	}
-	return l.ctx
+	return l.ctx.ctx
 }
 
 // Done is closed when the lease ends.
@@ -236,10 +307,7 @@ func (l *Lease) Err() error {
 	if l.released {
 		return l.cause
 	}
-	if l.g.ctx.Err() != nil {
-		return context.Cause(l.g.ctx)
-	}
-	return nil
+	return l.g.endCause()
 }
 
 // Release gives the lease back. Re-entered grants are freed on the server when their
@@ -253,46 +321,36 @@ func (l *Lease) Err() error {
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.cmu.Lock()
-	released := l.released
-	l.cmu.Unlock()
-	if released {
+	if l.released { // written only by finish, under mu
 		return ErrReleased
 	}
 	g, c := l.g, l.g.c
+	s := g.slot
 
 	c.mu.Lock()
-	if g.slot.g != g { // lost (or the client closed): nothing to do on the server
+	if s.g != g || g.refs > 1 {
+		// Lost or closed (nothing to do on the server), or re-entered.
 		g.refs--
 		c.mu.Unlock()
 		l.finish()
-		if cause := context.Cause(g.ctx); errors.Is(cause, ErrLeaseLost) {
+		if cause := g.endCause(); errors.Is(cause, ErrLeaseLost) {
 			return cause
 		}
 		return nil
 	}
-	if g.refs > 1 {
-		g.refs--
+	ok, waited := c.enterLocked(ctx, s, nil)
+	if !ok {
 		c.mu.Unlock()
-		l.finish()
-		return nil
-	}
-	c.mu.Unlock()
-
-	s := g.slot
-	select {
-	case s.sem <- struct{}{}:
-	case <-ctx.Done():
 		return fmt.Errorf("dlock: release %q: %w", g.key, context.Cause(ctx))
 	}
-	defer func() { <-s.sem }()
-	c.mu.Lock()
 	g.refs--
-	if g.refs > 0 || s.g != g {
+	if waited && (g.refs > 0 || s.g != g) {
 		// Re-entered, lost or closed while we waited for the slot.
+		c.leaveLocked(s)
+		c.dropLocked(slotKey{g.key, g.owner}, s)
 		c.mu.Unlock()
 		l.finish()
-		if cause := context.Cause(g.ctx); errors.Is(cause, ErrLeaseLost) {
+		if cause := g.endCause(); errors.Is(cause, ErrLeaseLost) {
 			return cause
 		}
 		return nil
@@ -302,9 +360,10 @@ func (l *Lease) Release(ctx context.Context) error {
 
 	g.stopRenewal()
 	err := c.b.Release(ctx, g.key, g.owner)
-	lostCause := context.Cause(g.ctx)
-	g.cancel(ErrReleased)
+	lostCause := g.endCause()
+	g.end(ErrReleased)
 	c.mu.Lock()
+	c.leaveLocked(s)
 	c.dropLocked(slotKey{g.key, g.owner}, s)
 	c.mu.Unlock()
 	l.finish()
@@ -325,10 +384,10 @@ func (l *Lease) finish() {
 	defer l.cmu.Unlock()
 	l.released = true
 	l.cause = ErrReleased
-	if cause := context.Cause(l.g.ctx); cause != nil && !errors.Is(cause, ErrReleased) {
+	if cause := l.g.endCause(); cause != nil && !errors.Is(cause, ErrReleased) {
 		l.cause = cause // lost before it was released
 	}
-	if l.cancel != nil {
-		l.cancel(l.cause)
+	if l.ctx != nil {
+		l.ctx.cancel(l.cause)
 	}
 }

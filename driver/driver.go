@@ -8,8 +8,9 @@
 // guarantees in its package documentation; the core never claims more.
 //
 // Optional capabilities are separate interfaces discovered with a type assertion:
-// Notifier (wake waiters instead of polling), Inspector (read the holder of a key) and
-// ForceReleaser (administrative release).
+// Notifier (wake waiters instead of polling, with WatchAdvisor to skip that cost
+// when a key is free), Inspector (read the holder of a key) and ForceReleaser
+// (administrative release).
 //
 // Every backend must pass the conformance suite in package drivertest.
 package driver
@@ -58,7 +59,8 @@ type Request struct {
 	TTL time.Duration
 	// Wait tells a queueing backend that the caller will wait if the key is held.
 	// The backend may then keep the caller's place in a server-side queue until
-	// Waiter.Stop is called or the place expires (see Patience).
+	// Waiter.Stop is called or the place expires (see Patience), and hand the key
+	// over to that place when it is released (see Waiter).
 	Wait bool
 	// Patience is how long a queued place may go without another attempt from its
 	// owner before the backend may drop it (a crashed waiter must not block the
@@ -78,6 +80,14 @@ type Grant struct {
 	// cannot tell leaves it nil; the core still learns at the next Refresh or at
 	// the validity deadline.
 	Lost <-chan struct{}
+	// Age is zero for a grant made by this Acquire call: the server started its
+	// TTL after the call began. It is positive for a grant the server made
+	// earlier, handed over to the caller's queued place by the previous holder's
+	// release (see Waiter): an upper bound on how long before this call the
+	// server may have started the grant's TTL, measured on the local monotonic
+	// clock. The core starts the local validity that much earlier, so the lease
+	// still ends before the server lets anyone else in.
+	Age time.Duration
 }
 
 // HeldError is returned by Acquire when the key is held. It matches ErrLocked with
@@ -123,21 +133,53 @@ type Backend interface {
 // Notifier is implemented by backends that can wake a waiter when a key may have
 // become free, so the core does not poll.
 type Notifier interface {
-	// Watch registers interest in key for owner before the first attempt, so that
-	// no wake-up between a failed attempt and the wait is lost. The core then
-	// alternates Acquire (with Wait set) and receiving from Waiter.C, with a
-	// bounded fallback timer in case a wake-up is lost.
+	// Watch registers interest in key for owner before the first attempt with
+	// Wait set, so that no wake-up between a failed attempt and the wait is lost.
+	// The core then alternates Acquire (with Wait set) and receiving from
+	// Waiter.C, with a bounded fallback timer in case a wake-up is lost.
 	Watch(ctx context.Context, key, owner string) (Waiter, error)
 }
 
+// WatchAdvisor is implemented by a Notifier that can tell when registering a wait
+// before the first attempt is worth its cost. When WatchFirst(key) reports false,
+// the core makes a waiting Lock's first attempt without Watch and without Wait, and
+// registers the wait (then attempts again, with Wait) only if that attempt finds
+// the key held: an attempt without Wait holds no place in a queue, so no wake-up
+// can be lost, and an uncontended Lock costs one Acquire and nothing else. A
+// backend answers from what it saw lately (true for a key it recently found held,
+// where the first attempt would most likely have to queue).
+type WatchAdvisor interface {
+	WatchFirst(key string) bool
+}
+
 // Waiter is one registered wait.
+//
+// # Direct handoff
+//
+// A queueing backend may grant a released key directly to the first queued waiter,
+// on the server, as part of the release (the waiter's TTL is kept with its place),
+// and send the grant along with the wake-up. The waiter's next Acquire (with Wait
+// set, same key and owner) then returns that grant without asking the server, with
+// Grant.Age set, so a handoff costs one request (the release) instead of two. A
+// handed grant is returned at most once; the attempt after that asks the server,
+// where the owner already holds the key and re-enters it.
+//
+// Grant.Age must bound how long before the Acquire call the server may have
+// started the grant's TTL. A backend can get that bound without trusting any
+// clock but the local monotonic one: it numbers each of the waiter's attempts and
+// notes when each was sent; the attempt stores its number with the queued place;
+// the release grants only after that attempt ran on the server (which was after
+// it was sent) and sends the number back with the grant. The time since that
+// attempt was sent is then a safe Age.
 type Waiter interface {
-	// C receives a value when the key may be free for this owner. The channel is
-	// buffered; wake-ups may coalesce.
+	// C receives a value when the key may be free for this owner, or was handed
+	// to it. The channel is buffered; wake-ups may coalesce.
 	C() <-chan struct{}
 	// Stop ends the wait. When acquired is false the backend gives up any place it
 	// holds in a server-side queue and passes the turn on, so a cancelled waiter
-	// leaves nothing behind. Stop is called exactly once.
+	// leaves nothing behind: that includes a grant handed to this waiter, whether
+	// Acquire returned it or not, and one that may still be on its way. Stop is
+	// called exactly once.
 	Stop(ctx context.Context, acquired bool) error
 }
 
@@ -193,6 +235,15 @@ func ValidateKey(key string) error {
 	if len(key) > MaxKeyLen {
 		return fmt.Errorf("%w: key is %d bytes, the limit is %d", ErrInvalid, len(key), MaxKeyLen)
 	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c >= 0x7f {
+			return validateKeySlow(key) // control character or non-ASCII
+		}
+	}
+	return nil
+}
+
+func validateKeySlow(key string) error {
 	if !utf8.ValidString(key) {
 		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrInvalid, key)
 	}

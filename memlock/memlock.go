@@ -2,10 +2,11 @@
 //
 // It keeps the same semantics as the network backends, in memory: leases with a TTL
 // on an injectable clock, fencing tokens that rise by one per grant of a key, owner
-// checks on refresh and release, re-entry by owner, and a FIFO queue of waiters woken
-// one at a time (no herd, no polling). It exists for unit tests of the core (with a
-// fake clock), for tests of programs that use dlock, and as the executable statement
-// of what every backend should do.
+// checks on refresh and release, re-entry by owner, and a FIFO queue of waiters to
+// which a release hands the key directly, one at a time (no herd, no polling; see
+// driver.Waiter). It exists for unit tests of the core (with a fake clock), for tests
+// of programs that use dlock, and as the executable statement of what every backend
+// should do.
 //
 // Safety model: exact within one process and nothing more. All Backends of one Store
 // share its state; clients opened with the same mem://NAME share the store NAME. A
@@ -71,11 +72,16 @@ type entry struct {
 	owner   string
 	token   uint64
 	expires time.Time
+	// handedTo is the waiter a release handed the key to, until the owner
+	// re-enters it with an attempt of its own; that waiter's Stop without
+	// acquiring passes the key on.
+	handedTo *waiter
 }
 
 type place struct {
 	owner    string
-	deadline time.Time // dropped if no attempt is seen before
+	ttl      time.Duration // of the grant if the key is handed to this place
+	deadline time.Time     // dropped if no attempt is seen before
 }
 
 type watchKey struct{ key, owner string }
@@ -137,15 +143,16 @@ func (s *Store) pruneLocked(key string, now time.Time) {
 	s.queues[key] = q[:n]
 }
 
-func (s *Store) enqueueLocked(key, owner string, deadline time.Time) {
+func (s *Store) enqueueLocked(key string, req driver.Request, now time.Time) {
 	q := s.queues[key]
+	deadline := now.Add(req.Patience)
 	for i := range q {
-		if q[i].owner == owner {
-			q[i].deadline = deadline
+		if q[i].owner == req.Owner {
+			q[i].deadline, q[i].ttl = deadline, req.TTL
 			return
 		}
 	}
-	s.queues[key] = append(q, place{owner, deadline})
+	s.queues[key] = append(q, place{req.Owner, req.TTL, deadline})
 }
 
 func (s *Store) dequeueLocked(key, owner string) {
@@ -161,14 +168,22 @@ func (s *Store) dequeueLocked(key, owner string) {
 	}
 }
 
-// wakeHeadLocked wakes the first queued waiter of a free key.
-func (s *Store) wakeHeadLocked(key string, now time.Time) {
+// handOffLocked grants a free key to its first queued waiter, if any, and wakes
+// that waiter with the grant.
+func (s *Store) handOffLocked(key string, now time.Time) {
 	s.pruneLocked(key, now)
 	q := s.queues[key]
 	if len(q) == 0 {
 		return
 	}
-	if w := s.watchers[watchKey{key, q[0].owner}]; w != nil {
+	head := q[0]
+	s.dequeueLocked(key, head.owner)
+	s.counters[key]++
+	e := &entry{owner: head.owner, token: s.counters[key], expires: now.Add(head.ttl)}
+	s.locks[key] = e
+	if w := s.watchers[watchKey{key, head.owner}]; w != nil {
+		e.handedTo = w
+		w.handed = &handed{token: e.token, at: now}
 		w.wake()
 	}
 }
@@ -213,21 +228,32 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	defer s.mu.Unlock()
 	now := s.clk.Now()
 	e := s.heldLocked(req.Key, now)
+	if req.Wait {
+		if w := s.watchers[watchKey{req.Key, req.Owner}]; w != nil && w.handed != nil {
+			h := w.handed
+			w.handed = nil
+			if e != nil && e.owner == req.Owner && e.token == h.token {
+				// Handed over by a release: no new grant, the TTL started then.
+				return driver.Grant{Token: e.token, Age: now.Sub(h.at)}, nil
+			}
+		}
+	}
 	switch {
 	case e != nil && e.owner == req.Owner:
 		e.expires = now.Add(req.TTL)
+		e.handedTo = nil
 		return driver.Grant{Token: e.token}, nil
 	case e != nil:
 		if req.Wait {
-			s.enqueueLocked(req.Key, req.Owner, now.Add(req.Patience))
+			s.enqueueLocked(req.Key, req, now)
 		}
 		return driver.Grant{}, &driver.HeldError{RetryAfter: e.expires.Sub(now)}
 	}
 	s.pruneLocked(req.Key, now)
 	if q := s.queues[req.Key]; len(q) > 0 && q[0].owner != req.Owner {
-		// Free, but reserved for the waiter at the head of the queue.
+		// Free after an expiry, and the first queued waiter goes first.
 		if req.Wait {
-			s.enqueueLocked(req.Key, req.Owner, now.Add(req.Patience))
+			s.enqueueLocked(req.Key, req, now)
 		}
 		return driver.Grant{}, &driver.HeldError{}
 	}
@@ -269,7 +295,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 		return driver.ErrNotHeld
 	}
 	delete(s.locks, key)
-	s.wakeHeadLocked(key, now)
+	s.handOffLocked(key, now)
 	return nil
 }
 
@@ -297,6 +323,13 @@ type waiter struct {
 	s          *Store
 	key, owner string
 	c          chan struct{}
+	handed     *handed // guarded by Store.mu
+}
+
+// handed is a grant a release made to a waiter, not yet returned by its Acquire.
+type handed struct {
+	token uint64
+	at    time.Time // when the grant's TTL started
 }
 
 func (w *waiter) C() <-chan struct{} { return w.c }
@@ -318,8 +351,14 @@ func (w *waiter) Stop(_ context.Context, acquired bool) error {
 	if !acquired {
 		s.dequeueLocked(w.key, w.owner)
 		now := s.clk.Now()
-		if s.heldLocked(w.key, now) == nil {
-			s.wakeHeadLocked(w.key, now)
+		e := s.heldLocked(w.key, now)
+		if e != nil && e.handedTo == w {
+			// Handed to this waiter, which gives up: pass it on.
+			delete(s.locks, w.key)
+			e = nil
+		}
+		if e == nil {
+			s.handOffLocked(w.key, now)
 		}
 	}
 	return nil
@@ -355,6 +394,6 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 		return driver.ErrNotHeld
 	}
 	delete(s.locks, key)
-	s.wakeHeadLocked(key, now)
+	s.handOffLocked(key, now)
 	return nil
 }
