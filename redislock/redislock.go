@@ -13,17 +13,23 @@
 //
 // # Algorithm
 //
-// Acquire is one Lua script: if the key is free (and no live queued waiter is ahead),
-// SET it to the owner id with PX ttl and issue a fencing token; if the owner already
-// holds it, extend it and return the same token (re-entry, resume); otherwise report
-// the holder's remaining TTL, and, for a waiting Lock, keep the caller's place in a
-// FIFO queue. Release compares the owner, deletes the key and publishes a wake-up to
-// the first live waiter only, on the wake-up channel of that waiter's client: one
-// message per handoff however many wait, and the releaser cannot barge back in ahead
-// of them. Each client subscribes to one channel of its own, once. Refresh compares
-// the owner and sets PEXPIRE. Waiters also retry after a bounded fallback timer in
-// case a message is lost, and a queued place that is not renewed by its waiter's
-// attempts expires, so a crashed waiter cannot block the queue.
+// Acquire is one Lua script: if the key is free, SET it to the owner id with PX ttl
+// and issue a fencing token; if the owner already holds it, extend it and return the
+// same token (re-entry, resume); otherwise report the holder's remaining TTL, and,
+// for a waiting Lock, keep the caller's place in a FIFO queue. Release compares the
+// owner and deletes the key, or, when waiters queued, hands it over on the server:
+// it grants the key to the first live waiter (with the TTL that waiter asked for),
+// issues its token, and publishes the grant on the channel of that waiter's client
+// only. A handoff is thus one request, one message, however many wait, the releaser
+// cannot barge back in ahead of the queue, and the waiter's Lock returns as soon as
+// the message arrives, with its validity counted from when it last asked (see
+// driver.Waiter). Each client subscribes to one channel of its own, once. Refresh
+// compares the owner and sets PEXPIRE. Waiters also retry after a bounded fallback
+// timer in case a message is lost (the retry finds the key already theirs), and a
+// queued place that is not renewed by its waiter's attempts expires, so a crashed
+// waiter cannot block the queue; one that crashes just after it last asked may be
+// handed the key, which then stays blocked for one TTL, as with a crashed holder. A
+// waiter that gives up passes on a grant handed to it.
 //
 // # Safety model
 //
@@ -51,8 +57,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,6 +104,8 @@ type Backend struct {
 	rdb    redis.UniversalClient
 	own    bool // close rdb in Close
 	prefix string
+	ttlArg atomic.Pointer[boxedInt] // a script argument boxed once, not per call
+	hot    hotKeys
 	wakeCh string // this client's wake-up channel
 	logger *slog.Logger
 
@@ -103,11 +113,14 @@ type Backend struct {
 	replicaTimeout time.Duration
 	strict         bool
 
-	mu      sync.Mutex
-	closed  bool
-	ps      *redis.PubSub
-	waiters map[waitKey]*waiter
-	listen  sync.WaitGroup
+	mu         sync.Mutex
+	closed     atomic.Bool // set under mu; read without it
+	ps         *redis.PubSub
+	waiters    map[waitKey]*waiter    // besides recent
+	recent     atomic.Pointer[waiter] // the latest wait, unless it stopped
+	subscribed atomic.Bool
+	listen     sync.WaitGroup
+	seq        atomic.Uint64 // numbers the waiting attempts of this client
 
 	persistence Persistence
 }
@@ -116,6 +129,7 @@ type waitKey struct{ key, owner string }
 
 var (
 	_ driver.Notifier      = (*Backend)(nil)
+	_ driver.WatchAdvisor  = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
 )
@@ -136,7 +150,44 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Backend, error) {
 		}
 	}
 	b.wakeCh = b.prefix + ":wake:" + hex.EncodeToString(id[:])
+	b.hot.seed = maphash.MakeSeed()
 	return b, nil
+}
+
+// hotKeys remembers, approximately and in fixed space, which keys this client found
+// held lately: a slot per key hash with the time (see mono) it was last found held. A
+// collision only makes a waiting attempt queue at once, without trying plainly first.
+type hotKeys struct {
+	seed  maphash.Seed
+	slots [64]atomic.Int64
+}
+
+// hotFor is how long a key found held counts as contended.
+const hotFor = 2 * time.Second
+
+func (h *hotKeys) slot(key string) *atomic.Int64 {
+	return &h.slots[maphash.String(h.seed, key)%uint64(len(h.slots))]
+}
+
+func (h *hotKeys) mark(key string) { h.slot(key).Store(mono()) }
+
+func (h *hotKeys) seen(key string) bool {
+	t := h.slot(key).Load()
+	return t != 0 && mono()-t < int64(hotFor)
+}
+
+type boxedInt struct {
+	n int64
+	v any
+}
+
+// ttlBox returns ms as a script argument, boxed once for the TTL most used.
+func (b *Backend) ttlBox(ms int64) any {
+	if p := b.ttlArg.Load(); p != nil && p.n == ms {
+		return p.v
+	}
+	b.ttlArg.Store(&boxedInt{ms, ms})
+	return ms
 }
 
 // Open returns a backend for a redis://, rediss:// or unix:// URL; see the package
@@ -214,8 +265,11 @@ func (b *Backend) Client() redis.UniversalClient { return b.rdb }
 // LockKey returns the Redis key that holds the lock named key.
 func (b *Backend) LockKey(key string) string { return b.prefix + ":lock:" + key }
 
-func (b *Backend) keys(key string) (lock, token, queue, waiterPrefix string) {
-	return b.prefix + ":lock:" + key, b.prefix + ":token:" + key, b.prefix + ":queue:" + key, b.prefix + ":waiter:" + key + ":"
+// keys returns the lock and token keys of key, from one allocation.
+func (b *Backend) keys(key string) []string {
+	s := b.prefix + ":lock:" + key + b.prefix + ":token:" + key
+	n := len(b.prefix) + len(":lock:") + len(key)
+	return []string{s[:n], s[n:]}
 }
 
 func ms(d time.Duration) int64 { return max(int64((d+time.Millisecond-1)/time.Millisecond), 1) }
@@ -224,44 +278,79 @@ func wrap(op, key string, err error) error {
 	return fmt.Errorf("redislock: %s %q: %w", op, key, err)
 }
 
-func (b *Backend) isClosed() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.closed
-}
+func (b *Backend) isClosed() bool { return b.closed.Load() }
 
-// Acquire implements driver.Backend.
+// Acquire implements driver.Backend. A waiting attempt for a registered waiter that
+// was handed the key returns that grant without a request (see driver.Waiter).
+//
+// A waiting attempt on a key this client has not found held lately is first made
+// as a plain one, which costs the server a little less (no queue arguments) and the
+// client no bookkeeping: the uncontended Lock costs what TryLock costs. Only if the
+// key is held does the same call go on to queue, in a second request.
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
-	if b.isClosed() {
+	if b.closed.Load() {
 		return driver.Grant{}, driver.ErrClosed
 	}
-	lock, token, queue, wp := b.keys(req.Key)
-	wait, queued := "0", "0"
+	ttl := ms(req.TTL)
+	keys := b.keys(req.Key)
 	var w *waiter
 	if req.Wait {
-		wait = "1"
-		b.mu.Lock()
-		w = b.waiters[waitKey{req.Key, req.Owner}]
-		b.mu.Unlock()
-		if w != nil && w.queued.Load() {
-			queued = "1"
+		w = b.waiter(req.Key, req.Owner)
+		if w != nil {
+			if g, ok := w.take(ttl); ok {
+				return g, nil
+			}
+		}
+		if w != nil && w.isQueued() || b.hot.seen(req.Key) {
+			return b.acquire(ctx, req, keys, ttl, true, w)
 		}
 	}
-	cmd, err := b.runScript(ctx, acquireScript, []string{lock, token, queue},
-		req.Owner, ms(req.TTL), wait, ms(req.Patience), wp, b.wakeCh, queued)
+	g, err := b.acquire(ctx, req, keys, ttl, false, nil)
+	if errors.Is(err, driver.ErrLocked) {
+		b.hot.mark(req.Key)
+		if req.Wait {
+			return b.acquire(ctx, req, keys, ttl, true, w)
+		}
+	}
+	return g, err
+}
+
+// acquire runs the acquire script once: a waiting attempt, which queues if the key
+// is held, or a plain one. w, if not nil, is the wait's registered waiter.
+func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string, ttl int64, queue bool, w *waiter) (driver.Grant, error) {
+	var cmd *redis.Cmd
+	var err error
+	if queue {
+		flag, seq := byte('-'), uint64(0)
+		if w != nil {
+			flag, seq = w.attempt()
+		}
+		arg := make([]byte, 0, 48+len(b.wakeCh))
+		arg = append(arg, flag, ' ')
+		arg = strconv.AppendInt(arg, ms(req.Patience), 10)
+		arg = append(arg, ' ')
+		arg = strconv.AppendUint(arg, seq, 10)
+		arg = append(arg, ' ')
+		arg = append(arg, b.wakeCh...)
+		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), arg)
+		if n, _ := cmd.Int64(); n < 0 && w != nil {
+			w.mu.Lock()
+			w.queued = true
+			w.mu.Unlock()
+		}
+	} else {
+		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl))
+	}
 	n, cerr := cmd.Int64()
 	if errors.Is(err, ErrNotReplicated) && cerr == nil && n > 0 {
 		// Fail closed: give back a grant the replicas may not have.
-		if rerr := releaseScript.Run(ctx, b.rdb, []string{lock, queue}, req.Owner, wp, req.Key).Err(); rerr != nil {
+		if rerr := releaseScript.Run(ctx, b.rdb, keys[:1], req.Owner).Err(); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("release after failed replication: %w", rerr))
 		}
 		return driver.Grant{}, wrap("acquire", req.Key, err)
 	}
 	if cerr != nil {
 		return driver.Grant{}, wrap("acquire", req.Key, cerr)
-	}
-	if n < 0 && w != nil {
-		w.queued.Store(true)
 	}
 	if n > 0 {
 		return driver.Grant{Token: uint64(n)}, nil
@@ -276,8 +365,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 
 // Refresh implements driver.Backend.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	lock, _, _, _ := b.keys(key)
-	cmd, err := b.runScript(ctx, refreshScript, []string{lock}, owner, ms(ttl))
+	cmd, err := b.runScript(ctx, refreshScript, []string{b.LockKey(key)}, owner, ms(ttl))
 	if n, cerr := cmd.Int64(); cerr == nil && n == 0 {
 		return driver.ErrNotHeld
 	}
@@ -289,8 +377,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 
 // Release implements driver.Backend.
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
-	lock, _, queue, wp := b.keys(key)
-	n, err := releaseScript.Run(ctx, b.rdb, []string{lock, queue}, owner, wp, key).Int64()
+	n, err := releaseScript.Run(ctx, b.rdb, []string{b.LockKey(key)}, owner).Int64()
 	if err != nil {
 		return wrap("release", key, err)
 	}
@@ -302,8 +389,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 
 // ForceRelease implements driver.ForceReleaser.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
-	lock, _, queue, wp := b.keys(key)
-	n, err := forceReleaseScript.Run(ctx, b.rdb, []string{lock, queue}, wp, key).Int64()
+	n, err := forceReleaseScript.Run(ctx, b.rdb, []string{b.LockKey(key)}, b.prefix).Int64()
 	if err != nil {
 		return wrap("force release", key, err)
 	}
@@ -315,8 +401,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 
 // Inspect implements driver.Inspector.
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
-	lock, token, queue, wp := b.keys(key)
-	v, err := inspectScript.Run(ctx, b.rdb, []string{lock, token, queue}, wp).Slice()
+	v, err := inspectScript.Run(ctx, b.rdb, b.keys(key), b.prefix).Slice()
 	if errors.Is(err, redis.Nil) {
 		return driver.Info{}, driver.ErrNotHeld
 	}
@@ -334,81 +419,243 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	return driver.Info{Key: key, Owner: owner, Token: tok, TTL: time.Duration(max(pttl, 0)) * time.Millisecond, Waiters: int(live)}, nil
 }
 
+// WatchFirst implements driver.WatchAdvisor: a wait registers before its first
+// attempt only on a key this client found held in the last two seconds.
+func (b *Backend) WatchFirst(key string) bool { return b.hot.seen(key) }
+
 // Watch implements driver.Notifier. The first call subscribes this client to its
-// wake-up channel; every later wait shares that one subscription.
+// wake-up channel; every later wait shares that one subscription. Registering a wait
+// costs one atomic operation when it is the client's only one (the usual case, an
+// uncontended Lock); others go to a map.
 func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
+	if b.closed.Load() {
 		return nil, driver.ErrClosed
 	}
-	if b.ps == nil {
-		ps := b.rdb.Subscribe(ctx, b.wakeCh)
-		if _, err := ps.Receive(ctx); err != nil { // the subscription confirmation
-			ps.Close()
-			return nil, fmt.Errorf("redislock: subscribe: %w", err)
+	if !b.subscribed.Load() {
+		if err := b.subscribe(ctx); err != nil {
+			return nil, err
 		}
-		b.ps = ps
-		// Read messages on our own goroutine rather than through ps.Channel,
-		// which adds a goroutine hop to every wake-up.
-		b.listen.Go(func() {
-			for {
-				m, err := ps.ReceiveMessage(context.Background())
-				if err != nil {
-					if errors.Is(err, redis.ErrClosed) || b.isClosed() {
-						return
-					}
-					// go-redis reconnects on the next call; wake-ups lost meanwhile
-					// are covered by the waiters' fallback timer.
-					time.Sleep(50 * time.Millisecond)
-					continue
-				}
-				b.dispatch(m.Payload)
-			}
-		})
 	}
-	w := &waiter{b: b, key: key, owner: owner, c: make(chan struct{}, 1)}
-	b.waiters[waitKey{key, owner}] = w
+	w := &waiter{b: b, key: key, owner: owner}
+	if b.recent.CompareAndSwap(nil, w) {
+		return w, nil
+	}
+	b.mu.Lock()
+	if old := b.recent.Swap(w); old != nil {
+		b.waiters[waitKey{old.key, old.owner}] = old
+	}
+	b.mu.Unlock()
 	return w, nil
 }
 
-func (b *Backend) dispatch(payload string) {
-	owner, key, ok := strings.Cut(payload, " ")
-	if !ok {
-		return
+// waiter returns the registered waiter of (key, owner), or nil.
+func (b *Backend) waiter(key, owner string) *waiter {
+	if r := b.recent.Load(); r != nil && r.key == key && r.owner == owner {
+		return r
 	}
 	b.mu.Lock()
-	w := b.waiters[waitKey{key, owner}]
-	b.mu.Unlock()
-	if w != nil {
-		select {
-		case w.c <- struct{}{}:
-		default:
-		}
+	defer b.mu.Unlock()
+	if r := b.recent.Load(); r != nil && r.key == key && r.owner == owner {
+		return r // moved in meanwhile
 	}
+	return b.waiters[waitKey{key, owner}]
 }
 
+// subscribe subscribes this client to its wake-up channel and starts reading it.
+func (b *Backend) subscribe(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return driver.ErrClosed
+	}
+	if b.ps != nil {
+		return nil
+	}
+	ps := b.rdb.Subscribe(ctx, b.wakeCh)
+	if _, err := ps.Receive(ctx); err != nil { // the subscription confirmation
+		ps.Close()
+		return fmt.Errorf("redislock: subscribe: %w", err)
+	}
+	b.ps = ps
+	b.subscribed.Store(true)
+	// Read messages on our own goroutine rather than through ps.Channel, which
+	// adds a goroutine hop to every wake-up.
+	b.listen.Go(func() {
+		for {
+			m, err := ps.ReceiveMessage(context.Background())
+			if err != nil {
+				if errors.Is(err, redis.ErrClosed) || b.isClosed() {
+					return
+				}
+				// go-redis reconnects on the next call; wake-ups lost meanwhile
+				// are covered by the waiters' fallback timer.
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			if b.dispatch(m.Payload) {
+				// Let the waiter take its grant before this goroutine goes
+				// back to reading (with one P, it would run first).
+				runtime.Gosched()
+			}
+		}
+	})
+	return nil
+}
+
+// dispatch delivers a handoff message, "OWNER TOKEN SEQ TTL KEY", to its waiter, and
+// reports whether it found the waiter.
+func (b *Backend) dispatch(payload string) bool {
+	owner, rest, _ := strings.Cut(payload, " ")
+	tok, rest, _ := strings.Cut(rest, " ")
+	seq, rest, _ := strings.Cut(rest, " ")
+	ttl, key, ok := strings.Cut(rest, " ")
+	if !ok {
+		return false
+	}
+	h := handoff{}
+	var err1, err2, err3 error
+	h.token, err1 = strconv.ParseUint(tok, 10, 64)
+	h.seq, err2 = strconv.ParseUint(seq, 10, 64)
+	h.ttl, err3 = strconv.ParseInt(ttl, 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return false
+	}
+	w := b.waiter(key, owner)
+	if w == nil {
+		return false
+	}
+	w.deliver(h)
+	return true
+}
+
+// waiter is one wait of (key, owner) on this client. It numbers its waiting
+// attempts and notes when each was sent, so that a grant handed over at release,
+// which names the attempt the server last saw, gets a safe Age.
 type waiter struct {
 	b          *Backend
 	key, owner string
-	c          chan struct{}
-	queued     atomic.Bool // an attempt of this wait took a place in the queue
+
+	mu     sync.Mutex
+	c      chan struct{} // made when first needed
+	first  uint64        // the number of this wait's first attempt; 0 before it
+	seqs   [4]uint64     // the latest attempts' numbers, modulo 4,
+	sent   [4]int64      // and when each was sent (see mono)
+	tried  bool          // an attempt was sent: the server may hold a place or a grant for us
+	queued bool          // an attempt's reply said it queued
+	handed *handoff      // a grant handed to us, not yet returned by Acquire
 }
 
-func (w *waiter) C() <-chan struct{} { return w.c }
+// handoff is a grant a release made to a waiter.
+type handoff struct {
+	token, seq uint64
+	ttl        int64 // ms
+	sent       int64 // when attempt seq was sent (see mono): the grant's TTL started later
+}
 
+// epoch is the origin of mono.
+var epoch = time.Now()
+
+// mono reads the monotonic clock, in nanoseconds since epoch.
+func mono() int64 { return int64(time.Since(epoch)) }
+
+// chanLocked returns the wake-up channel, making it if needed.
+func (w *waiter) chanLocked() chan struct{} {
+	if w.c == nil {
+		w.c = make(chan struct{}, 1)
+	}
+	return w.c
+}
+
+// take returns the grant handed to the waiter, if there is one for ttl.
+func (w *waiter) take(ttl int64) (driver.Grant, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h := w.handed
+	if h == nil {
+		return driver.Grant{}, false
+	}
+	w.handed = nil
+	if h.ttl != ttl {
+		return driver.Grant{}, false
+	}
+	return driver.Grant{Token: h.token, Age: time.Duration(max(mono()-h.sent, 1))}, true
+}
+
+// isQueued reports whether an attempt of this wait queued.
+func (w *waiter) isQueued() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.queued
+}
+
+// attempt numbers a new waiting attempt and notes when it is sent (now); it returns
+// the queue flag and the number to send with it.
+func (w *waiter) attempt() (flag byte, seq uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	seq = w.b.seq.Add(1)
+	if w.first == 0 {
+		w.first = seq
+	}
+	i := seq % uint64(len(w.seqs))
+	w.seqs[i], w.sent[i] = seq, mono()
+	w.tried = true
+	flag = '-'
+	if w.queued {
+		flag = 'q'
+	}
+	return flag, seq
+}
+
+// deliver takes a handoff message and wakes the waiter.
+func (w *waiter) deliver(h handoff) {
+	w.mu.Lock()
+	if w.first == 0 || h.seq < w.first {
+		// For an earlier wait of the same key and owner, whose Stop passes
+		// the grant on.
+		w.mu.Unlock()
+		return
+	}
+	if i := h.seq % uint64(len(w.seqs)); w.seqs[i] == h.seq {
+		h.sent = w.sent[i]
+		w.handed = &h
+	}
+	// Otherwise the attempt is too old to be remembered: the wake-up alone makes
+	// the next attempt ask the server, which finds the key is ours.
+	c := w.chanLocked()
+	w.mu.Unlock()
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// C implements driver.Waiter.
+func (w *waiter) C() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.chanLocked()
+}
+
+// Stop implements driver.Waiter. A wait that did not acquire withdraws its place
+// and passes on a grant handed to it, whether Acquire returned it or not, and one
+// still on its way: the withdrawal runs after any handoff the server made to it.
 func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	b := w.b
-	b.mu.Lock()
-	if b.waiters[waitKey{w.key, w.owner}] == w {
-		delete(b.waiters, waitKey{w.key, w.owner})
+	if !b.recent.CompareAndSwap(w, nil) {
+		b.mu.Lock()
+		if b.waiters[waitKey{w.key, w.owner}] == w {
+			delete(b.waiters, waitKey{w.key, w.owner})
+		}
+		b.mu.Unlock()
 	}
-	b.mu.Unlock()
-	if acquired || !w.queued.Load() {
+	w.mu.Lock()
+	tried := w.tried
+	w.mu.Unlock()
+	if acquired || !tried {
 		return nil
 	}
-	lock, _, queue, wp := b.keys(w.key)
-	if err := withdrawScript.Run(ctx, b.rdb, []string{lock, queue}, w.owner, wp, w.key).Err(); err != nil {
+	if err := withdrawScript.Run(ctx, b.rdb, []string{b.LockKey(w.key)}, w.owner, b.prefix, b.wakeCh).Err(); err != nil {
 		return wrap("withdraw waiter", w.key, err)
 	}
 	return nil
@@ -418,11 +665,11 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 // backend was made by Open, closes the connection pool.
 func (b *Backend) Close() error {
 	b.mu.Lock()
-	if b.closed {
+	if b.closed.Load() {
 		b.mu.Unlock()
 		return nil
 	}
-	b.closed = true
+	b.closed.Store(true)
 	ps := b.ps
 	b.mu.Unlock()
 	var errs []error

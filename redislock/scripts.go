@@ -4,55 +4,86 @@ import "github.com/redis/go-redis/v9"
 
 // Key layout, for a lock named K under prefix P:
 //
-//	P:lock:K         string  the holder's owner id, with the lease TTL (PX); the
-//	                         suffix " q" marks that waiters queued meanwhile; the
-//	                         value "!OWNER" reserves a free lock for the queued
-//	                         waiter OWNER, who was woken and is on its way
+//	P:lock:K         string  the holder's owner id, with the lease TTL (PX), then
+//	                         space-separated marks: " hCHANNEL" when a release
+//	                         handed the key to a queued waiter whose client
+//	                         listens on CHANNEL and the owner has not been seen
+//	                         by the server since; " qN" when waiters queued (or
+//	                         may have: a handed grant always has it), N being
+//	                         the length of P, so that release needs no more
+//	                         than the lock key and the owner
 //	P:token:K        string  last fencing token issued for K; no TTL
 //	P:queue:K        list    owner ids of queued waiters, oldest first
-//	P:waiter:K:OWNER string  the waiter's wake-up channel; its TTL is the place's
-//	                         patience, renewed by each of the waiter's attempts
+//	P:waiter:K:OWNER string  "SEQ TTL CHANNEL": the number of the waiter's latest
+//	                         attempt, the TTL in ms of the grant it asked for, and
+//	                         its client's channel; the key's own TTL is the
+//	                         place's patience, renewed by each attempt
+//	P:wake:ID        channel one per client: handoff messages
+//	                         "OWNER TOKEN SEQ TTL K"
 //
-// The uncontended path costs what the least correct lock costs: acquire is SET NX PX
-// plus INCR of the token counter, release is GET plus DEL. Queue work happens only
-// when someone waits. Waiter keys are computed inside the scripts, so the layout suits
-// a single Redis instance, not Redis Cluster. Owner ids cannot contain " " or "!",
-// so the markers cannot be forged.
+// The uncontended path costs little more than the least correct lock: acquire is SET
+// NX PX plus INCR of the token counter, release is GET plus DEL, each one script call
+// with few arguments. Queue work happens only when someone waits: the queue and
+// waiter keys are derived inside the scripts from the prefix (which the client passes
+// only where needed), so the layout suits a single Redis instance, not Redis Cluster.
+// Owner ids and prefixes cannot contain spaces, so the marks cannot be forged; a
+// channel is the prefix, ":wake:" and 24 hex digits.
 
-// luaHandOff frees a lock with waiters: it reserves the lock for the first live
-// waiter and publishes a wake-up on that waiter's channel, dropping dead places on
-// the way; with no live waiter it deletes the lock.
-const luaHandOff = `
-local function hand_off(LOCK, QUEUE, WPREFIX, KEY)
+// luaToken issues the next fencing token of a key: the counter plus one, or, when the
+// counter is new or was lost, the server clock in microseconds, so that tokens stay
+// above those issued before the loss.
+const luaToken = `
+local function token(tk)
+  local n = redis.call('INCR', tk)
+  if n == 1 then
+    local t = redis.call('TIME')
+    n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', tk, string.format('%d', n))
+  end
+  return n
+end
+`
+
+// luaHandOff grants a lock that is being freed to the first live queued waiter (its
+// place names the TTL it asked for), issues its token and publishes the grant on the
+// waiter's channel, dropping dead places on the way; with no live waiter it deletes
+// the lock.
+const luaHandOff = luaToken + `
+local function hand_off(lock, prefix, key)
+  local queue = prefix .. ':queue:' .. key
+  local wp = prefix .. ':waiter:' .. key .. ':'
   while true do
-    local h = redis.call('LINDEX', QUEUE, 0)
+    local h = redis.call('LPOP', queue)
     if not h then
-      redis.call('DEL', LOCK)
+      redis.call('DEL', lock)
       return
     end
-    local ch = redis.call('GET', WPREFIX .. h)
-    if ch then
-      local left = redis.call('PTTL', WPREFIX .. h)
-      if left < 100 then left = 100 end
-      redis.call('SET', LOCK, '!' .. h, 'PX', left)
-      redis.call('PUBLISH', ch, h .. ' ' .. KEY)
-      return
+    local e = redis.call('GETDEL', wp .. h)
+    if e then
+      local seq, ttl, ch = string.match(e, '^(%d+) (%d+) (%S+)$')
+      if ch then
+        -- Marked queued whether or not others wait: its release looks.
+        redis.call('SET', lock, h .. ' h' .. ch .. ' q' .. #prefix, 'PX', ttl)
+        local n = token(prefix .. ':token:' .. key)
+        redis.call('PUBLISH', ch, h .. ' ' .. string.format('%d', n) .. ' ' .. seq .. ' ' .. ttl .. ' ' .. key)
+        return
+      end
     end
-    redis.call('LPOP', QUEUE)
   end
 end
 `
 
 // acquireScript makes one attempt.
-// KEYS: lock, token, queue. ARGV: owner, ttl ms, wait (0/1), patience ms, waiter key
-// prefix, wake channel, queued (1 if an earlier attempt of this wait queued).
+// KEYS: lock, token. ARGV: owner, ttl ms, and for a waiting attempt
+// "Q PATIENCE SEQ CHANNEL": Q is "q" when an earlier attempt of this wait queued (else
+// "-"), PATIENCE the place's lifetime in ms, SEQ the attempt's number.
 // Returns the token (> 0) on success; when held, -(pttl+1) with the remaining TTL
-// in ms, or -1 when that is unknown.
+// in ms, or -1 when that is unknown; 0 when the owner holds the key but the token
+// counter is gone.
 var acquireScript = redis.NewScript(`
-local owner = ARGV[1]
-if ARGV[7] ~= '1' and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
-  -- The fast path, with no closures to build: a free key and a caller that is
-  -- not in the queue.
+local owner, w = ARGV[1], ARGV[3]
+if (not w or string.byte(w, 1) ~= 113) and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
+  -- The fast path: a free key and a caller that is not in the queue.
   local n = redis.call('INCR', KEYS[2])
   if n > 1 then return n end
   local t = redis.call('TIME')
@@ -60,45 +91,41 @@ if ARGV[7] ~= '1' and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ARGV[2]) the
   redis.call('SET', KEYS[2], string.format('%d', n))
   return n
 end
-local function token()
-  local n = redis.call('INCR', KEYS[2])
-  if n == 1 then
-    -- A new or lost counter: continue from the server clock, in microseconds,
-    -- so tokens stay above those issued before the loss.
-    local t = redis.call('TIME')
-    n = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', KEYS[2], string.format('%d', n))
-  end
-  return n
-end
-local function leave_queue()
-  redis.call('LREM', KEYS[3], 1, owner)
-  redis.call('DEL', ARGV[5] .. owner)
-end
-if ARGV[7] == '1' and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
-  leave_queue()
-  return token()
-end
+` + luaToken + `
 local v = redis.call('GET', KEYS[1])
-if v == owner or v == owner .. ' q' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if v and (v == owner or string.sub(v, 1, #owner + 1) == owner .. ' ') then
+  -- Re-entry, resume, or a grant handed to this owner: once the server has seen
+  -- the owner, the handed mark goes, so that a waiter of the same owner elsewhere
+  -- that gives up does not release it.
+  if string.find(v, ' h', 1, true) then
+    redis.call('SET', KEYS[1], (string.gsub(v, ' h%S+', '')), 'PX', ARGV[2])
+  else
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   return tonumber(redis.call('GET', KEYS[2]) or '0')
 end
-if v == '!' .. owner then
-  leave_queue()
-  local mark = ''
-  if redis.call('LLEN', KEYS[3]) > 0 then mark = ' q' end
-  redis.call('SET', KEYS[1], owner .. mark, 'PX', ARGV[2])
-  return token()
-end
-if ARGV[3] == '1' then
-  local old = redis.call('SET', ARGV[5] .. owner, ARGV[6], 'PX', ARGV[4], 'GET')
-  if not old and not redis.call('LPOS', KEYS[3], owner) then
-    redis.call('RPUSH', KEYS[3], owner)
+if w then
+  local _, pat, seq, ch = string.match(w, '^(%S) (%d+) (%d+) (%S+)$')
+  local prefix = string.sub(ch, 1, -31)
+  local key = string.sub(KEYS[1], #prefix + 7)
+  local queue = prefix .. ':queue:' .. key
+  local wk = prefix .. ':waiter:' .. key .. ':' .. owner
+  if not v then
+    -- Free (the holder's grant expired) and we are queued: take it and leave.
+    redis.call('LREM', queue, 1, owner)
+    redis.call('DEL', wk)
+    local nv = owner
+    if redis.call('LLEN', queue) > 0 then nv = owner .. ' q' .. #prefix end
+    redis.call('SET', KEYS[1], nv, 'PX', ARGV[2])
+    return token(KEYS[2])
   end
-  redis.call('PEXPIRE', KEYS[3], ARGV[4])
-  if string.byte(v, 1) ~= 33 and string.sub(v, -2) ~= ' q' then
-    redis.call('SET', KEYS[1], v .. ' q', 'KEEPTTL')
+  local old = redis.call('SET', wk, seq .. ' ' .. ARGV[2] .. ' ' .. ch, 'PX', pat, 'GET')
+  if not old and not redis.call('LPOS', queue, owner) then
+    redis.call('RPUSH', queue, owner)
+  end
+  redis.call('PEXPIRE', queue, pat)
+  if not string.find(v, ' q', 1, true) then
+    redis.call('SET', KEYS[1], v .. ' q' .. #prefix, 'KEEPTTL')
   end
 end
 local pttl = redis.call('PTTL', KEYS[1])
@@ -109,55 +136,71 @@ return -1
 // refreshScript extends the owner's grant. KEYS: lock. ARGV: owner, ttl ms.
 var refreshScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] or v == ARGV[1] .. ' q' then
+if v == ARGV[1] or v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 `)
 
-// releaseScript frees the owner's grant and wakes the next waiter, if any.
-// KEYS: lock, queue. ARGV: owner, waiter key prefix, key.
+// releaseScript frees the owner's grant, handing it to the next waiter if any.
+// KEYS: lock. ARGV: owner. Returns 0 when the owner did not hold it.
 var releaseScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
 end
-if v ~= ARGV[1] .. ' q' then return 0 end
+if not v or string.sub(v, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then return 0 end
+local n = string.match(v, ' q(%d+)')
+if not n then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
 ` + luaHandOff + `
-hand_off(KEYS[1], KEYS[2], ARGV[2], ARGV[3])
+local prefix = string.sub(KEYS[1], 1, tonumber(n))
+hand_off(KEYS[1], prefix, string.sub(KEYS[1], #prefix + 7))
 return 1
 `)
 
-// withdrawScript gives up a waiter's place, passing a reservation for it on.
-// KEYS: lock, queue. ARGV: owner, waiter key prefix, key.
+// withdrawScript gives up a waiter's place and passes on a grant handed to it (which
+// its client never used), or a lock that is free while others wait.
+// KEYS: lock. ARGV: owner, prefix, the waiter's channel.
 var withdrawScript = redis.NewScript(luaHandOff + `
-redis.call('LREM', KEYS[2], 0, ARGV[1])
-redis.call('DEL', ARGV[2] .. ARGV[1])
-if redis.call('GET', KEYS[1]) == '!' .. ARGV[1] then
-  hand_off(KEYS[1], KEYS[2], ARGV[2], ARGV[3])
+local owner, prefix, ch = ARGV[1], ARGV[2], ARGV[3]
+local key = string.sub(KEYS[1], #prefix + 7)
+local wk = prefix .. ':waiter:' .. key .. ':' .. owner
+local e = redis.call('GET', wk)
+if not e or string.sub(e, -#ch - 1) == ' ' .. ch then
+  -- Our place (a waiter of the same owner on another client keeps its own).
+  redis.call('LREM', prefix .. ':queue:' .. key, 0, owner)
+  if e then redis.call('DEL', wk) end
+end
+local v = redis.call('GET', KEYS[1])
+local m = owner .. ' h' .. ch
+if not v or v == m or string.sub(v, 1, #m + 1) == m .. ' ' then
+  hand_off(KEYS[1], prefix, key)
 end
 return 1
 `)
 
-// forceReleaseScript frees the lock whatever its owner. KEYS: lock, queue.
-// ARGV: waiter key prefix, key. Returns 0 when the lock was not held.
+// forceReleaseScript frees the lock whatever its owner, handing it to the next
+// waiter if any. KEYS: lock. ARGV: prefix. Returns 0 when the lock was not held.
 var forceReleaseScript = redis.NewScript(luaHandOff + `
-local v = redis.call('GET', KEYS[1])
-if not v or string.byte(v, 1) == 33 then return 0 end
-hand_off(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+if not redis.call('GET', KEYS[1]) then return 0 end
+hand_off(KEYS[1], ARGV[1], string.sub(KEYS[1], #ARGV[1] + 7))
 return 1
 `)
 
-// inspectScript reads the holder. KEYS: lock, token, queue. ARGV: waiter key prefix.
+// inspectScript reads the holder. KEYS: lock, token. ARGV: prefix.
 // Returns {owner, pttl, token, live waiters}, or false when nobody holds the lock.
 var inspectScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if not v or string.byte(v, 1) == 33 then return false end
-if string.sub(v, -2) == ' q' then v = string.sub(v, 1, -3) end
+if not v then return false end
+local key = string.sub(KEYS[1], #ARGV[1] + 7)
+local wp = ARGV[1] .. ':waiter:' .. key .. ':'
 local live = 0
-for _, h in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-  if redis.call('EXISTS', ARGV[1] .. h) == 1 then live = live + 1 end
+for _, h in ipairs(redis.call('LRANGE', ARGV[1] .. ':queue:' .. key, 0, -1)) do
+  if redis.call('EXISTS', wp .. h) == 1 then live = live + 1 end
 end
-return {v, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', live}
+return {string.match(v, '^%S+'), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0', live}
 `)
