@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -390,5 +391,222 @@ func TestBackendReportsLoss(t *testing.T) {
 	}
 	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
 		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+}
+
+// handing reports every grant as handed over Age before the call, as a backend does
+// for a grant a release made to a queued waiter (driver.Grant.Age).
+type handing struct {
+	*memlock.Backend
+	age      time.Duration
+	handed   atomic.Int64 // grants reported as handed
+	attempts atomic.Int64
+}
+
+func (b *handing) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	b.attempts.Add(1)
+	g, err := b.Backend.Acquire(ctx, req)
+	if err == nil && b.handed.Add(1) == 1 {
+		g.Age = b.age // only the first: the next attempt asks the server
+	}
+	return g, err
+}
+
+// A handed grant's validity starts when the server may have started its TTL, Age
+// before the attempt, and its first renewal is due one renew interval after that.
+func TestHandedGrantValidityStartsEarlier(t *testing.T) {
+	clk := clock.NewFake(t0)
+	fb := &handing{Backend: memlock.NewStore(clk).Backend(), age: 2 * time.Second}
+	c, err := dlock.New(fb, dlock.WithClock(clk), dlock.WithTTL(9*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	validity := 9*time.Second - (90*time.Millisecond + 2*time.Millisecond)
+	if got, want := l.Expiry(), t0.Add(-2*time.Second+validity); !got.Equal(want) {
+		t.Fatalf("Expiry = %v, want the attempt time - Age + validity = %v", got, want)
+	}
+	if n := fb.attempts.Load(); n != 1 {
+		t.Fatalf("%d attempts, want 1 (a young handed grant is used as it is)", n)
+	}
+	// The first renewal is due at t0 - 2s + 3s.
+	clk.BlockUntil(1)
+	clk.Advance(999 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	if n := serverTTLOf(t, fb.Backend, "k"); n != 9*time.Second-999*time.Millisecond {
+		t.Fatalf("renewed before it was due (server TTL %v)", n)
+	}
+	clk.Advance(time.Millisecond)
+	for serverTTLOf(t, fb.Backend, "k") != 9*time.Second {
+		time.Sleep(time.Millisecond)
+	}
+	if got, want := l.Expiry(), t0.Add(time.Second+validity); !got.Equal(want) {
+		t.Fatalf("Expiry after the first renewal = %v, want %v", got, want)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A grant handed over longer ago than the renew interval is not trusted as it is:
+// the core asks the server again at once, which re-enters the owner's grant, and
+// the validity counts from that attempt.
+func TestOldHandedGrantIsAskedAgain(t *testing.T) {
+	clk := clock.NewFake(t0)
+	fb := &handing{Backend: memlock.NewStore(clk).Backend(), age: 3 * time.Second}
+	c, err := dlock.New(fb, dlock.WithClock(clk), dlock.WithTTL(9*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fb.attempts.Load(); n != 2 {
+		t.Fatalf("%d attempts, want 2", n)
+	}
+	validity := 9*time.Second - (90*time.Millisecond + 2*time.Millisecond)
+	if got, want := l.Expiry(), t0.Add(validity); !got.Equal(want) {
+		t.Fatalf("Expiry = %v, want %v", got, want)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func serverTTLOf(t *testing.T, b *memlock.Backend, key string) time.Duration {
+	t.Helper()
+	info, err := b.Inspect(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	return info.TTL
+}
+
+// advising is the reference backend with a WatchAdvisor that says what first says,
+// counting the calls the core makes.
+type advising struct {
+	*memlock.Backend
+	first            bool
+	watches, acquire atomic.Int64
+	waits            atomic.Int64 // attempts with Wait set
+}
+
+func (b *advising) WatchFirst(string) bool { return b.first }
+
+func (b *advising) Watch(ctx context.Context, key, owner string) (driver.Waiter, error) {
+	b.watches.Add(1)
+	return b.Backend.Watch(ctx, key, owner)
+}
+
+func (b *advising) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	b.acquire.Add(1)
+	if req.Wait {
+		b.waits.Add(1)
+	}
+	return b.Backend.Acquire(ctx, req)
+}
+
+// With a WatchAdvisor that expects the key free, a waiting Lock tries once without
+// registering; only if the key is held does it register and queue, at once.
+func TestWatchAdvisor(t *testing.T) {
+	st := memlock.NewStore(clock.Real)
+	ab := &advising{Backend: st.Backend()}
+	c, err := dlock.New(ab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, a, q := ab.watches.Load(), ab.acquire.Load(), ab.waits.Load(); w != 0 || a != 1 || q != 0 {
+		t.Fatalf("uncontended Lock: %d watches, %d attempts (%d waiting), want 0, 1, 0", w, a, q)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l2, err := c.Lock(ctx, "k")
+		if err == nil {
+			err = l2.Release(ctx)
+		}
+		got <- err
+	}()
+	for st.Waiters("k") == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if w, a, q := ab.watches.Load(), ab.acquire.Load(), ab.waits.Load(); w != 1 || a != 3 || q != 1 {
+		t.Fatalf("contended Lock: %d watches, %d attempts (%d waiting), want 1, 3, 1", w, a, q)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	// Advised that the key is contended, the wait registers first.
+	ab.first = true
+	ab.watches.Store(0)
+	ab.acquire.Store(0)
+	ab.waits.Store(0)
+	l, err = c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, a, q := ab.watches.Load(), ab.acquire.Load(), ab.waits.Load(); w != 1 || a != 1 || q != 1 {
+		t.Fatalf("Lock advised to watch first: %d watches, %d attempts (%d waiting), want 1, 1, 1", w, a, q)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The grants of one client renew on one timer, each on its own schedule, and a
+// released grant leaves the schedule.
+func TestRenewalsShareOneTimer(t *testing.T) {
+	c, fb, clk := setup(t)
+	ctx := context.Background()
+	var leases []*dlock.Lease
+	for i, ttl := range []time.Duration{3 * time.Second, 6 * time.Second, 9 * time.Second} {
+		l, err := c.Lock(ctx, "k"+strconv.Itoa(i), dlock.WithTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	if n := clk.Pending(); n != 1 {
+		t.Fatalf("%d clock timers for 3 grants, want 1", n)
+	}
+	if err := leases[1].Release(ctx); err != nil { // k1 leaves before its first renewal
+		t.Fatal(err)
+	}
+	// k0 renews every second, k2 every 3 seconds.
+	for _, want := range []int64{1, 2, 4, 5} {
+		clk.BlockUntil(1)
+		clk.Advance(time.Second)
+		waitRefreshes(t, fb, want)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if n := fb.refreshes.Load(); n != 5 {
+		t.Fatalf("%d refreshes, want 5", n)
+	}
+	for _, l := range []*dlock.Lease{leases[0], leases[2]} {
+		if l.Err() != nil {
+			t.Fatalf("lease %s lost: %v", l.Key(), l.Err())
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := clk.Pending(); n != 0 {
+		t.Fatalf("%d clock timers with no grant left, want 0", n)
 	}
 }

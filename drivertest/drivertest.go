@@ -105,6 +105,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Reentrancy", h.testReentrancy)
 	t.Run("Resume", h.testResume)
 	t.Run("CancelledWaiter", h.testCancelledWaiter)
+	t.Run("CancelDuringHandoff", h.testCancelDuringHandoff)
+	t.Run("CancelRace", h.testCancelRace)
 	t.Run("Handoff", h.testHandoff)
 	t.Run("MutualExclusion", h.testMutualExclusion)
 	t.Run("DoneOnServerDrop", h.testDoneOnServerDrop)
@@ -335,6 +337,108 @@ func (h Harness) testCancelledWaiter(t *testing.T) {
 		}
 	}
 	mustRelease(t, ctx, l2)
+}
+
+// A waiter that gives up just as the holder releases passes the key on, whether the
+// release handed the key to it or only woke it: the next waiter gets the key at
+// once, long before any grant's TTL could run out.
+func (h Harness) testCancelDuringHandoff(t *testing.T) {
+	ctx := ctxT(t)
+	key := Key(t, "k")
+	const ttl = time.Minute // far beyond Wait: a grant left behind fails the test
+	holder := h.Open(t)
+	defer holder.Close()
+	if _, err := holder.Acquire(ctx, driver.Request{Key: key, Owner: "holder", TTL: ttl}); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	first := h.Open(t)
+	defer first.Close()
+	n, ok := first.(driver.Notifier)
+	if !ok {
+		t.Skip("backend has no Notifier")
+	}
+	w, err := n.Watch(ctx, key, "first-waiter")
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	req := driver.Request{Key: key, Owner: "first-waiter", TTL: ttl, Wait: true, Patience: ttl}
+	if _, err := first.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
+		w.Stop(ctx, false)
+		t.Fatalf("waiting Acquire on a held key: %v, want ErrLocked", err)
+	}
+	// A second waiter, through the core, queues behind the first.
+	c := h.Client(t, dlock.WithTTL(ttl))
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Lock(ctx, key)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	waitQueued(t, ctx, c, key, 2)
+	if err := holder.Release(ctx, key, "holder"); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	// The release hands the key to the first waiter (or wakes it); it gives up
+	// without acquiring.
+	select {
+	case <-w.C():
+	case <-time.After(2 * time.Second):
+	}
+	if err := w.Stop(ctx, false); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("second waiter: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatalf("the second waiter did not get the key after the first gave up")
+	}
+	l, err := h.Client(t).TryLock(ctx, key)
+	if err != nil {
+		t.Fatalf("TryLock after both waiters: %v", err)
+	}
+	mustRelease(t, ctx, l)
+}
+
+// Waiters whose Lock is cancelled at about the moment the holder releases leave
+// nothing held: after each round another client gets the key at once.
+func (h Harness) testCancelRace(t *testing.T) {
+	ctx := ctxT(t)
+	key := Key(t, "k")
+	const ttl = time.Minute
+	a, b, c := h.Client(t, dlock.WithTTL(ttl)), h.Client(t, dlock.WithTTL(ttl)), h.Client(t, dlock.WithTTL(ttl))
+	for i := range 10 {
+		l := mustLock(t, ctx, a, key)
+		wctx, cancel := context.WithCancel(ctx)
+		got := make(chan *dlock.Lease, 1)
+		go func() {
+			l2, _ := b.Lock(wctx, key)
+			got <- l2
+		}()
+		waitQueued(t, ctx, b, key, 1)
+		// Release and cancel at once, in either order.
+		if i%2 == 0 {
+			go cancel()
+			mustRelease(t, ctx, l)
+		} else {
+			go func() { _ = l.Release(ctx) }()
+			cancel()
+		}
+		if l2 := <-got; l2 != nil {
+			mustRelease(t, ctx, l2)
+		}
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		l3, err := c.Lock(cctx, key)
+		ccancel()
+		if err != nil {
+			t.Fatalf("round %d: the key stayed held after the cancelled waiter returned: %v", i, err)
+		}
+		mustRelease(t, ctx, l3)
+	}
 }
 
 // A waiting Lock gets the key when the holder releases it.

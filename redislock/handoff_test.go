@@ -1,0 +1,201 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// Tests of the direct handoff at the driver level, inside the package: they look at
+// what a waiter was handed.
+
+func openBackend(t *testing.T, srv *testserver.Redis) *Backend {
+	t.Helper()
+	u, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(context.Background(), u)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func queue(t *testing.T, ctx context.Context, b *Backend, key, owner string) *waiter {
+	t.Helper()
+	w, err := b.Watch(ctx, key, owner)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	req := driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: true, Patience: time.Minute}
+	if _, err := b.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("waiting Acquire on a held key: %v, want ErrLocked", err)
+	}
+	return w.(*waiter)
+}
+
+func wake(t *testing.T, w *waiter) {
+	t.Helper()
+	select {
+	case <-w.C():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no handoff message")
+	}
+}
+
+// The grant a release hands to a waiter comes back from its next Acquire without
+// a request, with the token the server issued and an Age that covers the time since
+// the waiter's attempt was sent.
+func TestHandedGrantAge(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	ctx := context.Background()
+	holder, b := openBackend(t, srv), openBackend(t, srv)
+	if _, err := holder.Acquire(ctx, driver.Request{Key: "k", Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	w := queue(t, ctx, b, "k", "waiter")
+	time.Sleep(50 * time.Millisecond)
+	if err := holder.Release(ctx, "k", "holder"); err != nil {
+		t.Fatal(err)
+	}
+	wake(t, w)
+	info, err := holder.Inspect(ctx, "k")
+	if err != nil || info.Owner != "waiter" {
+		t.Fatalf("after the release the key is held by %+v (%v), want the waiter", info, err)
+	}
+	ops0, _ := holder.ServerOps(ctx)
+	asked := time.Now()
+	g, err := b.Acquire(ctx, driver.Request{Key: "k", Owner: "waiter", TTL: time.Minute, Wait: true, Patience: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ops1, _ := holder.ServerOps(ctx); ops1 != ops0 {
+		t.Fatalf("taking a handed grant made %d server operations, want 0", ops1-ops0)
+	}
+	if g.Token != info.Token {
+		t.Fatalf("handed token %d, the server has %d", g.Token, info.Token)
+	}
+	if min, max := asked.Sub(sent)-10*time.Millisecond, time.Since(sent); g.Age < min || g.Age > max {
+		t.Fatalf("Age %v, want between %v and %v", g.Age, min, max)
+	}
+	if err := w.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "k", "waiter"); err != nil {
+		t.Fatalf("Release of the handed grant: %v", err)
+	}
+}
+
+// A handoff message for an earlier wait of the same key and owner (whose Stop
+// passed the grant on) is ignored by a later wait.
+func TestStaleHandoffIgnored(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	ctx := context.Background()
+	holder, b := openBackend(t, srv), openBackend(t, srv)
+	if _, err := holder.Acquire(ctx, driver.Request{Key: "k", Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w := queue(t, ctx, b, "k", "waiter")
+	w.mu.Lock()
+	first := w.first
+	w.mu.Unlock()
+	if !b.dispatch("waiter 99 " + strconv.FormatUint(first-1, 10) + " 60000 k") {
+		t.Fatal("message not dispatched to the waiter")
+	}
+	if _, ok := w.take(60000); ok {
+		t.Fatal("a message for an earlier wait was taken as a grant")
+	}
+	select {
+	case <-w.C():
+		t.Fatal("a message for an earlier wait woke the waiter")
+	default:
+	}
+	// One for this wait's attempt is a grant.
+	b.dispatch("waiter 99 " + strconv.FormatUint(first, 10) + " 60000 k")
+	if g, ok := w.take(60000); !ok || g.Token != 99 || g.Age <= 0 {
+		t.Fatalf("take = %+v, %v; want the grant", g, ok)
+	}
+	if err := w.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// When the handoff message is lost, the waiter's next attempt asks the server,
+// which finds the key already handed to the owner and re-enters it.
+func TestLostHandoffMessage(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	ctx := context.Background()
+	holder, b := openBackend(t, srv), openBackend(t, srv)
+	if _, err := holder.Acquire(ctx, driver.Request{Key: "k", Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w := queue(t, ctx, b, "k", "waiter")
+	if err := holder.Release(ctx, "k", "holder"); err != nil {
+		t.Fatal(err)
+	}
+	wake(t, w)
+	w.mu.Lock()
+	w.handed = nil // lost
+	w.mu.Unlock()
+	info, err := holder.Inspect(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.Acquire(ctx, driver.Request{Key: "k", Owner: "waiter", TTL: time.Minute, Wait: true, Patience: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Token != info.Token || g.Age != 0 {
+		t.Fatalf("re-entry = %+v, want token %d and no Age", g, info.Token)
+	}
+	if err := w.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "k", "waiter"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Two clients wait with the same owner id (one process resuming another's wait).
+// The release hands the key to the one whose attempt came last; the other giving up
+// does not release it.
+func TestSameOwnerWithdrawKeepsOthersGrant(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	ctx := context.Background()
+	holder, b1, b2 := openBackend(t, srv), openBackend(t, srv), openBackend(t, srv)
+	if _, err := holder.Acquire(ctx, driver.Request{Key: "k", Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w1 := queue(t, ctx, b1, "k", "same")
+	w2 := queue(t, ctx, b2, "k", "same") // the place now names b2's channel
+	if err := holder.Release(ctx, "k", "holder"); err != nil {
+		t.Fatal(err)
+	}
+	wake(t, w2)
+	if err := w1.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	g, err := b2.Acquire(ctx, driver.Request{Key: "k", Owner: "same", TTL: time.Minute, Wait: true, Patience: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := holder.Inspect(ctx, "k")
+	if err != nil || info.Owner != "same" || info.Token != g.Token {
+		t.Fatalf("after the other waiter gave up: %+v (%v), want held by \"same\" with token %d", info, err, g.Token)
+	}
+	if err := w2.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Release(ctx, "k", "same"); err != nil {
+		t.Fatal(err)
+	}
+}
