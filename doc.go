@@ -17,7 +17,9 @@
 // A lock is a lease: the server keeps it for a TTL unless the holder renews it. The
 // client renews in the background (every TTL/3 by default). The client also keeps a
 // local validity deadline, start + TTL - drift, measured on the monotonic clock from
-// the moment the acquire (or the last successful renewal) was sent. When a renewal is
+// the moment the acquire (or the last successful renewal) was sent; for a key that
+// the previous holder's release handed straight to a waiter, from the moment that
+// waiter last asked the server, which is before the server granted. When a renewal is
 // refused, or the deadline passes without a successful renewal, the lease is lost:
 // Lease.Done closes and Lease.Context is cancelled with cause ErrLeaseLost. Because
 // the deadline is earlier than the server's expiry by the drift allowance, the holder
@@ -49,4 +51,6 @@
 // Lock waits until the key is free or ctx ends. Backends that can notify wake waiters
 // (pub/sub, watches, LISTEN/NOTIFY) and the core falls back to a bounded timer only in
 // case a wake-up is lost; other backends are polled with jittered exponential backoff.
+// A queueing backend may hand a released key directly to the first waiter, so that
+// its Lock returns without another request (see driver.Waiter).
 package dlock
