@@ -26,9 +26,11 @@ var ErrNotDurable = errors.New("redislock: server does not persist every write (
 // WithReplicas makes every acquire and refresh wait until n replicas acknowledged
 // it (WAIT n timeout, sent on the same connection in the same round trip). Fewer
 // acknowledgements within timeout fail the operation; a failed acquire is released
-// again. This narrows, but does not close, the failover window of asynchronous
-// replication: a replica that acknowledged has the grant in memory, not on disk, and
-// Redis does not promise to promote that replica. Fencing tokens still matter.
+// again. A grant handed over at release is not used as it is then: the waiter's own
+// attempt re-enters it, followed by WAIT (a handoff costs two requests again). This
+// narrows, but does not close, the failover window of asynchronous replication: a
+// replica that acknowledged has the grant in memory, not on disk, and Redis does not
+// promise to promote that replica. Fencing tokens still matter.
 func WithReplicas(n int, timeout time.Duration) Option {
 	return func(b *Backend) error {
 		if n < 0 || n > 64 {

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/redislock"
 )
@@ -73,6 +74,67 @@ func TestReplicaAcknowledgement(t *testing.T) {
 	}
 	if n, err := rawClient(t, master).Exists(ctx, "dlock:lock:k").Result(); err != nil || n != 0 {
 		t.Fatalf("lock key left on the master after a failed replication: %d, %v", n, err)
+	}
+}
+
+// With WithReplicas a waiter does not take a grant handed over at release as it is:
+// its own attempt re-enters the grant and WAITs for the replica.
+func TestReplicatedHandoff(t *testing.T) {
+	master := testserver.StartRedis(t)
+	startReplica(t, master)
+	ctx := context.Background()
+	holder, err := dlock.Open(ctx, master.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	waiter, err := dlock.Open(ctx, master.URL()+"?replicas=1&replica_timeout=1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	l, err := holder.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l2, err := waiter.Lock(ctx, "k")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l2
+	}()
+	in := holder.Backend().(driver.Inspector)
+	for {
+		if info, err := in.Inspect(ctx, "k"); err == nil && info.Waiters == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waits := func() int64 {
+		s, _ := rawClient(t, master).Info(ctx, "commandstats").Result()
+		for line := range strings.SplitSeq(s, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_wait:calls="); ok {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	before := waits()
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := <-got
+	if l2 == nil {
+		t.FailNow()
+	}
+	if after := waits(); after <= before {
+		t.Fatalf("the waiter took the handed grant without a WAIT (%d WAIT calls before the release, %d after)", before, after)
+	}
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 

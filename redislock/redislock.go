@@ -296,12 +296,14 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	var w *waiter
 	if req.Wait {
 		w = b.waiter(req.Key, req.Owner)
-		if w != nil {
+		// With WithReplicas a handed grant is not taken as it is: the waiter's
+		// own attempt re-enters it and WAITs for the replicas.
+		if w != nil && b.replicas == 0 {
 			if g, ok := w.take(ttl); ok {
 				return g, nil
 			}
 		}
-		if w != nil && w.isQueued() || b.hot.seen(req.Key) {
+		if w != nil && w.queued.Load() || b.hot.seen(req.Key) {
 			return b.acquire(ctx, req, keys, ttl, true, w)
 		}
 	}
@@ -334,9 +336,7 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string
 		arg = append(arg, b.wakeCh...)
 		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), arg)
 		if n, _ := cmd.Int64(); n < 0 && w != nil {
-			w.mu.Lock()
-			w.queued = true
-			w.mu.Unlock()
+			w.queued.Store(true)
 		}
 	} else {
 		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl))
@@ -540,8 +540,8 @@ type waiter struct {
 	first  uint64        // the number of this wait's first attempt; 0 before it
 	seqs   [4]uint64     // the latest attempts' numbers, modulo 4,
 	sent   [4]int64      // and when each was sent (see mono)
-	tried  bool          // an attempt was sent: the server may hold a place or a grant for us
-	queued bool          // an attempt's reply said it queued
+	tried  atomic.Bool   // a waiting attempt was sent: the server may hold a place or a grant for us
+	queued atomic.Bool   // a waiting attempt's reply said it queued
 	handed *handoff      // a grant handed to us, not yet returned by Acquire
 }
 
@@ -581,13 +581,6 @@ func (w *waiter) take(ttl int64) (driver.Grant, bool) {
 	return driver.Grant{Token: h.token, Age: time.Duration(max(mono()-h.sent, 1))}, true
 }
 
-// isQueued reports whether an attempt of this wait queued.
-func (w *waiter) isQueued() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.queued
-}
-
 // attempt numbers a new waiting attempt and notes when it is sent (now); it returns
 // the queue flag and the number to send with it.
 func (w *waiter) attempt() (flag byte, seq uint64) {
@@ -599,9 +592,9 @@ func (w *waiter) attempt() (flag byte, seq uint64) {
 	}
 	i := seq % uint64(len(w.seqs))
 	w.seqs[i], w.sent[i] = seq, mono()
-	w.tried = true
+	w.tried.Store(true)
 	flag = '-'
-	if w.queued {
+	if w.queued.Load() {
 		flag = 'q'
 	}
 	return flag, seq
@@ -649,10 +642,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		}
 		b.mu.Unlock()
 	}
-	w.mu.Lock()
-	tried := w.tried
-	w.mu.Unlock()
-	if acquired || !tried {
+	if acquired || !w.tried.Load() {
 		return nil
 	}
 	if err := withdrawScript.Run(ctx, b.rdb, []string{b.LockKey(w.key)}, w.owner, b.prefix, b.wakeCh).Err(); err != nil {
