@@ -143,9 +143,7 @@ func TestLostHandoffMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	wake(t, w)
-	w.mu.Lock()
-	w.handed = nil // lost
-	w.mu.Unlock()
+	w.handed.Store(nil) // lost
 	info, err := holder.Inspect(ctx, "k")
 	if err != nil {
 		t.Fatal(err)

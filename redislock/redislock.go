@@ -173,7 +173,7 @@ func (h *hotKeys) mark(key string) { h.slot(key).Store(mono()) }
 
 func (h *hotKeys) seen(key string) bool {
 	t := h.slot(key).Load()
-	return t != 0 && mono()-t < int64(hotFor)
+	return t != 0 && mono()-t < int64(hotFor) // no clock read for a key never found held
 }
 
 type boxedInt struct {
@@ -536,13 +536,13 @@ type waiter struct {
 	key, owner string
 
 	mu     sync.Mutex
-	c      chan struct{} // made when first needed
-	first  uint64        // the number of this wait's first attempt; 0 before it
-	seqs   [4]uint64     // the latest attempts' numbers, modulo 4,
-	sent   [4]int64      // and when each was sent (see mono)
-	tried  atomic.Bool   // a waiting attempt was sent: the server may hold a place or a grant for us
-	queued atomic.Bool   // a waiting attempt's reply said it queued
-	handed *handoff      // a grant handed to us, not yet returned by Acquire
+	c      chan struct{}           // made when first needed
+	first  uint64                  // the number of this wait's first attempt; 0 before it
+	seqs   [4]uint64               // the latest attempts' numbers, modulo 4,
+	sent   [4]int64                // and when each was sent (see mono)
+	tried  atomic.Bool             // a waiting attempt was sent: the server may hold a place or a grant for us
+	queued atomic.Bool             // a waiting attempt's reply said it queued
+	handed atomic.Pointer[handoff] // a grant handed to us, not yet returned by Acquire
 }
 
 // handoff is a grant a release made to a waiter.
@@ -568,14 +568,8 @@ func (w *waiter) chanLocked() chan struct{} {
 
 // take returns the grant handed to the waiter, if there is one for ttl.
 func (w *waiter) take(ttl int64) (driver.Grant, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	h := w.handed
-	if h == nil {
-		return driver.Grant{}, false
-	}
-	w.handed = nil
-	if h.ttl != ttl {
+	h := w.handed.Swap(nil)
+	if h == nil || h.ttl != ttl {
 		return driver.Grant{}, false
 	}
 	return driver.Grant{Token: h.token, Age: time.Duration(max(mono()-h.sent, 1))}, true
@@ -611,7 +605,7 @@ func (w *waiter) deliver(h handoff) {
 	}
 	if i := h.seq % uint64(len(w.seqs)); w.seqs[i] == h.seq {
 		h.sent = w.sent[i]
-		w.handed = &h
+		w.handed.Store(&h)
 	}
 	// Otherwise the attempt is too old to be remembered: the wake-up alone makes
 	// the next attempt ask the server, which finds the key is ours.
