@@ -114,6 +114,15 @@ type countNotifier struct {
 	n driver.Notifier
 }
 
+// WatchFirst passes on the wrapped backend's driver.WatchAdvisor answer (true, the
+// core's default, when it has none), so the core waits with the wrapper as with b.
+func (w *countNotifier) WatchFirst(key string) bool {
+	if a, ok := w.n.(driver.WatchAdvisor); ok {
+		return a.WatchFirst(key)
+	}
+	return true
+}
+
 func (w *countNotifier) Watch(ctx context.Context, key, owner string) (driver.Waiter, error) {
 	w.c.n.calls.Add(1)
 	wt, err := w.n.Watch(ctx, key, owner)

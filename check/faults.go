@@ -301,9 +301,11 @@ func injectPauseAfterCheck(ctx context.Context, r *run) error {
 	case <-time.After(10 * r.ttl):
 		return nil // it never got to a write: nothing to do
 	}
-	r.event(history.Fault, FaultPauseAfterCheck, workerName(p), "stopped itself right after its lease check, before its write")
+	p.signal(syscall.SIGSTOP)
+	r.event(history.Fault, FaultPauseAfterCheck, workerName(p), "SIGSTOP right after its lease check, before its write")
 	sleep(ctx, r.ttl*3/2)
 	p.signal(syscall.SIGCONT)
+	p.send(ctlResume)
 	r.event(history.Heal, FaultPauseAfterCheck, workerName(p), "SIGCONT")
 	return nil
 }

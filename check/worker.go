@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/dlockio/dlock"
@@ -71,8 +70,11 @@ func (c WorkerConfig) Validate() error {
 // Worker control lines (runner -> worker, on the worker's stdin).
 const (
 	ctlStop  = "stop"  // finish the current lease and exit
-	ctlPause = "pause" // after the next lease check, say "#paused" and SIGSTOP itself
-	ctlJump  = "jump"  // "jump <duration>": move the worker's dlock clock by duration
+	ctlPause = "pause" // after the next lease check, say "#paused" and wait for "resume"
+	// ctlResume lets a worker that said "#paused" go on to its write. The runner
+	// stops the worker with SIGSTOP in between, so its renewals stop too.
+	ctlResume = "resume"
+	ctlJump   = "jump" // "jump <duration>": move the worker's dlock clock by duration
 	// ctlLinger makes the current (or next) critical section go on writing every
 	// TTL/4 for as long as the lease is valid, up to 4 TTLs: a long batch job.
 	ctlLinger = "linger"
@@ -80,7 +82,7 @@ const (
 
 // Worker status lines (worker -> runner, on stdout, among the JSON ops).
 const (
-	msgPaused = "#paused" // about to stop itself right after it checked its lease
+	msgPaused = "#paused" // checked its lease, waits for "resume" before its write
 	msgError  = "#error"  // the worker failed
 )
 
@@ -91,7 +93,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, in io.Reader, out io.Write
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	w := &worker{cfg: cfg, out: out, rnd: rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(cfg.ID)))}
+	w := &worker{cfg: cfg, out: out, resume: make(chan struct{}, 1), rnd: rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(cfg.ID)))}
 	err := w.run(ctx, in)
 	if err != nil {
 		w.say("%s %s", msgError, strings.ReplaceAll(err.Error(), "\n", "; "))
@@ -109,6 +111,7 @@ type worker struct {
 	stopping  atomic.Bool
 	stopWait  context.CancelFunc // ends a Lock in progress when "stop" arrives
 	pauseNext atomic.Bool
+	resume    chan struct{}
 	linger    atomic.Bool
 	clk       jumpClock
 
@@ -152,6 +155,11 @@ func (w *worker) control(in io.Reader) {
 			w.stop()
 		case ctlPause:
 			w.pauseNext.Store(true)
+		case ctlResume:
+			select {
+			case w.resume <- struct{}{}:
+			default:
+			}
 		case ctlLinger:
 			w.linger.Store(true)
 		case ctlJump:
@@ -231,7 +239,7 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 				w.record(history.Op{Key: key, Kind: history.Lost, Lease: n, Start: t, End: t, Token: tok, Err: context.Cause(l.Context()).Error()})
 			}
 		})
-		if err := w.critical(ctx, store, l, key, lease, tok); err != nil {
+		if err := w.critical(waitCtx, store, l, key, lease, tok); err != nil {
 			return err
 		}
 		rs := history.Now()
@@ -276,7 +284,11 @@ func (w *worker) critical(ctx context.Context, store *storeClient, l *dlock.Leas
 		}
 		if w.pauseNext.CompareAndSwap(true, false) {
 			w.say("%s %d", msgPaused, lease)
-			_ = syscall.Kill(syscall.Getpid(), syscall.SIGSTOP) // the runner sends SIGCONT
+			select { // the runner stops this process now, and resumes it later
+			case <-w.resume:
+			case <-ctx.Done():
+				return nil
+			}
 		}
 		start := history.Now()
 		ok, err := store.write(w.cfg.ID, lease, tok, key)
@@ -321,8 +333,15 @@ type recorder struct {
 }
 
 func (r *recorder) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
-	r.w.lastAttempt.Store(history.Now())
-	return r.Backend.Acquire(ctx, req)
+	start := history.Now()
+	g, err := r.Backend.Acquire(ctx, req)
+	if err == nil && g.Age > 0 {
+		// A grant handed over by a release: the server granted it up to Age
+		// before this call returned, and after the attempt that queued us.
+		start = history.Now() - int64(g.Age)
+	}
+	r.w.lastAttempt.Store(start)
+	return g, err
 }
 
 func (r *recorder) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
@@ -342,6 +361,13 @@ func (r *recorder) Refresh(ctx context.Context, key, owner string, ttl time.Dura
 type recordingNotifier struct {
 	*recorder
 	n driver.Notifier
+}
+
+func (r *recordingNotifier) WatchFirst(key string) bool {
+	if a, ok := r.n.(driver.WatchAdvisor); ok {
+		return a.WatchFirst(key)
+	}
+	return true
 }
 
 func (r *recordingNotifier) Watch(ctx context.Context, key, owner string) (driver.Waiter, error) {
