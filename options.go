@@ -110,8 +110,7 @@ func WithRetry(min, max time.Duration) Option {
 
 // WithOwner sets the owner id (1 to 128 bytes of [A-Za-z0-9._:-]). A lock call whose
 // owner id holds the key re-enters it; see the package documentation. Without it,
-// every lock call uses a fresh random 128-bit id (from a ChaCha8 generator keyed
-// from crypto/rand).
+// every lock call uses a fresh random 128-bit id from crypto/rand.
 func WithOwner(id string) Option {
 	return func(c *config) error {
 		if err := driver.ValidateOwner(id); err != nil {
