@@ -1,6 +1,7 @@
 package dlock
 
 import (
+	"container/heap"
 	"sync"
 	"time"
 
@@ -22,7 +23,7 @@ type renewer struct {
 	timer clock.Timer // made on first use
 	armed bool        // timer is set to fire at at
 	at    int64
-	heap  []*grant // by grant.next; grant.hidx is the index
+	due   dueHeap // by grant.next; grant.hidx is the index
 }
 
 // schedule sets g's tick for at; now is the clock's time.
@@ -31,10 +32,10 @@ func (r *renewer) schedule(g *grant, at, now time.Time) {
 	defer r.mu.Unlock()
 	g.next = int64(at.Sub(r.base))
 	if g.hidx < 0 {
-		g.hidx = len(r.heap)
-		r.heap = append(r.heap, g)
+		heap.Push(&r.due, g)
+	} else {
+		heap.Fix(&r.due, g.hidx)
 	}
-	r.fix(g.hidx)
 	r.armLocked(now)
 }
 
@@ -42,19 +43,11 @@ func (r *renewer) schedule(g *grant, at, now time.Time) {
 func (r *renewer) cancel(g *grant) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	i := g.hidx
-	if i < 0 {
+	if g.hidx < 0 {
 		return
 	}
-	last := len(r.heap) - 1
-	r.swap(i, last)
-	r.heap[last] = nil
-	r.heap = r.heap[:last]
-	g.hidx = -1
-	if i < last {
-		r.fix(i)
-	}
-	if len(r.heap) == 0 && r.armed && !r.lazy {
+	heap.Remove(&r.due, g.hidx)
+	if len(r.due) == 0 && r.armed && !r.lazy {
 		r.timer.Stop()
 		r.armed = false
 	}
@@ -73,10 +66,10 @@ func (r *renewer) stop() {
 // armLocked sets the timer for the earliest tick, unless it is set for that or
 // earlier already (an early firing just finds nothing due and sets it again).
 func (r *renewer) armLocked(now time.Time) {
-	if len(r.heap) == 0 {
+	if len(r.due) == 0 {
 		return
 	}
-	first := r.heap[0].next
+	first := r.due[0].next
 	if r.armed && first >= r.at {
 		return
 	}
@@ -96,17 +89,8 @@ func (r *renewer) fire() {
 	now := r.clk.Now()
 	off := int64(now.Sub(r.base))
 	var due []*grant
-	for len(r.heap) > 0 && r.heap[0].next <= off {
-		g := r.heap[0]
-		last := len(r.heap) - 1
-		r.swap(0, last)
-		r.heap[last] = nil
-		r.heap = r.heap[:last]
-		g.hidx = -1
-		if last > 0 {
-			r.down(0)
-		}
-		due = append(due, g)
+	for len(r.due) > 0 && r.due[0].next <= off {
+		due = append(due, heap.Pop(&r.due).(*grant))
 	}
 	r.armLocked(now)
 	r.mu.Unlock()
@@ -115,47 +99,30 @@ func (r *renewer) fire() {
 	}
 }
 
-func (r *renewer) less(i, j int) bool { return r.heap[i].next < r.heap[j].next }
+// dueHeap orders grants by their next tick, for container/heap; it keeps each
+// grant's index in grant.hidx (-1 when not scheduled).
+type dueHeap []*grant
 
-func (r *renewer) swap(i, j int) {
-	r.heap[i], r.heap[j] = r.heap[j], r.heap[i]
-	r.heap[i].hidx = i
-	r.heap[j].hidx = j
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].next < h[j].next }
+
+func (h dueHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].hidx = i
+	h[j].hidx = j
 }
 
-// fix restores the heap order after the entry at i changed.
-func (r *renewer) fix(i int) {
-	if !r.down(i) {
-		r.up(i)
-	}
+func (h *dueHeap) Push(x any) {
+	g := x.(*grant)
+	g.hidx = len(*h)
+	*h = append(*h, g)
 }
 
-func (r *renewer) up(i int) {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !r.less(i, p) {
-			return
-		}
-		r.swap(i, p)
-		i = p
-	}
-}
-
-func (r *renewer) down(i0 int) bool {
-	i, n := i0, len(r.heap)
-	for {
-		c := 2*i + 1
-		if c >= n {
-			break
-		}
-		if c+1 < n && r.less(c+1, c) {
-			c++
-		}
-		if !r.less(c, i) {
-			break
-		}
-		r.swap(i, c)
-		i = c
-	}
-	return i > i0
+func (h *dueHeap) Pop() any {
+	old := *h
+	g := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	g.hidx = -1
+	return g
 }
