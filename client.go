@@ -2,8 +2,6 @@ package dlock
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
@@ -206,11 +204,7 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 }
 
 // newOwner returns a fresh random 128-bit owner id, in hex, from crypto/rand.
-func (c *Client) newOwner() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (it crashes the program instead)
-	return hex.EncodeToString(b[:])
-}
+func (c *Client) newOwner() string { return driver.RandomHex(16) }
 
 func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool) (*Lease, error) {
 	if err := driver.ValidateKey(key); err != nil {

@@ -669,18 +669,20 @@ func (b *Backend) Close() error {
 
 var floorCAD = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
-// FloorCycle implements driver.Floorer: SET NX PX, then a compare-and-delete script,
-// on this backend's client, under the prefix's "floor:" namespace.
+// FloorCycle implements driver.Floorer: the least correct lock, SET NX PX with a
+// fresh random value (made as the core makes owner ids: every acquisition needs its
+// own, or a stale release could delete a later grant), then a compare-and-delete
+// script, on this backend's client, under the prefix's "floor:" namespace.
 func (b *Backend) FloorCycle(ctx context.Context, key string) error {
-	k := b.prefix + ":floor:" + key
-	ok, err := b.rdb.SetNX(ctx, k, b.wakeCh, 15*time.Second).Result()
+	k, v := b.prefix+":floor:"+key, driver.RandomHex(16)
+	ok, err := b.rdb.SetNX(ctx, k, v, 15*time.Second).Result()
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return fmt.Errorf("floor key %q held", k)
 	}
-	return floorCAD.Run(ctx, b.rdb, []string{k}, b.wakeCh).Err()
+	return floorCAD.Run(ctx, b.rdb, []string{k}, v).Err()
 }
 
 // ServerOps implements driver.OpsCounter: the sum of the calls in INFO

@@ -1168,20 +1168,21 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 
 var floorCAD = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
-// FloorCycle implements driver.Floorer with the single-instance floor: SET NX PX, then
-// a compare-and-delete script, on the first node only, with this backend's client,
+// FloorCycle implements driver.Floorer with the single-instance floor: SET NX PX with
+// a fresh random value, then a compare-and-delete script (as redislock's floor), on
+// the first node only, with this backend's client,
 // under the prefix's "floor:" namespace. Redlock over N nodes is compared with it to
 // show what the fan-out costs over one instance.
 func (b *Backend) FloorCycle(ctx context.Context, key string) error {
-	rdb, k := b.nodes[0].rdb, b.cfg.prefix+":floor:"+key
-	ok, err := rdb.SetNX(ctx, k, b.wakeCh, 15*time.Second).Result()
+	rdb, k, v := b.nodes[0].rdb, b.cfg.prefix+":floor:"+key, driver.RandomHex(16)
+	ok, err := rdb.SetNX(ctx, k, v, 15*time.Second).Result()
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return fmt.Errorf("floor key %q held", k)
 	}
-	return floorCAD.Run(ctx, rdb, []string{k}, b.wakeCh).Err()
+	return floorCAD.Run(ctx, rdb, []string{k}, v).Err()
 }
 
 // ServerOps implements driver.OpsCounter: the sum over all nodes of the calls in
