@@ -42,10 +42,11 @@ type slotKey struct{ key, owner string }
 // the last reference. Re-entry into a live grant needs only Client.mu. Its fields are
 // guarded by Client.mu.
 type slot struct {
-	busy  bool            // someone is talking to the server for this (key, owner)
-	queue []chan struct{} // callers waiting for busy to clear, oldest first
-	g     *grant          // the live grant, or nil
-	users int             // lock calls inside acquire
+	busy   bool            // someone is talking to the server for this (key, owner)
+	mapped bool            // it is Client.slots' entry for its (key, owner)
+	queue  []chan struct{} // callers waiting for busy to clear, oldest first
+	g      *grant          // the live grant, or nil
+	users  int             // lock calls inside acquire
 }
 
 // enterLocked makes the caller the slot's only user of the server, waiting, if it
@@ -232,9 +233,12 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
-	s := c.slots[sk]
+	var s *slot
+	if !generated { // a fresh random owner has no slot yet
+		s = c.slots[sk]
+	}
 	if s == nil {
-		s = &slot{}
+		s = &slot{mapped: true}
 		c.slots[sk] = s
 	}
 	if l := c.reenterLocked(s); l != nil {
@@ -296,8 +300,9 @@ func (c *Client) reenterLocked(s *slot) *Lease {
 }
 
 func (c *Client) dropLocked(sk slotKey, s *slot) {
-	if s.users == 0 && s.g == nil && !s.busy && c.slots[sk] == s {
+	if s.users == 0 && s.g == nil && !s.busy && s.mapped {
 		delete(c.slots, sk)
+		s.mapped = false
 	}
 }
 
