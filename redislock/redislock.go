@@ -34,13 +34,17 @@
 // # Safety model
 //
 // Mutual exclusion holds while the one Redis server keeps its data. Tokens are
-// max(last token + 1, server TIME in microseconds), kept in a counter key without TTL,
-// so they keep rising even after a restart that lost every key, as long as the
-// server's clock does not step back and fewer than a million grants per second are
-// made. What Redis does not promise: with asynchronous replication, a failover to a
+// max(last token + 1, server clock in milliseconds x 1000) at every grant, kept in a counter
+// key without TTL, so they keep rising even after a restart that lost every key or a
+// failover to a replica that had not received the last grants and tokens (a restart
+// or a failover takes far longer than the clock term's millisecond), as long as the
+// servers' clocks do not step back and fewer than a million grants per second are
+// made (the scripts read the server clock with PEXPIRETIME: Redis 7.0 or later). What
+// Redis does not promise: with asynchronous replication, a failover to a
 // replica that had not yet received a grant lets a second client in; without
 // appendonly+fsync, a crash loses grants the same way. In those cases timing cannot
-// save you and fencing tokens (checked by the protected resource) must.
+// save you and fencing tokens (checked by the protected resource) must; they do, since
+// the second client's token is the higher.
 //
 // Two settings narrow those windows. WithReplicas (?replicas=N) follows every acquire
 // and refresh with WAIT N (WAITAOF on Redis 7.2+ with the AOF on) in the same round

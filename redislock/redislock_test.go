@@ -98,6 +98,54 @@ func TestTokensRiseAcrossDataLoss(t *testing.T) {
 	_ = l2.Release(ctx)
 }
 
+// Tokens keep rising when the counter goes back without being lost, as on a promoted
+// replica that had not received the last increments: a grant's token is above every
+// token issued before (at least a millisecond before), whatever the counter says, and
+// a counter ahead of the clock is still followed by one more.
+func TestTokensRiseWhenCounterGoesBack(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	ctx := context.Background()
+	rdb := rawClient(t, srv)
+	c, err := dlock.Open(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	token := func() dlock.Token {
+		t.Helper()
+		l, err := c.Lock(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return l.Token()
+	}
+	first := token()
+	second := token()
+	if second <= first {
+		t.Fatalf("second token %d not above first %d", second, first)
+	}
+	// The lagging replica's counter: the value it had before both grants.
+	if err := rdb.Set(ctx, redislock.DefaultPrefix+":token:k", strconv.FormatUint(uint64(first)-1000, 10), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// A failover or a restart takes far longer than the clock term's millisecond.
+	time.Sleep(2 * time.Millisecond)
+	if third := token(); third <= second {
+		t.Fatalf("token after the counter went back %d, not above %d issued before", third, second)
+	}
+	// A counter far ahead of the clock (a clock set back): still one more.
+	ahead := uint64(second) + 1<<40
+	if err := rdb.Set(ctx, redislock.DefaultPrefix+":token:k", strconv.FormatUint(ahead, 10), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := token(); uint64(got) != ahead+1 {
+		t.Fatalf("token with the counter ahead of the clock = %d, want %d", got, ahead+1)
+	}
+}
+
 // A Redis that is down: Lock fails promptly with a wrapped connection error, bounded
 // by ctx, and leaves nothing held.
 func TestServerDown(t *testing.T) {

@@ -22,22 +22,29 @@ import "github.com/redis/go-redis/v9"
 //	                         "OWNER TOKEN SEQ TTL K"
 //
 // The uncontended path costs little more than the least correct lock: acquire is SET
-// NX PX plus INCR of the token counter, release is GET plus DEL, each one script call
+// NX PX plus PEXPIRETIME and INCR of the token counter, release is GET plus DEL, each one script call
 // with few arguments. Queue work happens only when someone waits: the queue and
 // waiter keys are derived inside the scripts from the prefix (which the client passes
 // only where needed), so the layout suits a single Redis instance, not Redis Cluster.
 // Owner ids and prefixes cannot contain spaces, so the marks cannot be forged; a
 // channel is the prefix, ":wake:" and 24 hex digits.
 
-// luaToken issues the next fencing token of a key: the counter plus one, or, when the
-// counter is new or was lost, the server clock in microseconds, so that tokens stay
-// above those issued before the loss.
+// luaToken issues the next fencing token of a key at a grant, right after the lock key
+// was set to expire ttl ms from now: max(last+1, server clock in ms x 1000), kept in
+// the counter. The clock term keeps tokens rising where the counter went back: a
+// restart that lost it, or a promoted replica that had not received its last
+// increments (the clock has moved on since those were issued, unless it was set back).
+// The counter term keeps them strictly rising within a millisecond (up to 1000 grants
+// in one before the counter runs ahead of the clock) and under a clock set back. The
+// clock is read from the lock key's expiry (PEXPIRETIME, Redis 7.0) rather than TIME,
+// which costs a script about a microsecond more; the counter is written again only
+// when the millisecond has moved on past it.
 const luaToken = `
-local function token(tk)
+local function token(lock, tk, ttl)
+  local now = (redis.call('PEXPIRETIME', lock) - tonumber(ttl)) * 1000
   local n = redis.call('INCR', tk)
-  if n == 1 then
-    local t = redis.call('TIME')
-    n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if n < now then
+    n = now
     redis.call('SET', tk, string.format('%d', n))
   end
   return n
@@ -64,7 +71,7 @@ local function hand_off(lock, prefix, key)
       if ch then
         -- Marked queued whether or not others wait: its release looks.
         redis.call('SET', lock, h .. ' h' .. ch .. ' q' .. #prefix, 'PX', ttl)
-        local n = token(prefix .. ':token:' .. key)
+        local n = token(lock, prefix .. ':token:' .. key, ttl)
         redis.call('PUBLISH', ch, h .. ' ' .. string.format('%d', n) .. ' ' .. seq .. ' ' .. ttl .. ' ' .. key)
         return
       end
@@ -80,18 +87,12 @@ end
 // Returns the token (> 0) on success; when held, -(pttl+1) with the remaining TTL
 // in ms, or -1 when that is unknown; 0 when the owner holds the key but the token
 // counter is gone.
-var acquireScript = redis.NewScript(`
+var acquireScript = redis.NewScript(luaToken + `
 local owner, w = ARGV[1], ARGV[3]
 if (not w or string.byte(w, 1) ~= 113) and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ARGV[2]) then
   -- The fast path: a free key and a caller that is not in the queue.
-  local n = redis.call('INCR', KEYS[2])
-  if n > 1 then return n end
-  local t = redis.call('TIME')
-  n = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[2], string.format('%d', n))
-  return n
+  return token(KEYS[1], KEYS[2], ARGV[2])
 end
-` + luaToken + `
 local v = redis.call('GET', KEYS[1])
 if v and (v == owner or string.sub(v, 1, #owner + 1) == owner .. ' ') then
   -- Re-entry, resume, or a grant handed to this owner: once the server has seen
@@ -117,7 +118,7 @@ if w then
     local nv = owner
     if redis.call('LLEN', queue) > 0 then nv = owner .. ' q' .. #prefix end
     redis.call('SET', KEYS[1], nv, 'PX', ARGV[2])
-    return token(KEYS[2])
+    return token(KEYS[1], KEYS[2], ARGV[2])
   end
   local old = redis.call('SET', wk, seq .. ' ' .. ARGV[2] .. ' ' .. ch, 'PX', pat, 'GET')
   if not old and not redis.call('LPOS', queue, owner) then
