@@ -81,9 +81,9 @@ func Verdict(e Expectation, r *checker.Report) string {
 	p1, p3 := r.P1.Count, r.P3.Count
 	p4 := r.P4.Count > 0 || r.P4.Porcupine == checker.VerdictViolation
 	switch {
-	case p4, e.LockSafe && p1 > 0, e.ResourceSafe && p3 > 0:
+	case e.TokenSafe && p4, e.LockSafe && p1 > 0, e.ResourceSafe && p3 > 0:
 		return VerdictUnexpected
-	case !e.LockSafe && p1 > 0, !e.ResourceSafe && p3 > 0:
+	case !e.LockSafe && p1 > 0, !e.ResourceSafe && p3 > 0, !e.TokenSafe && p4:
 		return VerdictDetected
 	case !e.LockSafe || !e.ResourceSafe:
 		return VerdictNotSeen
@@ -161,6 +161,9 @@ func (o Outcome) Row() string {
 	switch {
 	case !o.Expect.LockSafe:
 		exp = "P1 > 0"
+		if !o.Expect.TokenSafe {
+			exp += ", P4 ≥ 0"
+		}
 		if o.Expect.ResourceSafe {
 			exp += ", P3 = 0"
 		}

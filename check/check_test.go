@@ -210,3 +210,50 @@ func TestVerdict(t *testing.T) {
 		}
 	}
 }
+
+// runCell runs one short cell and fails the test if it did not run or injected no
+// fault.
+func runCell(t *testing.T, setup, fault string, fenced bool, d time.Duration) Outcome {
+	t.Helper()
+	cfg := testConfig(t, setup, fault, fenced)
+	cfg.Duration = d
+	o := RunCell(ctxT(t, 2*time.Minute), Cell{Setup: setup, Fault: fault, Fenced: fenced}, cfg, "")
+	if o.Report == nil {
+		t.Fatalf("%s: run failed: %s", o.Cell.Name(), o.RunError)
+	}
+	if o.Report.Summary.Faults == 0 || o.Report.Summary.AcquiresOK < 5 {
+		t.Fatalf("%s: faults %d, acquisitions %d: the cell did not run", o.Cell.Name(), o.Report.Summary.Faults, o.Report.Summary.AcquiresOK)
+	}
+	return o
+}
+
+// A master killed before it replicated a lock: with asynchronous replication the
+// promoted replica lets a second worker in (P1 > 0 or P3 > 0 without fencing),
+// and the fenced store accepts no older token; with WAIT the same fault is safe.
+func TestRunFailoverReplicationLag(t *testing.T) {
+	o := runCell(t, "redis-async", FaultFailover, false, 4*time.Second)
+	if r := o.Report; r.P1.Count == 0 && r.P3.Count == 0 {
+		t.Errorf("redis-async unfenced: no violation in %d failovers (verdict %q)", r.Summary.Faults, o.Verdict)
+	}
+	o = runCell(t, "redis-async", FaultFailover, true, 4*time.Second)
+	if r := o.Report; r.P3.Count != 0 || o.Verdict == VerdictUnexpected {
+		t.Errorf("redis-async fenced: P3 %d, verdict %q", r.P3.Count, o.Verdict)
+	}
+	o = runCell(t, "redis-replica", FaultFailover, false, 4*time.Second)
+	if r := o.Report; o.Verdict != VerdictAsExpected || !r.Safe() {
+		t.Errorf("redis-replica: verdict %q, P1 %d, P3 %d, P4 %d: %v", o.Verdict, r.P1.Count, r.P3.Count, r.P4.Count, r.Violations())
+	}
+}
+
+// A Redlock holder with a bare majority whose node forgets the key: a second
+// worker gets a majority while the first holds (P1 > 0); fenced, P3 = 0.
+func TestRunRedlockDrop(t *testing.T) {
+	o := runCell(t, "redlock", FaultDrop, false, 5*time.Second)
+	if r := o.Report; r.P1.Count == 0 || o.Verdict != VerdictDetected {
+		t.Errorf("unfenced: P1 %d, verdict %q", r.P1.Count, o.Verdict)
+	}
+	o = runCell(t, "redlock", FaultDrop, true, 5*time.Second)
+	if r := o.Report; r.P3.Count != 0 || r.P4.Count != 0 || o.Verdict == VerdictUnexpected {
+		t.Errorf("fenced: P3 %d, P4 %d, verdict %q", r.P3.Count, r.P4.Count, o.Verdict)
+	}
+}

@@ -11,19 +11,21 @@ import (
 	"syscall"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/internal/testserver"
 )
 
 // Fault names.
 const (
 	FaultNone            = "none"              // no fault: the baseline
 	FaultKill            = "kill"              // kill -9 the server, restart it
-	FaultFailover        = "failover"          // kill -9 the Redis master, promote its replica
+	FaultFailover        = "failover"          // the replica lags, a lock is taken on the master, kill -9 the master, promote the replica
 	FaultLeader          = "leader"            // kill -9 the leader of the etcd cluster or ZooKeeper ensemble, restart it later
-	FaultDrop            = "drop"              // one Redlock node drops its lock keys early (its clock jumped)
-	FaultPause           = "pause"             // SIGSTOP a lock holder for 1.5 TTL
+	FaultDrop            = "drop"              // a holder on a bare Redlock majority; one of its nodes drops its lock keys early (its clock jumped)
+	FaultPause           = "pause"             // SIGSTOP a lock holder past its TTL
 	FaultPauseAfterCheck = "pause-after-check" // SIGSTOP a holder right after it checked its lease, before its write
 	FaultPartition       = "partition"         // cut one holder's connection (both ways) for 2 TTL while it goes on working
 	FaultDelay           = "delay"             // add TTL/4 latency each way to one client's connection for 2 TTL
@@ -101,11 +103,11 @@ func addFault(f *fault) { faults[f.name] = f }
 func init() {
 	addFault(&fault{name: FaultNone, doc: "no fault: the baseline"})
 	addFault(&fault{name: FaultKill, doc: "kill -9 the server and restart it at once", setups: []string{"redis", "redis-aof", "postgres"}, inject: injectKill})
-	addFault(&fault{name: FaultFailover, doc: "kill -9 the Redis master, promote its replica, point clients at it; the old master returns as a replica", setups: []string{"redis-replica", "redis-async"}, inject: injectFailover})
+	addFault(&fault{name: FaultFailover, doc: "cut the replication stream so the replica lags, let a worker lock on the master meanwhile, kill -9 the master, promote the lagging replica, point clients at it; the old master returns as a replica", setups: []string{"redis-replica", "redis-async"}, inject: injectFailover})
 	addFault(&fault{name: FaultLeader, doc: "kill -9 the leader of the etcd cluster or ZooKeeper ensemble; restart it after 2 TTL", setups: []string{"etcd", "zk"}, inject: injectLeader})
-	addFault(&fault{name: FaultDrop, doc: "one Redlock node drops every lock key early, as if its clock jumped forward", setups: []string{"redlock"}, inject: injectDrop})
-	addFault(&fault{name: FaultPause, doc: "SIGSTOP a worker that holds a lease for 1.5 TTL (a long GC pause), then SIGCONT", inject: injectPause})
-	addFault(&fault{name: FaultPauseAfterCheck, doc: "a worker stops right after it checked that its lease is valid, before its write, for 1.5 TTL", inject: injectPauseAfterCheck})
+	addFault(&fault{name: FaultDrop, doc: "cut one worker off 2 of the 5 Redlock nodes, so its grants hold a bare majority; once it holds one, a node of its 3 drops every lock key early, as if its clock jumped forward", setups: []string{"redlock"}, inject: injectDrop})
+	addFault(&fault{name: FaultPause, doc: "SIGSTOP a worker inside its critical section (a long GC pause) for 1.5 TTL and until another worker wrote its key (at most 5 TTL), then SIGCONT", inject: injectPause})
+	addFault(&fault{name: FaultPauseAfterCheck, doc: "a worker stops right after it checked that its lease is valid, before its write, for 1.5 TTL and until another worker wrote its key (at most 5 TTL)", inject: injectPauseAfterCheck})
 	addFault(&fault{name: FaultPartition, doc: "cut a holder's connection to the server both ways for 2 TTL while its critical section goes on", proxiedOnly: true, inject: injectPartition})
 	addFault(&fault{name: FaultDelay, doc: "add TTL/4 latency each way to a holder's connection for 2 TTL", proxiedOnly: true, inject: injectDelay})
 	addFault(&fault{name: FaultClock, doc: "a holder's clock jumps back 2 TTL, then its connection is cut for 2.5 TTL while its critical section goes on", proxiedOnly: true, inject: injectClock})
@@ -163,11 +165,32 @@ func injectKill(_ context.Context, r *run) error {
 	return err
 }
 
+// injectFailover reproduces "the master dies before replicating": it cuts the
+// master's replication stream to the replica (the replica falls behind; the
+// replication proxy drops what the master sends), waits up to a TTL for a worker
+// to be granted a lock on the master meanwhile and makes that holder linger, then
+// kills the master, discards the link with what it never delivered, promotes the
+// lagging replica and points every client at it. With asynchronous replication the
+// holder's key is not on the new master, so another worker gets it while the first
+// still holds it; with WAIT (redis-replica) no grant completes during the lag,
+// since the replica never acknowledges it, and nothing is lost.
 func injectFailover(ctx context.Context, r *run) error {
 	tg := r.tg
 	old, next := tg.redis, tg.replica
-	r.event(history.Fault, FaultFailover, "redis master", "kill -9 the master at "+old.Addr())
+	if err := setToxic(tg.repl, "stall", "downstream", true); err != nil {
+		return err
+	}
+	cut := history.Now()
+	r.event(history.Fault, FaultFailover, "redis master", "replication stream from "+old.Addr()+" to "+next.Addr()+" cut: the replica falls behind")
+	if p, op := r.freshHolder(ctx, nil, cut, r.ttl); p != nil {
+		p.send(ctlLinger)
+		r.event(history.Note, FaultFailover, workerName(p), fmt.Sprintf("granted %s (lease %d, token %d) on the master while the replica lags", op.Key, op.Lease, op.Token))
+	} else {
+		r.event(history.Note, FaultFailover, "redis master", "no lock was granted while the replica lagged")
+	}
+	r.event(history.Note, FaultFailover, "redis master", "kill -9 the master at "+old.Addr())
 	old.Kill()
+	tg.repl.Stop() // what the master sent meanwhile is gone with it
 	c := redis.NewClient(&redis.Options{Addr: next.Addr()})
 	defer c.Close()
 	if err := c.Do(context.Background(), "REPLICAOF", "NO", "ONE").Err(); err != nil {
@@ -176,30 +199,32 @@ func injectFailover(ctx context.Context, r *run) error {
 	if err := tg.retarget(next.Addr()); err != nil {
 		return err
 	}
-	r.event(history.Heal, FaultFailover, "redis replica", "promoted "+next.Addr()+"; clients follow it")
+	r.event(history.Heal, FaultFailover, "redis master", "promoted the replica "+next.Addr()+"; clients follow it")
 	// The old master comes back empty as a replica of the new one, ready for the
 	// next failover.
 	if err := old.Restart(); err != nil {
 		return err
 	}
-	oc := redis.NewClient(&redis.Options{Addr: old.Addr()})
-	defer oc.Close()
-	if err := oc.Do(context.Background(), "REPLICAOF", "127.0.0.1", strconv.Itoa(next.Port)).Err(); err != nil {
-		return err
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, err := oc.Info(context.Background(), "replication").Result()
-		if err == nil && strings.Contains(info, "master_link_status:up") {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("old master %s did not sync as a replica", old.Addr())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 	tg.redis, tg.replica = next, old
-	return nil
+	return tg.linkReplica()
+}
+
+// freshHolder waits up to wait for a worker (among ps, or any) that holds a lease
+// whose acquire attempt began at or after t, and returns it with that acquire.
+func (r *run) freshHolder(ctx context.Context, ps []*proc, t int64, wait time.Duration) (*proc, history.Op) {
+	if ps == nil {
+		ps = r.workers
+	}
+	deadline := time.Now().Add(wait)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		for _, p := range ps {
+			if op, holding, _ := p.lease(); holding && op.Attempt >= t {
+				return p, op
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil, history.Op{}
 }
 
 func injectLeader(ctx context.Context, r *run) error {
@@ -230,16 +255,108 @@ func injectLeader(ctx context.Context, r *run) error {
 	return err
 }
 
-// injectDrop deletes the keys that have a TTL (the lock keys, not the token
-// registers) on one Redlock node: what a forward jump of that node's clock does.
-func injectDrop(_ context.Context, r *run) error {
-	n := r.tg.nodes[r.rnd.IntN(len(r.tg.nodes))]
+// injectDrop reproduces "a holder with a bare majority, and one of its nodes
+// forgets": it cuts one worker's links to 2 of the 5 Redlock nodes, so that its
+// grants hold exactly 3 nodes, waits for such a grant, makes the holder linger,
+// waits until the 2 cut nodes no longer hold the key (the worker's older grants
+// there expired), and right after one of the holder's renewals it deletes every
+// key with a TTL on one of the holder's 3 nodes: what a forward jump of that node's
+// clock does. Until the holder's next renewal puts the key back, another worker can
+// get the 2 cut nodes and the forgetful one, a majority, while the first still
+// holds its 3. The links are restored after the holder's lingering ends.
+func injectDrop(ctx context.Context, r *run) error {
+	tg := r.tg
+	n := len(tg.nodes)
+	q := n/2 + 1
+	p := r.workers[r.rnd.IntN(len(r.workers))]
+	perm := r.rnd.Perm(n)
+	cut, forget := perm[:n-q], tg.nodes[perm[n-q]]
+	var names []string
+	for _, i := range cut {
+		if err := setToxic(tg.nodeProxies[p.id-1][i], "cut-upstream", "upstream", true); err != nil {
+			return err
+		}
+		if err := setToxic(tg.nodeProxies[p.id-1][i], "cut-downstream", "downstream", true); err != nil {
+			return err
+		}
+		names = append(names, tg.nodes[i].Addr())
+	}
+	since := history.Now()
+	r.event(history.Fault, FaultDrop, workerName(p), fmt.Sprintf("links to nodes %s cut: its grants hold a bare majority (%d of %d nodes)", strings.Join(names, ", "), q, n))
+	defer func() {
+		for _, i := range cut {
+			_ = setToxic(tg.nodeProxies[p.id-1][i], "cut-upstream", "upstream", false)
+			_ = setToxic(tg.nodeProxies[p.id-1][i], "cut-downstream", "downstream", false)
+		}
+		r.event(history.Heal, FaultDrop, workerName(p), "links to every node restored")
+	}()
+	_, op := r.freshHolder(ctx, []*proc{p}, since, 8*r.ttl)
+	if op.Lease == 0 {
+		r.event(history.Note, FaultDrop, workerName(p), "no grant with a bare majority came")
+		return nil
+	}
+	p.send(ctlLinger)
+	lockKey := "redlock:lock:" + op.Key
+	// Wait for the cut nodes to let the key go, then for a renewal of the lease.
+	deadline := time.Now().Add(3 * r.ttl)
+	free := false
+	var renewed int64
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		cur, holding, rn := p.lease()
+		if !holding || cur.Lease != op.Lease {
+			break
+		}
+		if !free {
+			free = true
+			for _, i := range cut {
+				if n, err := nodeExists(tg.nodes[i], lockKey); err != nil || n {
+					free = false
+				}
+			}
+			if free {
+				renewed = rn
+			}
+		} else if rn > renewed {
+			renewed = -1
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if renewed != -1 {
+		r.event(history.Note, FaultDrop, workerName(p), fmt.Sprintf("lease %d on %s ended before the cut nodes let the key go", op.Lease, op.Key))
+		return nil
+	}
+	dropped, err := dropTTLKeys(forget)
+	if err != nil {
+		return err
+	}
+	r.event(history.Note, FaultDrop, "redlock node "+forget.Addr(), fmt.Sprintf("dropped %d keys with a TTL (its clock jumped), among them %s, held by %s lease %d on a bare majority", dropped, op.Key, workerName(p), op.Lease))
+	// Keep the links cut while the holder lingers on its bare majority.
+	for ctx.Err() == nil {
+		if cur, holding, _ := p.lease(); !holding || cur.Lease != op.Lease {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+func nodeExists(n *testserver.Redis, key string) (bool, error) {
+	c := redis.NewClient(&redis.Options{Addr: n.Addr()})
+	defer c.Close()
+	v, err := c.Exists(context.Background(), key).Result()
+	return v > 0, err
+}
+
+// dropTTLKeys deletes the keys that have a TTL (the lock keys and waiter marks, not
+// the token registers) on one node.
+func dropTTLKeys(n *testserver.Redis) (int, error) {
 	c := redis.NewClient(&redis.Options{Addr: n.Addr()})
 	defer c.Close()
 	ctx := context.Background()
 	keys, err := c.Keys(ctx, "*").Result()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	dropped := 0
 	for _, k := range keys {
@@ -249,9 +366,7 @@ func injectDrop(_ context.Context, r *run) error {
 			}
 		}
 	}
-	r.event(history.Fault, FaultDrop, "redlock node "+n.Addr(), fmt.Sprintf("dropped %d keys with a TTL", dropped))
-	r.event(history.Heal, FaultDrop, "redlock node "+n.Addr(), "")
-	return nil
+	return dropped, nil
 }
 
 // holder picks a worker that holds a lease now, waiting up to a TTL for one.
@@ -274,14 +389,32 @@ func (r *run) holder(ctx context.Context) *proc {
 
 func workerName(p *proc) string { return "worker " + strconv.Itoa(p.id) }
 
+// pauseLong keeps a stopped worker stopped for at least 1.5 TTL (its lease has
+// expired on the server by then) and then until another worker has written to key
+// since the pause began, up to 5 TTL: the story is a holder that wakes up after
+// someone else took the lock and used it.
+func (r *run) pauseLong(ctx context.Context, p *proc, key string, since int64) {
+	sleep(ctx, r.ttl*3/2)
+	deadline := time.Now().Add(r.ttl * 7 / 2)
+	for ctx.Err() == nil && time.Now().Before(deadline) && !r.wroteSince(key, p, since) {
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// injectPause stops a holder at a random moment of its critical section. A holder
+// checks its lease before each write, and on resuming its core sees at once that
+// the validity deadline passed, so the pause shows as a stale write only when it
+// fell between a check and the write that follows (pause-after-check forces that).
 func injectPause(ctx context.Context, r *run) error {
 	p := r.holder(ctx)
 	if p == nil {
 		return nil
 	}
+	op, _, _ := p.lease()
+	since := history.Now()
 	p.signal(syscall.SIGSTOP)
-	r.event(history.Fault, FaultPause, workerName(p), "SIGSTOP while holding a lease")
-	sleep(ctx, r.ttl*3/2)
+	r.event(history.Fault, FaultPause, workerName(p), fmt.Sprintf("SIGSTOP while holding %s (lease %d)", op.Key, op.Lease))
+	r.pauseLong(ctx, p, op.Key, since)
 	p.signal(syscall.SIGCONT)
 	r.event(history.Heal, FaultPause, workerName(p), "SIGCONT")
 	return nil
@@ -302,8 +435,10 @@ func injectPauseAfterCheck(ctx context.Context, r *run) error {
 		return nil // it never got to a write: nothing to do
 	}
 	p.signal(syscall.SIGSTOP)
-	r.event(history.Fault, FaultPauseAfterCheck, workerName(p), "SIGSTOP right after its lease check, before its write")
-	sleep(ctx, r.ttl*3/2)
+	op, _, _ := p.lease()
+	since := history.Now()
+	r.event(history.Fault, FaultPauseAfterCheck, workerName(p), fmt.Sprintf("SIGSTOP right after its lease check on %s (lease %d), before its write", op.Key, op.Lease))
+	r.pauseLong(ctx, p, op.Key, since)
 	p.signal(syscall.SIGCONT)
 	p.send(ctlResume)
 	r.event(history.Heal, FaultPauseAfterCheck, workerName(p), "SIGCONT")
@@ -313,21 +448,25 @@ func injectPauseAfterCheck(ctx context.Context, r *run) error {
 func (r *run) cut(p *proc, on bool) error {
 	px := r.tg.proxies[p.id-1]
 	for _, stream := range []string{"upstream", "downstream"} {
-		name := "cut-" + stream
-		if !on {
-			if err := px.Toxics.RemoveToxic(context.Background(), name); err != nil {
-				return err
-			}
-			continue
-		}
-		// A timeout toxic with timeout 0 holds all data until it is removed: a
-		// partition, after which TCP delivers what was sent.
-		js := fmt.Sprintf(`{"name":%q,"type":"timeout","stream":%q,"attributes":{"timeout":0}}`, name, stream)
-		if _, err := px.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+		if err := setToxic(px, "cut-"+stream, stream, on); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// setToxic adds (on) or removes a toxiproxy timeout toxic with timeout 0 on one
+// direction of a proxy: it drops every byte sent that way until it is removed, and
+// closes nothing, so the peers see silence, as behind a cut cable. The bytes are
+// lost: a connection that carried data meanwhile is broken for good (clients time
+// out and reconnect).
+func setToxic(px *toxiproxy.Proxy, name, stream string, on bool) error {
+	if !on {
+		return px.Toxics.RemoveToxic(context.Background(), name)
+	}
+	js := fmt.Sprintf(`{"name":%q,"type":"timeout","stream":%q,"attributes":{"timeout":0}}`, name, stream)
+	_, err := px.Toxics.AddToxicJson(strings.NewReader(js))
+	return err
 }
 
 func injectPartition(ctx context.Context, r *run) error {

@@ -126,17 +126,22 @@ func Run(ctx context.Context, cfg Config) (*history.History, error) {
 	}
 	defer store.Close()
 
-	r := &run{cfg: cfg, ttl: ttl, tg: tg, rnd: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed))}
+	r := &run{cfg: cfg, ttl: ttl, tg: tg, rnd: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)), lastWrite: map[string]history.Op{}}
 	r.h.Meta = history.Meta{
 		Backend: s.name + ": " + s.describe, URL: tg.redactedURL(), Fault: cfg.Fault, Fenced: cfg.Fenced, TTL: ttl,
 		Hold: s.hold(ttl), Workers: cfg.Workers, Keys: cfg.Keys, Seed: cfg.Seed,
-		Expected: Expected(cfg.Setup, cfg.Fault, cfg.Fenced),
+		Expected: Expected(cfg.Setup, cfg.Fault, cfg.Fenced), HeldRecorded: true,
 	}
+	defer tg.stopProxies()
 	if s.proxied {
 		if err := tg.startProxies(cfg.Workers); err != nil {
 			return nil, err
 		}
-		defer tg.stopProxies()
+	}
+	if tg.nodes != nil {
+		if err := tg.startNodeProxies(cfg.Workers); err != nil {
+			return nil, err
+		}
 	}
 	for i := 1; i <= cfg.Workers; i++ {
 		if err := r.startWorker(i, store.Addr()); err != nil {
@@ -186,6 +191,16 @@ type run struct {
 	h         history.History
 	workers   []*proc
 	workerErr error
+	lastWrite map[string]history.Op // the latest write op recorded per key
+}
+
+// wroteSince reports whether a worker other than p recorded a write to key that
+// began at or after t.
+func (r *run) wroteSince(key string, p *proc, t int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, ok := r.lastWrite[key]
+	return ok && w.Process != p.id && w.Start >= t
 }
 
 func (r *run) logf(format string, a ...any) {
@@ -198,7 +213,7 @@ func (r *run) event(kind, fault, target, detail string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.h.Events = append(r.h.Events, history.Event{Time: history.Now(), Kind: kind, Fault: fault, Target: target, Detail: detail})
-	if kind != history.Note {
+	if kind != history.Note || fault != "" {
 		r.logf("%s %s %s %s", kind, fault, target, detail)
 	}
 }
@@ -212,7 +227,17 @@ type proc struct {
 	paused chan struct{} // receives when the worker stopped itself after a lease check
 
 	mu      sync.Mutex
-	holding bool // holds a lease now (from its ops)
+	holding bool       // holds a lease now (from its ops)
+	cur     history.Op // the OK acquire of the lease held now, or last held
+	renewed int64      // Start of the latest OK renewal of cur (0: none yet)
+}
+
+// lease returns the worker's current (or last) grant, whether it still holds it,
+// and when its latest OK renewal began (0 if none).
+func (p *proc) lease() (cur history.Op, holding bool, renewed int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cur, p.holding, p.renewed
 }
 
 func (p *proc) send(line string) {
@@ -287,13 +312,18 @@ func (r *run) read(p *proc, out io.Reader) {
 			p.mu.Lock()
 			switch {
 			case op.Kind == history.Acquire && op.OK:
-				p.holding = true
-			case op.Kind == history.Release || op.Kind == history.Lost:
+				p.holding, p.cur, p.renewed = true, op, 0
+			case op.Kind == history.Renew && op.OK && op.Lease == p.cur.Lease:
+				p.renewed = op.Start
+			case (op.Kind == history.Release || op.Kind == history.Lost) && op.Lease == p.cur.Lease:
 				p.holding = false
 			}
 			p.mu.Unlock()
 			r.mu.Lock()
 			r.h.Ops = append(r.h.Ops, op)
+			if op.Kind == history.Write {
+				r.lastWrite[op.Key] = op
+			}
 			r.mu.Unlock()
 		case strings.HasPrefix(string(line), msgPaused):
 			select {

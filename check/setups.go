@@ -69,17 +69,21 @@ func init() {
 		return &setup{name: name, describe: describe, proxied: true, hold: fullTTL, roundTTL: asIs,
 			start: func(tb testing.TB, _ time.Duration) *target {
 				m := testserver.StartRedis(tb)
-				r := testserver.StartRedis(tb, "--replicaof", "127.0.0.1", strconv.Itoa(m.Port))
-				waitReplicaSynced(tb, r)
-				return &target{upstream: m.Addr(), url: redisURL(query), redis: m, replica: r}
+				r := testserver.StartRedis(tb)
+				t := &target{upstream: m.Addr(), url: redisURL(query), redis: m, replica: r}
+				tb.Cleanup(t.stopProxies)
+				if err := t.linkReplica(); err != nil {
+					tb.Fatalf("%v", err)
+				}
+				return t
 			}}
 	}
 	addSetup(replicated("redis-replica", "redis-server master + replica, the lock waits for 1 replica ack (WAIT), no persistence", "replicas=1&replica_timeout=100ms"))
 	addSetup(replicated("redis-async", "redis-server master + replica, asynchronous replication (no WAIT), no persistence", ""))
-	addSetup(&setup{name: "redlock", describe: "Redlock over 5 redis-server masters, no persistence", hold: fullTTL, roundTTL: asIs,
+	addSetup(&setup{name: "redlock", describe: "Redlock over 5 redis-server masters, no persistence; each worker reaches each node through its own TCP proxy", hold: fullTTL, roundTTL: asIs,
 		start: func(tb testing.TB, _ time.Duration) *target {
 			nodes := testserver.StartRedisNodes(tb, 5)
-			return &target{direct: testserver.RedlockURL(nodes, "node_timeout=100ms"), nodes: nodes}
+			return &target{direct: testserver.RedlockURL(nodes, redlockQuery), nodes: nodes}
 		}})
 	addSetup(&setup{name: "etcd", describe: "etcd, 3 members (embedded in the checker process), election timeout 500ms", hold: halfTTL, roundTTL: wholeSeconds,
 		start: func(tb testing.TB, _ time.Duration) *target {
@@ -113,18 +117,33 @@ func redisURL(query string) func(addr string) string {
 	}
 }
 
-func waitReplicaSynced(tb testing.TB, r *testserver.Redis) {
-	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+const redlockQuery = "node_timeout=100ms"
+
+// linkReplica makes t.replica a replica of t.redis through a TCP proxy of its own
+// (t.repl), so that the failover fault can cut the replication stream, and waits
+// until the replica is in sync.
+func (t *target) linkReplica() error {
+	px := toxiproxy.NewProxy(t.toxi(), "replication", "127.0.0.1:0", t.redis.Addr())
+	if err := px.Start(); err != nil {
+		return fmt.Errorf("replication proxy: %w", err)
+	}
+	t.repl = px
+	_, port, _ := strings.Cut(px.Listen, ":")
+	c := redis.NewClient(&redis.Options{Addr: t.replica.Addr()})
 	defer c.Close()
+	ctx := context.Background()
+	if err := c.Do(ctx, "REPLICAOF", "127.0.0.1", port).Err(); err != nil {
+		return fmt.Errorf("replica %s: REPLICAOF: %w", t.replica.Addr(), err)
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		info, err := c.Info(context.Background(), "replication").Result()
+		info, err := c.Info(ctx, "replication").Result()
 		if err == nil && strings.Contains(info, "master_link_status:up") {
-			return
+			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	tb.Fatalf("replica %s did not sync with its master within 20s", r.Addr())
+	return fmt.Errorf("replica %s did not sync with its master %s within 20s", t.replica.Addr(), t.redis.Addr())
 }
 
 // target is a started setup: its servers, the URL each worker uses, and the
@@ -140,11 +159,29 @@ type target struct {
 	zk             *testserver.ZooKeeperEnsemble
 	pg             *testserver.Postgres
 
-	proxies []*toxiproxy.Proxy // one per worker, in worker order
+	toxiproxy   *toxiproxy.ApiServer
+	proxies     []*toxiproxy.Proxy   // one per worker, in worker order
+	nodeProxies [][]*toxiproxy.Proxy // redlock: per worker, one per node (in t.nodes order)
+	repl        *toxiproxy.Proxy     // the replica's link to its master (replicated setups)
+}
+
+// toxi returns the toxiproxy server of the target's proxies.
+func (t *target) toxi() *toxiproxy.ApiServer {
+	if t.toxiproxy == nil {
+		t.toxiproxy = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	}
+	return t.toxiproxy
 }
 
 // urlFor returns the URL worker id uses.
 func (t *target) urlFor(id int) string {
+	if t.nodeProxies != nil {
+		addrs := make([]string, len(t.nodeProxies[id-1]))
+		for i, p := range t.nodeProxies[id-1] {
+			addrs[i] = p.Listen
+		}
+		return "redlock://" + strings.Join(addrs, ",") + "/0?" + redlockQuery
+	}
 	if t.proxies != nil {
 		return t.url(t.proxies[id-1].Listen)
 	}
@@ -168,9 +205,8 @@ func (t *target) redactedURL() string {
 }
 
 func (t *target) startProxies(n int) error {
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	for i := 1; i <= n; i++ {
-		p := toxiproxy.NewProxy(srv, "worker-"+strconv.Itoa(i), "127.0.0.1:0", t.upstream)
+		p := toxiproxy.NewProxy(t.toxi(), "worker-"+strconv.Itoa(i), "127.0.0.1:0", t.upstream)
 		if err := p.Start(); err != nil {
 			t.stopProxies()
 			return fmt.Errorf("proxy for worker %d: %w", i, err)
@@ -180,9 +216,35 @@ func (t *target) startProxies(n int) error {
 	return nil
 }
 
+// startNodeProxies gives each of n workers its own proxy to each Redlock node, so
+// that the drop fault can cut one worker off a minority of the nodes.
+func (t *target) startNodeProxies(n int) error {
+	for i := 1; i <= n; i++ {
+		var ps []*toxiproxy.Proxy
+		for j, node := range t.nodes {
+			p := toxiproxy.NewProxy(t.toxi(), fmt.Sprintf("worker-%d-node-%d", i, j), "127.0.0.1:0", node.Addr())
+			if err := p.Start(); err != nil {
+				t.stopProxies()
+				return fmt.Errorf("proxy for worker %d to node %s: %w", i, node.Addr(), err)
+			}
+			ps = append(ps, p)
+		}
+		t.nodeProxies = append(t.nodeProxies, ps)
+	}
+	return nil
+}
+
 func (t *target) stopProxies() {
 	for _, p := range t.proxies {
 		p.Stop()
+	}
+	for _, ps := range t.nodeProxies {
+		for _, p := range ps {
+			p.Stop()
+		}
+	}
+	if t.repl != nil {
+		t.repl.Stop()
 	}
 }
 

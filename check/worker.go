@@ -221,7 +221,7 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 			break // told to stop while waiting: not a failed acquire
 		}
 		if err != nil {
-			w.record(history.Op{Key: key, Kind: history.Acquire, Start: start, End: end, Err: err.Error()})
+			w.record(history.Op{Key: key, Kind: history.Acquire, Start: start, End: end, Err: err.Error(), Held: errors.Is(err, dlock.ErrLocked)})
 			if !errors.Is(err, context.DeadlineExceeded) {
 				time.Sleep(20 * time.Millisecond) // the backend failed: do not spin
 			}

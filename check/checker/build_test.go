@@ -19,7 +19,7 @@ type builder struct{ h history.History }
 func newHistory(hold, ttl time.Duration, lengthMS float64) *builder {
 	return &builder{h: history.History{Meta: history.Meta{
 		Backend: "test", Fault: "none", Fenced: true, Hold: hold, TTL: ttl,
-		Start: base, End: at(lengthMS), Workers: 4, Keys: 2,
+		Start: base, End: at(lengthMS), Workers: 4, Keys: 2, HeldRecorded: true,
 	}}}
 }
 
@@ -69,9 +69,14 @@ const (
 	errUnknown = "redislock: acquire \"k\": dial tcp 127.0.0.1:6379: connection refused"
 )
 
-// failed records a failed acquire of key by worker p from s to e.
+// failed records a failed acquire of key by worker p from s to e; it failed
+// because the key was held when err is errHeld (Op.Held, as a worker records it).
 func (b *builder) failed(p int, key string, s, e float64, err string) {
-	b.op(history.Op{Process: p, Key: key, Kind: history.Acquire, Start: at(s), Attempt: at(s), End: at(e), Err: err})
+	b.failedHeld(p, key, s, e, err, err == errHeld)
+}
+
+func (b *builder) failedHeld(p int, key string, s, e float64, err string, held bool) {
+	b.op(history.Op{Process: p, Key: key, Kind: history.Acquire, Start: at(s), Attempt: at(s), End: at(e), Err: err, Held: held})
 }
 
 func (b *builder) event(kind, fault, target string, t float64) {

@@ -412,7 +412,7 @@ func (c *run) p5() {
 }
 
 // lostReleases looks for keys left locked by nobody. A failed acquire on key k
-// that failed because k was held (its error says "locked by another owner")
+// that failed because k was held (Op.Held)
 // waited for k during [Start, End]; if no lease of k could have been live
 // anywhere in [Start+Slack, End], the key was held on the server by a grant that
 // should have ended: a release that did not happen, or expiry that did not come.
@@ -424,8 +424,9 @@ func (c *run) p5() {
 // Slack past its heal are skipped: a server that is down is not a lost release.
 //
 // What it misses: any stuck key while some other lease of it was possibly live,
-// and stuck keys nobody waited for Slack on. It relies on the error text of
-// driver.ErrLocked to tell "held" failures apart.
+// and stuck keys nobody waited for Slack on. "Held" failures are told apart by
+// Op.Held (errors.Is(err, dlock.ErrLocked) in the worker); histories from before
+// Meta.HeldRecorded fall back to the error text of driver.ErrLocked.
 func (c *run) lostReleases() {
 	ttl := int64(c.h.Meta.TTL)
 	slack := int64(c.opts.Slack)
@@ -440,7 +441,7 @@ func (c *run) lostReleases() {
 		if o.Kind != history.Acquire || o.OK {
 			continue
 		}
-		if held(o) {
+		if c.held(o) {
 			waits = append(waits, o)
 		} else {
 			live[o.Key] = append(live[o.Key], span{attemptOf(o), o.End + ttl})
@@ -489,5 +490,12 @@ func (c *run) lostReleases() {
 
 var lockedText = driver.ErrLocked.Error()
 
-// held reports whether a failed acquire failed because the key was held.
-func held(o *history.Op) bool { return strings.Contains(o.Err, lockedText) }
+// held reports whether a failed acquire failed because the key was held: from
+// Op.Held when the history records it, else (older histories) from the error
+// text of driver.ErrLocked.
+func (c *run) held(o *history.Op) bool {
+	if c.h.Meta.HeldRecorded {
+		return o.Held
+	}
+	return strings.Contains(o.Err, lockedText)
+}

@@ -309,21 +309,47 @@ func TestLostRelease(t *testing.T) {
 		}, 0},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			b := newHistory(hold, ttl, 1000)
-			tc.build(b)
-			r := b.check(Options{})
-			wantCount(t, "lost releases", r.LostReleases, tc.count)
-			if tc.count > 0 {
-				v := r.LostReleases.Examples[0]
-				if v.Key != "k" || v.Time >= v.End || !strings.Contains(v.Detail, "Worker 2 waited for key k") {
-					t.Fatalf("violation %+v", v)
+		for _, old := range []bool{false, true} {
+			name := tc.name
+			if old {
+				name += " (history without Op.Held)"
+			}
+			t.Run(name, func(t *testing.T) {
+				b := newHistory(hold, ttl, 1000)
+				tc.build(b)
+				if old {
+					b.h.Meta.HeldRecorded = false
+					for i := range b.h.Ops {
+						b.h.Ops[i].Held = false
+					}
 				}
-			}
-			if !r.Safe() {
-				t.Fatal("lost releases are not a safety violation")
-			}
-		})
+				r := b.check(Options{})
+				wantCount(t, "lost releases", r.LostReleases, tc.count)
+				if tc.count > 0 {
+					v := r.LostReleases.Examples[0]
+					if v.Key != "k" || v.Time >= v.End || !strings.Contains(v.Detail, "Worker 2 waited for key k") {
+						t.Fatalf("violation %+v", v)
+					}
+				}
+				if !r.Safe() {
+					t.Fatal("lost releases are not a safety violation")
+				}
+			})
+		}
+	}
+}
+
+// With Op.Held recorded, the flag decides, not the error text.
+func TestLostReleaseHeldFlag(t *testing.T) {
+	b := newHistory(hold, ttl, 1000)
+	b.grant(1, 1, "k", 1, 0, 0, 1).release(10, 11, true)
+	b.failedHeld(2, "k", 20, 500, "redlock: acquire \"k\": no majority: 2 of 5 nodes ok (need 3), 3 held", true)
+	b.grant(1, 2, "j", 2, 0, 0, 1).release(10, 11, true)
+	b.failedHeld(3, "j", 20, 500, errHeld, false) // a "held" text that is not a held failure
+	r := b.check(Options{})
+	wantCount(t, "lost releases", r.LostReleases, 1)
+	if v := r.LostReleases.Examples[0]; v.Key != "k" {
+		t.Fatalf("violation %+v", v)
 	}
 }
 

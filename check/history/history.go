@@ -54,6 +54,10 @@ type Op struct {
 	OK      bool   `json:"ok"`            // the call succeeded
 	Token   uint64 `json:"tok,omitempty"` // the fencing token of the lease
 	Err     string `json:"err,omitempty"` // why it failed
+	// Held, for a failed Acquire, says that it failed because another owner held
+	// the key (the error matched dlock.ErrLocked), not because the backend could
+	// not be reached or answered otherwise. Recorded when Meta.HeldRecorded.
+	Held bool `json:"held,omitempty"`
 }
 
 // StoreWrite is one write that reached the fenced store, in the order the store
@@ -106,6 +110,10 @@ type Meta struct {
 	Start    int64         `json:"start"`    // CLOCK_MONOTONIC ns when the workload began
 	End      int64         `json:"end"`      // CLOCK_MONOTONIC ns when it ended
 	Expected string        `json:"expected"` // "safe", or why the cell is expected to be unsafe
+	// HeldRecorded says that failed acquires carry Op.Held. Histories written
+	// before that field existed lack it; readers then tell "held" failures from
+	// the error text.
+	HeldRecorded bool `json:"held_recorded,omitempty"`
 }
 
 // History is one run.
