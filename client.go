@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	mrand "math/rand/v2"
 	"net/url"
 	"strings"
@@ -330,6 +331,23 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 			cfg.logger.Debug("dlock: withdraw waiter", "key", key, "err", err)
 		}
 	}()
+	// A notified waiter attempts again, in case its wake-up was lost, after a
+	// fallback interval jittered in [hi/2, hi], where hi grows with its place in
+	// the queue (driver.HeldError.Ahead): retryMax times 1+log2(1+ahead) rounded
+	// up, at most maxFallbackScale times retryMax. So a waiter whose wake-up is lost
+	// when it reaches the head attempts again at most 4*retryMax (4s by default)
+	// after its previous attempt, and at most retryMax after one that found it next
+	// in line; a backend that does not report Ahead gets retryMax, as before.
+	//
+	// Each attempt asks the backend to keep the place for the longest interval that
+	// may follow it (budget) plus 2*retryMax+1s for the attempt itself to arrive,
+	// and the interval never exceeds the budget of the attempt before it, so a live
+	// waiter's place never lapses. A waiter that dies leaves its place behind for at
+	// most (maxFallbackScale+2)*retryMax+1s (7s by default; 4s, as before, after an
+	// attempt that found it next in line); a backend passes over it when it lapses.
+	const maxFallbackScale = 4
+	budget := maxFallbackScale * cfg.retryMax
+	patience := func(hi time.Duration) time.Duration { return hi + 2*cfg.retryMax + time.Second }
 	// A waiting Lock registers its wait before the first attempt that may queue,
 	// so that no wake-up is lost; when the backend advises that the key is likely
 	// free, it tries first without (see driver.WatchAdvisor).
@@ -340,7 +358,7 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 			return fmt.Errorf("dlock: wait for %q: %w", key, err)
 		}
 		req.Wait = true
-		req.Patience = 3*cfg.retryMax + time.Second
+		req.Patience = patience(budget)
 		return nil
 	}
 	if wait && c.notifier != nil && (c.advisor == nil || c.advisor.WatchFirst(key)) {
@@ -398,15 +416,22 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 			}
 			continue // attempt again at once, now waiting
 		}
+		var held *driver.HeldError
+		isHeld := errors.As(err, &held)
 		var d time.Duration
 		if w != nil {
-			d = jitter(cfg.retryMax/2, cfg.retryMax)
+			scale := 1
+			if isHeld && held.Ahead > 0 {
+				scale = min(1+bits.Len(uint(held.Ahead)), maxFallbackScale)
+			}
+			hi := min(time.Duration(scale)*cfg.retryMax, budget)
+			budget, req.Patience = hi, patience(hi)
+			d = jitter(hi/2, hi)
 		} else {
 			d = jitter(0, backoff)
 			backoff = min(2*backoff, cfg.retryMax)
 		}
-		var held *driver.HeldError
-		if errors.As(err, &held) && held.RetryAfter > 0 && held.RetryAfter+time.Millisecond < d {
+		if isHeld && held.RetryAfter > 0 && held.RetryAfter+time.Millisecond < d {
 			d = held.RetryAfter + time.Millisecond
 		}
 		d = max(d, time.Millisecond)

@@ -391,7 +391,7 @@ func OpsSource(scheme string) string {
 	case "zk":
 		return "requests received (mntr packets_received, pings included)"
 	case "etcd":
-		return "requests (server metrics)"
+		return "requests received (gRPC messages, grpc_server_msg_received_total; keep-alives included)"
 	}
 	return "server operations (driver.OpsCounter)"
 }

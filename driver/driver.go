@@ -96,6 +96,15 @@ type Grant struct {
 // waiter sleeps when no wake-up arrives.
 type HeldError struct {
 	RetryAfter time.Duration
+	// Ahead, for an attempt with Request.Wait set that left the caller queued, is
+	// how many live queued places are ahead of the caller's (the holder not
+	// counted): 0 when the caller is next in line, or when the backend cannot tell
+	// cheaply. A backend sets it only from what the attempt's own reply says,
+	// without a request of its own. The core spaces a notified waiter's fallback
+	// attempts (its guard against a lost wake-up) further apart the further back it
+	// is, within a bound, so that a long queue does not cost a write per waiter per
+	// second; a backend that leaves it 0 gets the shortest fallback interval.
+	Ahead int
 }
 
 // Error says that the key is held and, if known, when the grant expires.

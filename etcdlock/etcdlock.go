@@ -8,7 +8,8 @@
 // prefix (default "dlock"). Parameters: tls (true for TLS with the system roots),
 // tls_ca, tls_cert, tls_key, tls_server_name (any of them turns TLS on), timeout (bound
 // on each request, default 5s), dial_timeout (bound on connecting in Open, default
-// 5s); and the core's ttl, renew, drift, owner. User and password come from the URL's
+// 5s), metrics (the members' Prometheus metrics pages, comma-separated, read only by
+// ServerOps for benchmarks; see WithMetrics); and the core's ttl, renew, drift, owner. User and password come from the URL's
 // user info. Unknown parameters are an error.
 //
 // # Algorithm
@@ -105,6 +106,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -148,6 +150,7 @@ type options struct {
 	tls        *tls.Config
 	user, pass string
 	auth       bool
+	metrics    []string // metrics pages for ServerOps
 }
 
 // WithPrefix sets the key prefix (default "dlock"). Clients that should contend for
@@ -200,13 +203,16 @@ func WithAuth(user, password string) Option {
 }
 
 // Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser and driver.Floorer, and is safe for
-// concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Floorer and driver.OpsCounter, and
+// is safe for concurrent use.
 type Backend struct {
 	cli     *clientv3.Client
 	own     bool // close cli in Close
 	prefix  string
 	timeout time.Duration
+
+	metrics     []string     // metrics pages read by ServerOps
+	metricsHTTP *http.Client // for them
 
 	ctx    context.Context // ends at Close; parent of background work
 	cancel context.CancelFunc
@@ -231,6 +237,7 @@ var (
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Floorer       = (*Backend)(nil)
+	_ driver.OpsCounter    = (*Backend)(nil)
 )
 
 func defaultOptions() options {
@@ -256,6 +263,9 @@ func New(cli *clientv3.Client, opts ...Option) (*Backend, error) {
 	if o.tls != nil || o.auth {
 		return nil, fmt.Errorf("%w: WithTLS and WithAuth apply to Open; configure the clientv3.Client given to New", driver.ErrInvalid)
 	}
+	if o.metrics == nil {
+		o.metrics = loopbackMetrics(cli.Endpoints())
+	}
 	return newBackend(cli, o), nil
 }
 
@@ -263,6 +273,7 @@ func newBackend(cli *clientv3.Client, o options) *Backend {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Backend{
 		cli: cli, prefix: o.prefix, timeout: o.timeout,
+		metrics: o.metrics, metricsHTTP: newMetricsClient(o.tls),
 		ctx: ctx, cancel: cancel, grant: make(chan struct{}, 1),
 		sessions: make(map[int64]*session), waiters: make(map[ownerKey]*waiter), held: make(map[ownerKey]*tracked),
 		names: make(map[ownerKey]string), burned: make(map[string]bool), id: newID(),
@@ -302,6 +313,15 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 			tlsOn = true
 		}
 	}
+	metrics, err := p.String("metrics", "")
+	if err != nil {
+		return nil, err
+	}
+	if metrics != "" {
+		if err := WithMetrics(strings.Split(metrics, ",")...)(&o); err != nil {
+			return nil, err
+		}
+	}
 	if err := p.Unknown(); err != nil {
 		return nil, err
 	}
@@ -333,6 +353,9 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	endpoints, err := parseEndpoints(u.Host, o.tls != nil)
 	if err != nil {
 		return nil, err
+	}
+	if o.metrics == nil {
+		o.metrics = loopbackMetrics(endpoints)
 	}
 	connectTimeout := dialTimeout
 	if dl, ok := ctx.Deadline(); ok {
@@ -497,6 +520,7 @@ func (b *Backend) Close() error {
 	wg.Wait()
 	b.cancel()
 	b.wg.Wait()
+	b.metricsHTTP.CloseIdleConnections()
 	if b.own {
 		return b.cli.Close()
 	}

@@ -191,10 +191,13 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 		if first != nil && string(first.Value) == req.Owner {
 			return b.resume(ctx, ok, first, s, member)
 		}
-		if last := resp.Responses[2].GetResponseRange().GetKvs(); w != nil && len(last) == 2 {
+		lastResp := resp.Responses[2].GetResponseRange()
+		if last := lastResp.GetKvs(); w != nil && len(last) == 2 {
 			w.follow(string(last[1].Key), last[1].CreateRevision, rev, s, rev, member)
 		}
-		return driver.Grant{}, &driver.HeldError{}
+		// The read counts every member (its limit does not apply to the count), and
+		// the own one is the newest: the others but the holder are ahead of it.
+		return driver.Grant{}, &driver.HeldError{Ahead: max(int(lastResp.GetCount())-2, 0)}
 	}
 
 	// The member key exists: the same grant (re-entry, or a retry after a lost

@@ -73,9 +73,10 @@
 // concurrent statements on one key run one after the other on its latest version;
 // a waiter's place cannot be lost to a concurrent release. A waiter that gives up
 // withdraws its place and passes a reservation made for it to the next waiter. A
-// waiter that crashes keeps its place only for its patience (renewed by each attempt,
-// about four fallback intervals); a reservation for it lapses with it, and the next
-// waiter takes the lock when its own retry comes (the refused attempt told it when).
+// waiter that crashes keeps its place only for its patience (renewed by each attempt:
+// the longest fallback interval that may follow plus a margin, 4 to 7 seconds with
+// the core's defaults); a reservation for it lapses with it, and the next waiter takes
+// the lock when its own retry comes (the refused attempt told it when).
 // A wake-up lost to a dropped connection is covered by waking every local waiter once
 // the listening connection is back, and by the core's bounded fallback retry. A grant
 // that expires rather than being released notifies no one: waiters retry when the
@@ -86,9 +87,12 @@
 // NOTIFY travels to one client only, but PostgreSQL (15) signals every listening
 // session of the database to look at it, so each client that is waiting adds a little
 // server work to every handoff. Each waiter also renews its place on every fallback
-// retry (about once a second by default), one write each, and every write to a key's
-// row rewrites its queue: the design suits tens to hundreds of waiters per key, not
-// many thousands. LISTEN needs a session of its own: behind a transaction-pooling
+// retry, one write each, and every write to a key's row rewrites its queue. A refused
+// waiting attempt reports how many live places are ahead of the caller's
+// (driver.HeldError.Ahead, from the row it read anyway), and the core spaces the
+// retries of a waiter further back further apart (1 to 4 seconds by default), so a
+// long queue adds few such writes per handoff. The design suits tens to hundreds of
+// waiters per key, not many thousands. LISTEN needs a session of its own: behind a transaction-pooling
 // proxy (PgBouncer in transaction mode) wake-ups are lost and waiters fall back to
 // their retry timer.
 //
@@ -529,9 +533,10 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	for range casAttempts {
 		var granted, mustWrite, wrote bool
 		var token, left *int64
+		var ahead int64
 		err := retry(ctx, func() error {
 			return b.pool.QueryRow(ctx, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience)).
-				Scan(&granted, &mustWrite, &wrote, &token, &left)
+				Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead)
 		})
 		if err != nil {
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
@@ -549,7 +554,11 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		if left != nil {
 			after = time.Duration(max(*left, 1)) * time.Microsecond
 		}
-		return driver.Grant{}, &driver.HeldError{RetryAfter: after}
+		held := &driver.HeldError{RetryAfter: after}
+		if req.Wait {
+			held.Ahead = int(ahead) // the places still ahead of the caller's
+		}
+		return driver.Grant{}, held
 	}
 	return driver.Grant{}, &driver.HeldError{RetryAfter: time.Microsecond}
 }

@@ -97,6 +97,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("NotifyOnlyWhenWaited", func(t *testing.T) { testNotifyOnlyWhenWaited(t, srv) })
 	t.Run("WokenByNotify", func(t *testing.T) { testWokenByNotify(t, srv) })
 	t.Run("CrashedWaiter", func(t *testing.T) { testCrashedWaiter(t, srv) })
+	t.Run("PlaceInQueue", func(t *testing.T) { testPlaceInQueue(t, srv) })
 	t.Run("NewAndLinger", func(t *testing.T) { testNewAndLinger(t, srv) })
 	t.Run("ConnectionLoss", func(t *testing.T) { testConnectionLoss(t, srv) })
 	t.Run("LoginRevoked", func(t *testing.T) { testLoginRevoked(t, srv) })
@@ -561,6 +562,74 @@ func testCrashedWaiter(t *testing.T, srv *testserver.Postgres) {
 	// The crashed waiter's place is gone: the key is free again.
 	if _, err := holder.Backend().(driver.Inspector).Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("Inspect after the handoffs: %v", err)
+	}
+}
+
+// A refused waiting attempt reports how many live places are ahead of the caller's
+// (driver.HeldError.Ahead), counting a waiter the free lock is reserved for; an
+// attempt that will not wait reports none.
+func testPlaceInQueue(t *testing.T, srv *testserver.Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	b := harness(t, srv).Open(t)
+	defer b.Close()
+	key := drivertest.Key(t, "k")
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	ahead := func(owner string, wait bool) int {
+		t.Helper()
+		req := driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: wait}
+		if wait {
+			req.Patience = time.Minute
+		}
+		_, err := b.Acquire(ctx, req)
+		var held *driver.HeldError
+		if !errors.As(err, &held) {
+			t.Fatalf("%s's attempt: %v, want a *driver.HeldError", owner, err)
+		}
+		return held.Ahead
+	}
+	for i, w := range []string{"w0", "w1", "w2"} {
+		if got := ahead(w, true); got != i {
+			t.Fatalf("%s queued with %d ahead, want %d", w, got, i)
+		}
+	}
+	if got := ahead("w2", true); got != 2 {
+		t.Fatalf("w2 again: %d ahead, want 2", got)
+	}
+	if got := ahead("other", false); got != 0 {
+		t.Fatalf("an attempt that will not wait: %d ahead, want 0", got)
+	}
+	if err := b.Release(ctx, key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	// Reserved for w0, which is still ahead until it takes the lock.
+	if got := ahead("w1", true); got != 1 {
+		t.Fatalf("w1 with the lock reserved for w0: %d ahead, want 1", got)
+	}
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "w0", TTL: time.Minute, Wait: true, Patience: time.Minute}); err != nil {
+		t.Fatalf("w0 takes its reservation: %v", err)
+	}
+	if got := ahead("w1", true); got != 0 {
+		t.Fatalf("w1 behind w0's grant: %d ahead, want 0", got)
+	}
+	if got := ahead("w2", true); got != 1 {
+		t.Fatalf("w2 behind w0's grant: %d ahead, want 1", got)
+	}
+	// Down the chain, leaving nothing behind.
+	for i, w := range []string{"w0", "w1", "w2"} {
+		if i > 0 {
+			if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: w, TTL: time.Minute, Wait: true, Patience: time.Minute}); err != nil {
+				t.Fatalf("%s takes its reservation: %v", w, err)
+			}
+		}
+		if err := b.Release(ctx, key, w); err != nil {
+			t.Fatalf("%s releases: %v", w, err)
+		}
+	}
+	if _, err := b.(driver.Inspector).Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("Inspect after the chain: %v", err)
 	}
 }
 

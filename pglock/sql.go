@@ -91,7 +91,8 @@ func buildStatements(table, seq string) statements {
 	// is its own (re-entry: same token) or reserved for it; or when the row expired
 	// and no live waiter is queued ahead of it. Otherwise a waiting caller takes or
 	// renews its place in the queue. Result: (granted, must write, wrote, token,
-	// µs left on the holder's grant).
+	// µs left on the holder's grant, live places ahead of the caller's: all of them
+	// for a caller not yet queued, who goes at the end).
 	// The uncontended paths, tried first: they cost what the plainest table lock
 	// costs, and write nothing when they do not apply (a row exists; waiters queued).
 	s.fastAcquire = `INSERT INTO {T} (key, owner, token, expires_at)
@@ -142,7 +143,8 @@ func buildStatements(table, seq string) statements {
 )
 SELECT t.granted, t.absent OR t.granted OR $4::boolean,
 	EXISTS (SELECT FROM ins) OR EXISTS (SELECT FROM upd), t.token,
-	CASE WHEN t.live THEN (extract(epoch FROM t.expires_at - now()) * 1000000)::bigint END
+	CASE WHEN t.live THEN (extract(epoch FROM t.expires_at - now()) * 1000000)::bigint END,
+	(SELECT count(*) FROM q, me WHERE me.i IS NULL OR q.i < me.i)
 FROM t`
 	}
 	// A waiting attempt writes (its place) unless granted, so it locks the row; an
