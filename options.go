@@ -96,8 +96,9 @@ func WithDrift(factor float64, fixed time.Duration) Option {
 
 // WithRetry sets the backoff of a waiting Lock: on a backend that cannot notify,
 // attempts are spaced from min doubling up to max, with full jitter; on a backend that
-// notifies, max (jittered) bounds the wait for a wake-up that was lost. Defaults: 10ms
-// and 1s.
+// notifies, max (jittered) bounds the wait for a wake-up that was lost, scaled up to 4x
+// for a waiter the backend reports deep in its queue (driver.HeldError.Ahead), where
+// the key cannot come before the waiters ahead have had it. Defaults: 10ms and 1s.
 func WithRetry(min, max time.Duration) Option {
 	return func(c *config) error {
 		if min <= 0 || max < min {

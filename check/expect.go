@@ -8,8 +8,8 @@ type Expectation struct {
 	// ResourceSafe: no stale write accepted by the store (P3 = 0). Always true
 	// with fencing: the store refuses older tokens.
 	ResourceSafe bool
-	// TokenSafe: tokens grow with real time (P4 = 0). False only where the
-	// token counter itself can be lost with the lock.
+	// TokenSafe: tokens grow with real time (P4 = 0). True for every cell today;
+	// kept so that a backend whose tokens can go back says so.
 	TokenSafe bool
 	// Why explains an unsafe expectation, in one sentence.
 	Why string
@@ -22,10 +22,10 @@ func Expect(setupName, faultName string, fenced bool) Expectation {
 	case setupName == "redis" && faultName == FaultKill:
 		e.LockSafe, e.Why = false, "a restart without persistence loses every lock key, so a second client gets a lock the first still holds"
 	case setupName == "redis-async" && faultName == FaultFailover:
-		// The token counter is replicated as late as the lock: the promoted
-		// replica issues tokens again that the dead master had issued (redislock
-		// falls back to the clock only when the counter is missing altogether).
-		e.LockSafe, e.TokenSafe, e.Why = false, false, "a lock written to the master but not yet replicated is gone after the promotion, and so are the token counter's last increments: a second client gets the lock the first still holds, possibly with a token already issued (the fenced store then accepts both holders' writes, since it accepts equal tokens)"
+		// The token counter is replicated as late as the lock, but every token is
+		// max(counter+1, server clock): the promoted replica's tokens are above
+		// those the dead master issued, so P4 stays 0 and fencing holds.
+		e.LockSafe, e.Why = false, "a lock written to the master but not yet replicated is gone after the promotion: a second client gets the lock the first still holds (with a higher token, so fencing holds)"
 	case setupName == "redlock" && faultName == FaultDrop:
 		e.LockSafe, e.Why = false, "a holder that reached only a bare majority (3 of 5 nodes) loses it when one of its nodes forgets the key early (a clock jump): a second client gets that node and the 2 others, a majority, while the first still holds"
 	case faultName == FaultPauseAfterCheck:
