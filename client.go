@@ -25,6 +25,7 @@ type Token uint64
 type Client struct {
 	b        driver.Backend
 	notifier driver.Notifier     // nil when the backend cannot notify
+	bounder  driver.Bounder      // nil unless grants live on a backend-kept session
 	advisor  driver.WatchAdvisor // nil unless the notifier advises
 	cfg      config
 
@@ -104,6 +105,7 @@ func New(b driver.Backend, opts ...Option) (*Client, error) {
 	c := &Client{b: b, cfg: cfg, closing: make(chan struct{}), slots: make(map[slotKey]*slot)}
 	c.ren.clk, c.ren.base, c.ren.lazy = cfg.clock, cfg.clock.Now(), cfg.clock == clock.Real
 	c.notifier, _ = b.(driver.Notifier)
+	c.bounder, _ = b.(driver.Bounder)
 	if c.notifier != nil {
 		c.advisor, _ = b.(driver.WatchAdvisor)
 	}
@@ -382,7 +384,8 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 				reasked = true
 				continue
 			}
-			if now.Sub(start) >= cfg.validity() {
+			deadline := c.bound(key, owner, start.Add(cfg.validity()), now)
+			if !deadline.After(now) {
 				// Granted too late to be trusted: treat as held and try again. A
 				// generated owner gives it back; a given owner re-enters it on
 				// the next attempt with a fresh TTL.
@@ -392,7 +395,7 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 				err = &driver.HeldError{}
 			} else {
 				acquired = true
-				return newGrant(key, owner, cfg, gr, start), now, nil
+				return newGrant(key, owner, cfg, gr, start, deadline), now, nil
 			}
 		}
 		if !errors.Is(err, ErrLocked) {

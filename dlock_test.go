@@ -610,3 +610,80 @@ func TestRenewalsShareOneTimer(t *testing.T) {
 		t.Fatalf("%d clock timers with no grant left, want 0", n)
 	}
 }
+
+// bounding is the reference backend as a driver.Bounder whose grants live on a
+// session that the test keeps alive by moving its end.
+type bounding struct {
+	*memlock.Backend
+	clk       *clock.Fake
+	until     atomic.Int64 // session end, ns on the fake clock
+	refreshes atomic.Int64
+}
+
+func (b *bounding) Bound(key, owner string) (time.Duration, bool) {
+	return time.Duration(b.until.Load() - b.clk.Now().UnixNano()), true
+}
+
+func (b *bounding) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	defer b.refreshes.Add(1)
+	return b.Backend.Refresh(ctx, key, owner, ttl)
+}
+
+// A grant on a session the backend keeps alive is valid only while the session is:
+// the core's deadline is cut to the backend's bound, after the acquire and after
+// each renewal, and the lease is lost at that deadline if the session was not kept
+// alive meanwhile, however young the grant.
+func TestBoundCutsValidity(t *testing.T) {
+	clk := clock.NewFake(t0)
+	fb := &bounding{Backend: memlock.NewStore(clk).Backend(), clk: clk}
+	fb.until.Store(t0.Add(4 * time.Second).UnixNano())
+	c, err := dlock.New(fb, dlock.WithClock(clk), dlock.WithTTL(9*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.Expiry(), t0.Add(4*time.Second); !got.Equal(want) {
+		t.Fatalf("Expiry = %v, want the session's end %v", got, want)
+	}
+
+	// The session is kept alive before the first renewal (due at 3s): the renewal
+	// moves the deadline to the new end of the session, not to 3s + the validity.
+	fb.until.Store(t0.Add(10 * time.Second).UnixNano())
+	clk.BlockUntil(1)
+	clk.Advance(3 * time.Second)
+	for fb.refreshes.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	for !l.Expiry().Equal(t0.Add(10 * time.Second)) {
+		time.Sleep(time.Millisecond)
+	}
+
+	// Now it is not: renewals come closer together as the end nears, and the lease
+	// is lost there, before the server drops the session.
+	clk.BlockUntil(1)
+	clk.Advance(6*time.Second + 900*time.Millisecond) // 9.9s
+	select {
+	case <-l.Done():
+		t.Fatalf("lost at 9.9s, before the session's end: %v", l.Err())
+	case <-time.After(20 * time.Millisecond):
+	}
+	if !l.Expiry().Equal(t0.Add(10 * time.Second)) {
+		t.Fatalf("Expiry = %v, want %v", l.Expiry(), t0.Add(10*time.Second))
+	}
+	// The renewal at 9.9s found the end still at 10s and set the next for 9.975s.
+	clk.BlockUntil(1)
+	clk.Advance(101 * time.Millisecond) // 10.001s
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("not lost after the session's end")
+	}
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+}

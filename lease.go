@@ -34,6 +34,7 @@ type grant struct {
 
 	mu            sync.Mutex
 	deadline      time.Time // local validity deadline
+	renewAt       time.Time // first renewal, set by newGrant
 	used          bool      // first is handed out; guarded by Client.mu
 	stopped       bool
 	refreshing    bool
@@ -59,13 +60,55 @@ func newCancelCtx(parent context.Context) *cancelCtx {
 	return &cancelCtx{ctx, cancel}
 }
 
-// newGrant returns the grant whose server-side TTL started no earlier than start. Its
-// first renewal is due one renew interval after start.
-func newGrant(key, owner string, cfg *config, dg driver.Grant, start time.Time) *grant {
+// newGrant returns the grant whose server-side TTL started no earlier than start,
+// valid until deadline (start plus the validity, or earlier if the backend bounds
+// it). Its first renewal is due one renew interval after start, or sooner when the
+// deadline is near.
+func newGrant(key, owner string, cfg *config, dg driver.Grant, start, deadline time.Time) *grant {
 	return &grant{
 		key: key, owner: owner, token: Token(dg.Token), cfg: cfg, lost: dg.Lost,
-		deadline: start.Add(cfg.validity()),
-		hidx:     -1,
+		deadline: deadline, renewAt: start.Add(cfg.renewEvery()),
+		hidx: -1,
+	}
+}
+
+// bound returns deadline, cut to what the backend promises for the grant of owner on
+// key if it is a driver.Bounder; now if the backend no longer has the grant.
+func (c *Client) bound(key, owner string, deadline, now time.Time) time.Time {
+	if c.bounder == nil {
+		return deadline
+	}
+	d, ok := c.bounder.Bound(key, owner)
+	switch {
+	case !ok:
+		return now
+	case d == driver.NoBound:
+		return deadline
+	}
+	if b := now.Add(d); b.Before(deadline) {
+		return b
+	}
+	return deadline
+}
+
+// dueAt returns when the renewal after one due at renew should run instead, given
+// the deadline: renew itself, unless it is in the last quarter of the time left
+// before the deadline (possible only when a Bounder cut the deadline short), then
+// three quarters of the way there (or at the deadline, when that is only
+// milliseconds away), so the grant asks again, and learns of a session kept alive
+// meanwhile, before the deadline ends it.
+func (g *grant) dueAt(renew, now time.Time) time.Time {
+	left := g.deadline.Sub(now)
+	late := now.Add(left * 3 / 4)
+	switch {
+	case !renew.After(late):
+		return renew
+	case left > 4*time.Millisecond:
+		return late
+	case renew.After(g.deadline):
+		return g.deadline // the tick then finds the deadline passed
+	default:
+		return renew
 	}
 }
 
@@ -119,7 +162,7 @@ func (g *grant) context() context.Context {
 // now is the client clock's time. Called with Client.mu held.
 func (g *grant) start(c *Client, now time.Time) {
 	g.c = c
-	c.ren.schedule(g, g.deadline.Add(g.cfg.renewEvery()-g.cfg.validity()), now)
+	c.ren.schedule(g, g.dueAt(g.renewAt, now), now)
 	if g.lost != nil {
 		g.mu.Lock()
 		defer g.mu.Unlock()
@@ -204,9 +247,9 @@ func (g *grant) tick() {
 	}
 	switch {
 	case err == nil:
-		g.deadline = sent.Add(g.cfg.validity())
 		now := clk.Now()
-		g.c.ren.schedule(g, now.Add(g.cfg.renewEvery()), now)
+		g.deadline = g.c.bound(g.key, g.owner, sent.Add(g.cfg.validity()), now)
+		g.c.ren.schedule(g, g.dueAt(now.Add(g.cfg.renewEvery()), now), now)
 		g.mu.Unlock()
 	case errors.Is(err, ErrNotHeld):
 		g.mu.Unlock()

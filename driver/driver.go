@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 )
@@ -191,6 +192,28 @@ type Waiter interface {
 	// called exactly once.
 	Stop(ctx context.Context, acquired bool) error
 }
+
+// Bounder is implemented by a backend whose grants live on something it keeps
+// alive itself rather than through Refresh: an etcd lease, a ZooKeeper session. A
+// grant can then be younger than the session that carries it, so a TTL counted
+// from the attempt would outrun the session. After every successful Acquire and
+// Refresh the core asks for the bound and ends the lease's local validity no later
+// than it, so Lease.Expiry and Lease.Context never outlast the session on the
+// server.
+type Bounder interface {
+	// Bound returns how long from now the server keeps the grant of owner on key
+	// at least, with no further request and whatever the network does: a lower
+	// bound on the local monotonic clock, with the backend's own margin for clock
+	// rate and timer lateness already taken off. ok is false when the backend
+	// holds no such grant (it has just been lost). A grant the backend cannot
+	// bound (it lives on a session this backend does not keep) gets NoBound.
+	// Bound must not block on the network.
+	Bound(key, owner string) (d time.Duration, ok bool)
+}
+
+// NoBound is what Bounder.Bound returns for a grant it cannot bound: the core's own
+// deadline applies alone.
+const NoBound = time.Duration(math.MaxInt64)
 
 // Info describes the current holder of a key.
 type Info struct {

@@ -110,6 +110,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Handoff", h.testHandoff)
 	t.Run("MutualExclusion", h.testMutualExclusion)
 	t.Run("DoneOnServerDrop", h.testDoneOnServerDrop)
+	t.Run("Bound", h.testBound)
 	t.Run("Keys", h.testKeys)
 	t.Run("Do", h.testDo)
 	t.Run("CloseReleases", h.testCloseReleases)
@@ -547,6 +548,40 @@ func (h Harness) testDoneOnServerDrop(t *testing.T) {
 		t.Fatalf("Release of a lost lease = %v, want ErrLeaseLost", err)
 	}
 	mustRelease(t, ctx, l2)
+}
+
+// testBound checks a driver.Bounder: a grant is bounded while held, the lease's
+// expiry is no later than the bound, and a released grant has none.
+func (h Harness) testBound(t *testing.T) {
+	b := h.Open(t)
+	bd, ok := b.(driver.Bounder)
+	if !ok {
+		t.Skip("the backend's grants are not kept alive by a session of its own")
+	}
+	c, err := dlock.New(b, h.Options...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxT(t)
+	key := Key(t, "k")
+	l := mustLock(t, ctx, c, key)
+	left := time.Until(l.Expiry())
+	d, ok := bd.Bound(key, l.Owner())
+	if !ok || d <= 0 {
+		t.Fatalf("Bound of a held grant = %v, %v; want a positive bound", d, ok)
+	}
+	// The bound is measured after the expiry, so it may be a little shorter.
+	if d != driver.NoBound && left > d+20*time.Millisecond {
+		t.Fatalf("the lease expires in %v, after the backend's bound %v", left, d)
+	}
+	if _, ok := bd.Bound(key, "someone-else"); ok {
+		t.Fatalf("Bound for an owner that holds nothing reports a grant")
+	}
+	mustRelease(t, ctx, l)
+	if d, ok := bd.Bound(key, l.Owner()); ok {
+		t.Fatalf("Bound after release = %v, want no grant", d)
+	}
 }
 
 func (h Harness) testKeys(t *testing.T) {

@@ -151,3 +151,16 @@ func (b *Backend) sweep(ok ownerKey, h *tracked) {
 	h.backoff = min(max(2*h.backoff, sweepRetryMin), sweepRetryMax)
 	h.timer.Reset(h.backoff)
 }
+
+// Bound implements driver.Bounder: a grant lives on its session's lease, which the
+// backend keeps alive, so it is certainly held until the session's deadline (the
+// send time of the last successful keep-alive plus the lease TTL, less a margin).
+func (b *Backend) Bound(key, owner string) (time.Duration, bool) {
+	b.mu.Lock()
+	h := b.held[ownerKey{key, owner}]
+	b.mu.Unlock()
+	if h == nil || !h.grant || h.sess == nil || h.sess.isDone() {
+		return 0, false
+	}
+	return time.Until(h.sess.deadline()), true
+}

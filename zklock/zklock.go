@@ -752,6 +752,24 @@ func (b *Backend) lookup(key, owner string) *entry {
 	return b.entries[ekey{key, owner}]
 }
 
+// Bound implements driver.Bounder: a grant lives on the session, which is certainly
+// kept until half the session timeout (less 1%) after the last request known to
+// have reached the leader (see the package documentation). A grant resumed on
+// another process's session gets driver.NoBound: this backend cannot see that
+// session's keep-alives, and learns of its end from the child's deletion.
+func (b *Backend) Bound(key, owner string) (time.Duration, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.entries[ekey{key, owner}]
+	switch {
+	case e == nil || e.dead || !e.granted:
+		return 0, false
+	case e.session != b.session:
+		return driver.NoBound, true
+	}
+	return time.Until(b.heard.Add(sessionValidity(b.timeout))), true
+}
+
 // dropLocked removes e from the backend and closes its Lost channel. If the child
 // may still exist and deleteNode is set, it is deleted in the background. Called with
 // b.mu held.

@@ -274,10 +274,15 @@ func (c *run) summary() {
 
 // p1 is the lease safety check. For grants g1, g2 of one key, g1 is before g2 when
 // g1's acquire ended before g2's attempt began. Then g1 was certainly held on the
-// server until H1 = min(start of g1's first release call, max(g1's attempt, start
-// of each OK renewal of g1 that ended before g2's attempt) + Meta.Hold), and g2
-// violates P1 when its acquire ended before H1: g2 was granted somewhere in its
-// [Attempt, End], entirely inside g1's certain hold.
+// server until H1 = min(start of g1's first release call, the moment g1's client
+// declared it lost, max(g1's attempt, start of each OK renewal of g1 that ended
+// before g2's attempt) + Meta.Hold), and g2 violates P1 when its acquire ended
+// before H1: g2 was granted somewhere in its [Attempt, End], entirely inside g1's
+// certain hold. A loss the client reported ends the hold like a release: its
+// holder was told to stop before g2 was made. (For session backends, whose
+// keep-alives the history does not show, a session kept alive only before g1's
+// attempt may end before attempt + Meta.Hold; the client then reports the loss
+// before the server can grant anyone else, and that is what P1 checks.)
 //
 // What it misses: a grant whose attempt overlaps the earlier grant's acquire, or
 // that was granted after H1 while the earlier holder still (wrongly) believed it
@@ -335,6 +340,8 @@ func (c *run) p1Detail(k string, g2, g1 *Lease, h1 int64) string {
 	why := fmt.Sprintf("its attempt at %s plus the hold of %v", c.ms(g1.Attempt()), c.h.Meta.Hold)
 	if rs := g1.ReleaseStart(); rs != 0 && rs == h1 {
 		why = fmt.Sprintf("its release call began at %s", c.ms(rs))
+	} else if g1.Lost != 0 && g1.Lost == h1 {
+		why = fmt.Sprintf("its client declared it lost at %s", c.ms(h1))
 	} else if h1-int64(c.h.Meta.Hold) != g1.Attempt() {
 		why = fmt.Sprintf("a renewal sent at %s plus the hold of %v", c.ms(h1-int64(c.h.Meta.Hold)), c.h.Meta.Hold)
 	}

@@ -112,6 +112,24 @@ func TestP1ReleaseAttemptEndsHold(t *testing.T) {
 	}
 }
 
+// A lease its client declared lost ends its certain hold there, like a release
+// call: a grant after the loss is not a violation, one before it is.
+func TestP1LossEndsHold(t *testing.T) {
+	b := newHistory(hold, ttl, 1000)
+	b.grant(1, 1, "k", 1, 0, 0, 1).lost(30)
+	b.grant(2, 1, "k", 2, 5, 40, 41)
+	wantCount(t, "P1", b.check(Options{}).P1, 0)
+
+	b = newHistory(hold, ttl, 1000)
+	b.grant(1, 1, "k", 1, 0, 0, 1).lost(30)
+	b.grant(2, 1, "k", 2, 5, 20, 25) // granted before the client knew
+	r := b.check(Options{})
+	wantCount(t, "P1", r.P1, 1)
+	if v := r.P1.Examples[0]; v.End != at(30) || !strings.Contains(v.Detail, "declared it lost at 30.0 ms") {
+		t.Fatalf("violation %+v", v)
+	}
+}
+
 func TestP1CountsEachGrantOnce(t *testing.T) {
 	b := newHistory(hold, ttl, 1000)
 	b.grant(1, 1, "k", 1, 0, 0, 1)

@@ -86,9 +86,11 @@ func (l *Lease) Outcome() string {
 }
 
 // certainHold is H1 of the P1 check: the time until which the server certainly kept
-// the key for l, as far as renewals that returned before t tell: the earliest
-// release call's start, or the latest attempt or OK renewal start (among renewals
-// that ended before t) plus hold.
+// the key for l, as far as renewals that returned before t tell, and its worker
+// relied on it: the latest attempt or OK renewal start (among renewals that ended
+// before t) plus hold, cut short by the earliest release call's start or by the
+// moment the worker's client declared the lease lost (from then on its holder
+// was told to stop, as by a release).
 func (l *Lease) certainHold(t int64, hold int64) int64 {
 	base := l.Attempt()
 	if i, _ := slices.BinarySearch(l.renewEnd, t); i > 0 { // renewals with End < t
@@ -97,6 +99,9 @@ func (l *Lease) certainHold(t int64, hold int64) int64 {
 	h := base + hold
 	if rs := l.ReleaseStart(); rs != 0 {
 		h = min(h, rs)
+	}
+	if l.Lost != 0 {
+		h = min(h, l.Lost)
 	}
 	return h
 }

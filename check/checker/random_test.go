@@ -38,7 +38,13 @@ func randomHistory(rng *rand.Rand, keys, n, swaps, dups int) *builder {
 				s += rng.Float64() * 30
 				lb.renew(s, s+rng.Float64()*20, rng.IntN(4) != 0)
 			}
-			if rng.IntN(5) != 0 {
+			switch rng.IntN(8) {
+			case 0:
+				// never released
+			case 1:
+				s += rng.Float64() * 40
+				lb.lost(s)
+			default:
 				s += rng.Float64() * 40
 				lb.release(s, s+rng.Float64()*2, rng.IntN(6) != 0)
 			}
@@ -97,6 +103,9 @@ func bruteP1(ls []*Lease, hold int64) int {
 			h += hold
 			for _, r := range g1.Releases {
 				h = min(h, r.Start)
+			}
+			if g1.Lost != 0 {
+				h = min(h, g1.Lost)
 			}
 			if g2.Acquire.End < h {
 				n++
