@@ -257,3 +257,43 @@ func TestRunRedlockDrop(t *testing.T) {
 		t.Errorf("fenced: P3 %d, P4 %d, verdict %q", r.P3.Count, r.P4.Count, o.Verdict)
 	}
 }
+
+// With a target the run goes on until it is met, and no longer: at least that many
+// grants and completed injections, well before the Duration cap.
+func TestRunTarget(t *testing.T) {
+	for _, fault := range []string{FaultNone, FaultKill} {
+		t.Run(fault, func(t *testing.T) {
+			cfg := testConfig(t, "redis-aof", fault, true)
+			cfg.Duration, cfg.Acquisitions, cfg.Injections = 2*time.Minute, 40, 2
+			h, err := Run(ctxT(t, 3*time.Minute), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			faults := 0
+			for _, e := range h.Events {
+				if e.Kind == history.Fault {
+					faults++
+				}
+			}
+			acq := count(h, history.Acquire, true)
+			if acq < cfg.Acquisitions || (fault != FaultNone && faults < cfg.Injections) {
+				t.Fatalf("stopped at %d acquisitions and %d injections, before the target", acq, faults)
+			}
+			if fault == FaultNone && faults != 0 {
+				t.Fatalf("%d injections without a fault", faults)
+			}
+			if took := time.Duration(h.Meta.End - h.Meta.Start); took >= cfg.Duration {
+				t.Fatalf("ran for %v: the target did not end the run", took)
+			}
+		})
+	}
+}
+
+func TestConfigRejectsNegativeTarget(t *testing.T) {
+	cfg := testConfig(t, "redis", FaultNone, true)
+	cfg.Acquisitions = -1
+	cfg.defaults()
+	if err := cfg.Validate(); err == nil {
+		t.Fatal("negative acquisitions accepted")
+	}
+}

@@ -113,22 +113,36 @@ func init() {
 	addFault(&fault{name: FaultClock, doc: "a holder's clock jumps back 2 TTL, then its connection is cut for 2.5 TTL while its critical section goes on", proxiedOnly: true, inject: injectClock})
 }
 
-// schedule injects f every Interval (with jitter) until ctx ends.
+// schedule injects f every Interval (with jitter) until ctx ends or, for a run with
+// a target, the target is met after an injection.
 func (r *run) schedule(ctx context.Context, f *fault) error {
 	var errs []error
 	for {
+		if r.targetMet() {
+			return errors.Join(errs...)
+		}
 		wait := r.cfg.Interval/2 + time.Duration(r.rnd.Int64N(int64(r.cfg.Interval)))
 		select {
 		case <-ctx.Done():
 			return errors.Join(errs...)
 		case <-time.After(wait):
 		}
+		r.mu.Lock()
+		before := r.faultEvents
+		r.mu.Unlock()
 		if err := f.inject(ctx, r); err != nil {
 			r.event(history.Note, f.name, "", "injection failed: "+err.Error())
 			errs = append(errs, fmt.Errorf("%s: %w", f.name, err))
 			if len(errs) > 3 {
 				return errors.Join(errs...)
 			}
+		} else if ctx.Err() == nil {
+			// Count it if it injected anything (it may find no holder to hit).
+			r.mu.Lock()
+			if r.faultEvents > before {
+				r.injected++
+			}
+			r.mu.Unlock()
 		}
 	}
 }

@@ -28,11 +28,17 @@ type Config struct {
 	Fenced   bool          // the store rejects writes with an older token
 	Workers  int           // worker processes (default 5)
 	Keys     int           // keys they contend for (default 2)
-	Duration time.Duration // how long the workload runs (default 10s)
-	TTL      time.Duration // lock TTL (default 1s; etcd and ZooKeeper round up to whole seconds)
-	Hold     time.Duration // time a worker holds each lease (default TTL/10)
-	Interval time.Duration // time between fault injections (default 3*TTL)
-	Seed     int64         // random seed of the schedule and the workers (0: from the time)
+	Duration time.Duration // how long the workload runs (default 10s); with a target, the most it runs
+	// Acquisitions and Injections, when either is set, are a target: the workload
+	// runs until its workers have made at least Acquisitions grants and at least
+	// Injections injections of the fault have completed (healed), or until
+	// Duration, whichever comes first. Injections is ignored for fault "none".
+	Acquisitions int
+	Injections   int
+	TTL          time.Duration // lock TTL (default 1s; etcd and ZooKeeper round up to whole seconds)
+	Hold         time.Duration // time a worker holds each lease (default TTL/10)
+	Interval     time.Duration // time between fault injections (default 3*TTL)
+	Seed         int64         // random seed of the schedule and the workers (0: from the time)
 	// Worker is the command that runs one worker process; the worker's flags are
 	// appended (for the dlock command: its own path and "check-worker").
 	Worker []string
@@ -95,6 +101,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("hold %v: give 0 to less than the TTL", c.Hold)
 	case c.Interval < c.TTL:
 		return fmt.Errorf("interval %v: give at least the TTL", c.Interval)
+	case c.Acquisitions < 0 || c.Injections < 0:
+		return fmt.Errorf("acquisitions %d, injections %d: give 0 (no target) or more", c.Acquisitions, c.Injections)
 	case len(c.Worker) == 0:
 		return errors.New("no worker command")
 	}
@@ -155,8 +163,13 @@ func Run(ctx context.Context, cfg Config) (*history.History, error) {
 	var faultErr error
 	if cfg.Fault != FaultNone {
 		faultErr = r.schedule(wctx, f)
+		if r.targeted() && wctx.Err() == nil {
+			// The target was met right after an injection healed: give the
+			// workers time to show liveness after it.
+			sleep(wctx, cfg.Interval/2)
+		}
 	} else {
-		<-wctx.Done()
+		r.awaitTarget(wctx)
 	}
 	r.h.Meta.End = history.Now()
 	r.stopWorkers()
@@ -187,11 +200,45 @@ type run struct {
 	tg  *target
 	rnd *rand.Rand // used by the scheduler goroutine only
 
-	mu        sync.Mutex
-	h         history.History
-	workers   []*proc
-	workerErr error
-	lastWrite map[string]history.Op // the latest write op recorded per key
+	mu          sync.Mutex
+	h           history.History
+	workers     []*proc
+	workerErr   error
+	lastWrite   map[string]history.Op // the latest write op recorded per key
+	acquired    int                   // OK acquires recorded
+	injected    int                   // injections that injected and healed without error
+	faultEvents int                   // Fault events recorded
+}
+
+// targeted reports whether the run has a target (Config.Acquisitions or
+// Config.Injections) rather than running for Duration.
+func (r *run) targeted() bool { return r.cfg.Acquisitions > 0 || r.cfg.Injections > 0 }
+
+// targetMet reports whether the run has a target and has met it.
+func (r *run) targetMet() bool {
+	if !r.targeted() {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.acquired >= r.cfg.Acquisitions && (r.cfg.Fault == FaultNone || r.injected >= r.cfg.Injections)
+}
+
+// awaitTarget waits until ctx ends or the target is met.
+func (r *run) awaitTarget(ctx context.Context) {
+	if !r.targeted() {
+		<-ctx.Done()
+		return
+	}
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for !r.targetMet() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // wroteSince reports whether a worker other than p recorded a write to key that
@@ -213,6 +260,9 @@ func (r *run) event(kind, fault, target, detail string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.h.Events = append(r.h.Events, history.Event{Time: history.Now(), Kind: kind, Fault: fault, Target: target, Detail: detail})
+	if kind == history.Fault {
+		r.faultEvents++
+	}
 	if kind != history.Note || fault != "" {
 		r.logf("%s %s %s %s", kind, fault, target, detail)
 	}
@@ -321,6 +371,9 @@ func (r *run) read(p *proc, out io.Reader) {
 			p.mu.Unlock()
 			r.mu.Lock()
 			r.h.Ops = append(r.h.Ops, op)
+			if op.Kind == history.Acquire && op.OK {
+				r.acquired++
+			}
 			if op.Kind == history.Write {
 				r.lastWrite[op.Key] = op
 			}

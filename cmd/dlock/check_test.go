@@ -5,7 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/dlockio/dlock/check"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -23,6 +25,9 @@ func TestCheckUsageErrors(t *testing.T) {
 		{"check", "--setup", "redis", "--duration", "abc"},
 		{"check", "--matrix", "--setup", "redis"},
 		{"check", "--setup", "redis", "--doc", "x.md"},
+		{"check", "--setup", "redis", "--safe-only"},
+		{"check", "--setup", "redis", "--acquisitions", "-5"},
+		{"check", "--setup", "redis", "--injections", "x"},
 		{"check-worker", "--id", "0"},
 	} {
 		code, stdout, stderr := run(args...)
@@ -75,5 +80,18 @@ func TestCheckRedisKill(t *testing.T) {
 				t.Errorf("%s%s: %v", name, ext, err)
 			}
 		}
+	}
+}
+
+// The command line in a generated safety document repeats the run: every flag that
+// changes the cells or their length is in it.
+func TestMatrixCommand(t *testing.T) {
+	f := checkFlags{fencing: "off", safeOnly: true}
+	cfg := check.Config{Workers: 5, Keys: 16, Duration: 20 * time.Minute, TTL: time.Second,
+		Hold: 2 * time.Millisecond, Acquisitions: 100000, Injections: 50, Seed: 3}
+	got := matrixCommand(f, cfg)
+	want := "dlock check --matrix --duration 20m0s --ttl 1s --workers 5 --keys 16 --hold 2ms --acquisitions 100000 --injections 50 --safe-only --fencing off --seed 3"
+	if got != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
 	}
 }
