@@ -556,6 +556,9 @@ func (h Harness) testBound(t *testing.T) {
 	b := h.Open(t)
 	bd, ok := b.(driver.Bounder)
 	if !ok {
+		if err := b.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
 		t.Skip("the backend's grants are not kept alive by a session of its own")
 	}
 	c, err := dlock.New(b, h.Options...)

@@ -54,6 +54,13 @@
 // reserved for the caller, or an expired row with no live waiter queued ahead, is
 // taken with a new token. Otherwise a caller that will wait takes (or renews) its
 // place at the end of the row's queue. (A waiter already queued skips the INSERT.)
+// A token is drawn from the sequence only once the row is the caller's: an update
+// draws it after locking (or compare-and-setting) the row, an insert is followed, in
+// the same transaction and round trip, by an UPDATE that draws it. (An INSERT
+// computes its values before it reaches the unique index, where it may wait while
+// another client takes and releases the key; a token drawn before that wait would
+// be lower than that client's. The sequence orders draws, so a later grant of the
+// key always draws later.)
 // Expiry is computed by the server, now() + TTL, so client clocks never matter.
 // Refresh is an UPDATE of expires_at that compares the owner and the expiry. A
 // refused attempt that will not wait writes nothing.
@@ -504,6 +511,16 @@ func connBroken(err error) bool {
 // again within one call.
 const casAttempts = 8
 
+// stamped is a batch of stmt (with args) and the statement that gives a row stmt
+// inserted its token (see statements.stamp); pgx runs a batch in one implicit
+// transaction and one round trip.
+func (b *Backend) stamped(req driver.Request, stmt string, args ...any) *pgx.Batch {
+	batch := &pgx.Batch{}
+	batch.Queue(stmt, args...)
+	batch.Queue(b.sql.stamp, req.Key, req.Owner)
+	return batch
+}
+
 // Acquire implements driver.Backend.
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	if b.closed.Load() {
@@ -521,7 +538,12 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		// No row: the key is free, and a plain INSERT takes it.
 		var token int64
 		err := retry(ctx, func() error {
-			return b.pool.QueryRow(ctx, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL)).Scan(&token)
+			br := b.pool.SendBatch(ctx, b.stamped(req, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL)))
+			_, err := br.Exec()
+			if err == nil {
+				err = br.QueryRow().Scan(&token)
+			}
+			return errors.Join(err, br.Close())
 		})
 		if err == nil {
 			return driver.Grant{Token: uint64(token)}, nil
@@ -535,8 +557,12 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		var token, left *int64
 		var ahead int64
 		err := retry(ctx, func() error {
-			return b.pool.QueryRow(ctx, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience)).
-				Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead)
+			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience)))
+			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead)
+			if err == nil && granted && wrote && token != nil && *token == 0 {
+				err = br.QueryRow().Scan(token) // the row was inserted: its token
+			}
+			return errors.Join(err, br.Close())
 		})
 		if err != nil {
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))

@@ -101,6 +101,87 @@ func TestPostgres(t *testing.T) {
 	t.Run("NewAndLinger", func(t *testing.T) { testNewAndLinger(t, srv) })
 	t.Run("ConnectionLoss", func(t *testing.T) { testConnectionLoss(t, srv) })
 	t.Run("LoginRevoked", func(t *testing.T) { testLoginRevoked(t, srv) })
+	t.Run("TokenDrawnAfterInsert", func(t *testing.T) { testTokenDrawnAfterInsert(t, srv) })
+}
+
+// An INSERT computes its row before it reaches the unique index, and may wait there
+// (or be descheduled) while another client takes the key and releases it. The
+// token must still come out above that other grant's: it is drawn after the
+// insert. A trigger holds the slow insert at that point, on an advisory lock the
+// test holds, until the fast client has locked and released.
+func testTokenDrawnAfterInsert(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	pool := admin(t, srv)
+	rawURL := withQuery(srv.URL(), "table", "token_order")
+	slow, fast := open(t, rawURL), open(t, rawURL)
+	defer slow.Close()
+	defer fast.Close()
+	exec(t, pool, `CREATE OR REPLACE FUNCTION token_order_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		IF NEW.owner = 'slow' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
+		RETURN NEW;
+	END $$`)
+	exec(t, pool, `CREATE OR REPLACE TRIGGER token_order_gate BEFORE INSERT ON token_order FOR EACH ROW EXECUTE FUNCTION token_order_gate()`)
+	gate, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Release()
+	if _, err := gate.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+		t.Fatal(err)
+	}
+	unlocked := false
+	defer func() {
+		if !unlocked {
+			_, _ = gate.Exec(ctx, `SELECT pg_advisory_unlock(4242)`)
+		}
+	}()
+
+	key := drivertest.Key(t, "k")
+	type result struct {
+		g   driver.Grant
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		g, err := slow.Acquire(ctx, driver.Request{Key: key, Owner: "slow", TTL: time.Minute})
+		done <- result{g, err}
+	}()
+	// Wait until the slow insert is held in its trigger.
+	for deadline := time.Now().Add(drivertest.Wait); ; {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the slow insert never reached its trigger")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	g, err := fast.Acquire(ctx, driver.Request{Key: key, Owner: "fast", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("fast Acquire while the slow insert is held: %v", err)
+	}
+	if err := fast.Release(ctx, key, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gate.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
+		t.Fatal(err)
+	}
+	unlocked = true
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("slow Acquire: %v", r.err)
+	}
+	if r.g.Token <= g.Token {
+		t.Fatalf("the grant made after the fast one's release has token %d, not above its %d", r.g.Token, g.Token)
+	}
+	if err := slow.Release(ctx, key, "slow"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func testSQLInjection(t *testing.T, srv *testserver.Postgres) {

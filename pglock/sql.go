@@ -25,7 +25,7 @@ import "strings"
 // nothing and reports it, and the caller runs it again. Refresh changes only the
 // expiry of a row the caller holds, and needs neither.
 type statements struct {
-	fastAcquire, acquireWait, acquireTry, refresh, fastRelease, release, releaseLocked, forceRelease, withdraw, inspect, floorInsert, floorDelete string
+	stamp, fastAcquire, acquireWait, acquireTry, refresh, fastRelease, release, releaseLocked, forceRelease, withdraw, inspect, floorInsert, floorDelete string
 }
 
 const us = ` * interval '1 microsecond'`
@@ -95,9 +95,20 @@ func buildStatements(table, seq string) statements {
 	// for a caller not yet queued, who goes at the end).
 	// The uncontended paths, tried first: they cost what the plainest table lock
 	// costs, and write nothing when they do not apply (a row exists; waiters queued).
+	// A row inserted for a grant carries the placeholder token 0 until stamp, run
+	// right after in the same transaction (one round trip: a pipeline with one
+	// Sync), gives it its token. The token must be drawn after the insert got past
+	// the unique index: an INSERT computes its values first and may then wait on a
+	// concurrent writer of the key, and a token drawn before that wait could be
+	// lower than the token of a grant made and released while it waited. A row that
+	// exists is locked (or compare-and-set) before its token is drawn, so updates
+	// draw it in the statement itself. No one ever sees token 0: the row and its
+	// stamp commit together.
+	s.stamp = `UPDATE {T} SET token = nextval(` + literal(seq) + `::regclass)
+	WHERE key = $1::text AND owner = $2::text AND token = 0 RETURNING token`
 	s.fastAcquire = `INSERT INTO {T} (key, owner, token, expires_at)
-	VALUES ($1::text, $2::text, nextval(` + literal(seq) + `::regclass), now() + $3::bigint` + us + `)
-	ON CONFLICT (key) DO NOTHING RETURNING token`
+	VALUES ($1::text, $2::text, 0, now() + $3::bigint` + us + `)
+	ON CONFLICT (key) DO NOTHING`
 	s.fastRelease = `DELETE FROM {T} WHERE key = $1::text AND owner = $2::text AND NOT reserved AND queue_owner = '{}'
 	RETURNING expires_at > now()`
 
@@ -119,7 +130,7 @@ func buildStatements(table, seq string) statements {
 	FROM me LEFT JOIN cur ON true
 ), t AS (
 	SELECT d.*, CASE WHEN NOT d.granted THEN NULL WHEN d.reenter THEN d.old_token
-	                 ELSE nextval(` + literal(seq) + `::regclass) END AS token
+	                 WHEN d.absent THEN 0 ELSE nextval(` + literal(seq) + `::regclass) END AS token
 	FROM d
 ), nq AS (
 	SELECT q.o, q.c, q.e, q.i FROM q
@@ -192,7 +203,7 @@ FROM t`
 	s.floorInsert = `INSERT INTO {T} (key, owner, token, expires_at) VALUES ($1::text, $2::text, 0, now() + interval '15 seconds')`
 	s.floorDelete = `DELETE FROM {T} WHERE key = $1::text AND owner = $2::text`
 
-	for _, p := range []*string{&s.fastAcquire, &s.acquireWait, &s.acquireTry, &s.refresh, &s.fastRelease, &s.release, &s.releaseLocked, &s.forceRelease, &s.withdraw, &s.inspect, &s.floorInsert, &s.floorDelete} {
+	for _, p := range []*string{&s.stamp, &s.fastAcquire, &s.acquireWait, &s.acquireTry, &s.refresh, &s.fastRelease, &s.release, &s.releaseLocked, &s.forceRelease, &s.withdraw, &s.inspect, &s.floorInsert, &s.floorDelete} {
 		*p = strings.ReplaceAll(*p, "{T}", table)
 	}
 	return s
