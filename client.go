@@ -384,7 +384,7 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 				reasked = true
 				continue
 			}
-			deadline := c.bound(key, owner, start.Add(cfg.validity()), now)
+			deadline, cut := c.bound(key, owner, start.Add(cfg.validity()), now)
 			if !deadline.After(now) {
 				// Granted too late to be trusted: treat as held and try again. A
 				// generated owner gives it back; a given owner re-enters it on
@@ -395,7 +395,7 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 				err = &driver.HeldError{}
 			} else {
 				acquired = true
-				return newGrant(key, owner, cfg, gr, start, deadline), now, nil
+				return newGrant(key, owner, cfg, gr, start, deadline, cut), now, nil
 			}
 		}
 		if !errors.Is(err, ErrLocked) {

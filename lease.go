@@ -35,6 +35,7 @@ type grant struct {
 	mu            sync.Mutex
 	deadline      time.Time // local validity deadline
 	renewAt       time.Time // first renewal, set by newGrant
+	cut           bool      // deadline is the Bounder's, short of the validity
 	used          bool      // first is handed out; guarded by Client.mu
 	stopped       bool
 	refreshing    bool
@@ -61,52 +62,53 @@ func newCancelCtx(parent context.Context) *cancelCtx {
 }
 
 // newGrant returns the grant whose server-side TTL started no earlier than start,
-// valid until deadline (start plus the validity, or earlier if the backend bounds
-// it). Its first renewal is due one renew interval after start, or sooner when the
-// deadline is near.
-func newGrant(key, owner string, cfg *config, dg driver.Grant, start, deadline time.Time) *grant {
+// valid until deadline (start plus the validity, or earlier if cut says a Bounder
+// cut it). Its first renewal is due one renew interval after start, or sooner when
+// the deadline is near.
+func newGrant(key, owner string, cfg *config, dg driver.Grant, start, deadline time.Time, cut bool) *grant {
 	return &grant{
 		key: key, owner: owner, token: Token(dg.Token), cfg: cfg, lost: dg.Lost,
-		deadline: deadline, renewAt: start.Add(cfg.renewEvery()),
+		deadline: deadline, cut: cut, renewAt: start.Add(cfg.renewEvery()),
 		hidx: -1,
 	}
 }
 
 // bound returns deadline, cut to what the backend promises for the grant of owner on
-// key if it is a driver.Bounder; now if the backend no longer has the grant.
-func (c *Client) bound(key, owner string, deadline, now time.Time) time.Time {
+// key if it is a driver.Bounder (now if the backend no longer has the grant), and
+// whether it was cut.
+func (c *Client) bound(key, owner string, deadline, now time.Time) (time.Time, bool) {
 	if c.bounder == nil {
-		return deadline
+		return deadline, false
 	}
 	d, ok := c.bounder.Bound(key, owner)
 	switch {
 	case !ok:
-		return now
+		return now, true
 	case d == driver.NoBound:
-		return deadline
+		return deadline, false
 	}
 	if b := now.Add(d); b.Before(deadline) {
-		return b
+		return b, true
 	}
-	return deadline
+	return deadline, false
 }
 
-// dueAt returns when the renewal after one due at renew should run instead, given
-// the deadline: renew itself, unless it is in the last quarter of the time left
-// before the deadline (possible only when a Bounder cut the deadline short), then
-// three quarters of the way there (or at the deadline, when that is only
-// milliseconds away), so the grant asks again, and learns of a session kept alive
-// meanwhile, before the deadline ends it.
+// dueAt returns when a renewal due at renew should run instead, given the deadline.
+// A deadline a Bounder cut short may come before the renewal; the grant then asks
+// three quarters of the way there, again and again, so that it learns of a session
+// kept alive meanwhile before the deadline ends it; within milliseconds of the
+// deadline it ticks at the deadline, which ends the grant if nothing renewed it.
+// (Without a cut, the validity always outlasts the renew interval: renew is kept.)
 func (g *grant) dueAt(renew, now time.Time) time.Time {
 	left := g.deadline.Sub(now)
 	late := now.Add(left * 3 / 4)
 	switch {
 	case !renew.After(late):
 		return renew
-	case left > 4*time.Millisecond:
+	case g.cut && left > 4*time.Millisecond:
 		return late
 	case renew.After(g.deadline):
-		return g.deadline // the tick then finds the deadline passed
+		return g.deadline
 	default:
 		return renew
 	}
@@ -248,7 +250,7 @@ func (g *grant) tick() {
 	switch {
 	case err == nil:
 		now := clk.Now()
-		g.deadline = g.c.bound(g.key, g.owner, sent.Add(g.cfg.validity()), now)
+		g.deadline, g.cut = g.c.bound(g.key, g.owner, sent.Add(g.cfg.validity()), now)
 		g.c.ren.schedule(g, g.dueAt(now.Add(g.cfg.renewEvery()), now), now)
 		g.mu.Unlock()
 	case errors.Is(err, ErrNotHeld):
