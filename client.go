@@ -323,6 +323,17 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 	req := driver.Request{Key: key, Owner: owner, TTL: cfg.ttl}
 	var w driver.Waiter
 	acquired := false
+	// A generated owner that may hold the key on the server (an attempt's reply
+	// came too late, or its outcome is unknown) gives it back when this call fails,
+	// and only then: the owner id is used by every attempt of this call, so a
+	// release sent earlier could reach the server after a later attempt's grant
+	// and delete it.
+	mayHold := false
+	defer func() {
+		if generated && mayHold && !acquired {
+			c.releaseAsync(key, owner)
+		}
+	}()
 	defer func() {
 		if w == nil {
 			return
@@ -369,7 +380,7 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 		}
 	}
 	backoff := cfg.retryMin
-	reasked := false
+	reasked, lateAgain := false, false
 	for {
 		sent := clk.Now()
 		gr, err := c.b.Acquire(ctx, req)
@@ -386,11 +397,14 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 			}
 			deadline, cut := c.bound(key, owner, start.Add(cfg.validity()), now)
 			if !deadline.After(now) {
-				// Granted too late to be trusted: treat as held and try again. A
-				// generated owner gives it back; a given owner re-enters it on
-				// the next attempt with a fresh TTL.
-				if generated {
-					c.releaseAsync(key, owner)
+				// Granted too late to be trusted (the reply took about the
+				// validity): the owner holds the key, so attempt again at once,
+				// which re-enters it with a fresh TTL and a validity counted from
+				// then; after a second late grant, wait as if held first.
+				mayHold = true
+				if !lateAgain && ctx.Err() == nil {
+					lateAgain = true
+					continue
 				}
 				err = &driver.HeldError{}
 			} else {
@@ -399,11 +413,10 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 			}
 		}
 		if !errors.Is(err, ErrLocked) {
-			if generated {
-				// The outcome is unknown (a lost reply may hide a grant). The owner
-				// id is ours alone, so releasing it cannot hurt anyone.
-				c.releaseAsync(key, owner)
-			}
+			// The outcome is unknown (a lost reply may hide a grant). A generated
+			// owner id is this call's alone, so releasing it when the call
+			// returns cannot hurt anyone.
+			mayHold = true
 			// Backends name themselves and the key in their errors.
 			if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 				return nil, time.Time{}, errors.Join(err, context.Cause(ctx))

@@ -687,3 +687,61 @@ func TestBoundCutsValidity(t *testing.T) {
 		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
 	}
 }
+
+// lateFirst is the reference backend whose first grant's reply comes after the
+// validity has passed (the fake clock jumps during the call), counting releases.
+type lateFirst struct {
+	*memlock.Backend
+	clk      *clock.Fake
+	attempts atomic.Int64
+	releases atomic.Int64
+}
+
+func (b *lateFirst) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	g, err := b.Backend.Acquire(ctx, req)
+	if b.attempts.Add(1) == 1 {
+		b.clk.Advance(10 * time.Second)
+	}
+	return g, err
+}
+
+func (b *lateFirst) Release(ctx context.Context, key, owner string) error {
+	b.releases.Add(1)
+	return b.Backend.Release(ctx, key, owner)
+}
+
+// A grant whose reply came too late to be trusted is re-entered at once by the same
+// owner, not released: a release of that owner still on its way could delete the
+// grant the next attempt makes.
+func TestLateGrantIsReenteredNotReleased(t *testing.T) {
+	clk := clock.NewFake(t0)
+	fb := &lateFirst{Backend: memlock.NewStore(clk).Backend(), clk: clk}
+	c, err := dlock.New(fb, dlock.WithClock(clk), dlock.WithTTL(9*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	l, err := c.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fb.attempts.Load(); n != 2 {
+		t.Fatalf("%d attempts, want 2 (the late grant, then its re-entry)", n)
+	}
+	if got, want := l.Expiry(), t0.Add(10*time.Second+9*time.Second-92*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("Expiry = %v, want the re-entry's time + validity %v", got, want)
+	}
+	time.Sleep(20 * time.Millisecond) // room for a stray release to run
+	if n := fb.releases.Load(); n != 0 {
+		t.Fatalf("%d releases before the lease was released", n)
+	}
+	info, err := fb.Inspect(ctx, "k")
+	if err != nil || info.Owner != l.Owner() {
+		t.Fatalf("server holder %+v, %v; want the lease's owner", info, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
