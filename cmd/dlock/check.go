@@ -284,10 +284,12 @@ func writeSafetyDoc(path, command string, outcomes []check.Outcome) error {
 	for _, o := range outcomes {
 		b.WriteString(o.Row() + "\n")
 	}
-	b.WriteString("\n## Why each unsafe cell is unsafe\n\n")
 	seen := map[string]bool{}
 	for _, o := range outcomes {
 		if o.Expect.Why != "" && !seen[o.Cell.Setup+o.Cell.Fault] {
+			if len(seen) == 0 {
+				b.WriteString("\n## Why each unsafe cell is unsafe\n\n")
+			}
 			seen[o.Cell.Setup+o.Cell.Fault] = true
 			fmt.Fprintf(&b, "- **%s, %s**: %s.\n", o.Cell.Setup, o.Cell.Fault, o.Expect.Why)
 		}
