@@ -367,11 +367,38 @@ func (c *run) p3() {
 			p.add(c.opts.MaxExamples, Violation{
 				Check: CheckP3, Key: w.Key, Time: w.Time,
 				Processes: []int{w.Process}, Leases: []int{w.Lease}, Tokens: []uint64{w.Token, w.Max},
-				Detail: fmt.Sprintf("At %s the store accepted a write to key %s from worker %d lease %d with token %d, after it had already accepted token %d for that key.",
-					c.ms(w.Time), w.Key, w.Process, w.Lease, w.Token, w.Max),
+				Detail: fmt.Sprintf("At %s the store accepted a write to key %s from worker %d lease %d with token %d, after it had already accepted token %d for that key.%s",
+					c.ms(w.Time), w.Key, w.Process, w.Lease, w.Token, w.Max, c.sentAt(w)),
 			})
 		}
 	}
+}
+
+// sentAt says when the worker sent store write w and what its lease was then, if the
+// history has the write op: it tells a write sent after the lease was lost from one
+// sent while it was valid and delayed on its way (which only fencing can stop).
+func (c *run) sentAt(w history.StoreWrite) string {
+	for _, l := range c.byKey[w.Key] {
+		if l.Process != w.Process || l.Lease != w.Lease {
+			continue
+		}
+		var sent int64
+		for _, o := range l.Writes {
+			if o.Start <= w.Time {
+				sent = max(sent, o.Start)
+			}
+		}
+		if sent == 0 {
+			return ""
+		}
+		state := "while its client still held the lease"
+		if l.Lost != 0 && l.Lost <= sent {
+			state = "after its client had declared the lease lost"
+		}
+		return fmt.Sprintf(" The worker sent it at %s, %s, %v before the store took it.",
+			c.ms(sent), state, time.Duration(w.Time-sent).Round(10*time.Microsecond))
+	}
+	return ""
 }
 
 // p5 measures liveness: for every heal, the time to the next accepted write on

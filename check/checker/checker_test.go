@@ -165,8 +165,21 @@ func TestP3(t *testing.T) {
 		t.Fatalf("P3 totals %+v", r.P3)
 	}
 	v := r.P3.Examples[0]
-	if v.Time != at(7.05) || !slices.Equal(v.Tokens, []uint64{2, 5}) || !strings.Contains(v.Detail, "token 2") {
+	if v.Time != at(7.05) || !slices.Equal(v.Tokens, []uint64{2, 5}) || !strings.Contains(v.Detail, "token 2") ||
+		!strings.Contains(v.Detail, "sent it at 7.0 ms, while its client still held the lease, 50µs before") {
 		t.Fatalf("violation %+v", v)
+	}
+}
+
+// A stale write sent after the client declared its lease lost says so.
+func TestP3SentAfterLoss(t *testing.T) {
+	b := newHistory(hold, ttl, 1000)
+	b.grant(1, 1, "k", 5, 0, 0, 1).write(2, true, 0).release(4, 5, true)
+	b.grant(2, 1, "k", 2, 0, 0, 1).lost(6).write(7, true, 5)
+	r := b.check(Options{PorcupineTimeout: -1})
+	wantCount(t, "P3", r.P3.Result, 1)
+	if d := r.P3.Examples[0].Detail; !strings.Contains(d, "after its client had declared the lease lost") {
+		t.Fatalf("detail %q", d)
 	}
 }
 
