@@ -59,6 +59,20 @@ func serverTTL(t *testing.T, fb *flaky, key string) time.Duration {
 	return info.TTL
 }
 
+// waitLost waits (in real time, bounded) for lease l to end, and fails with msg if
+// it does not, or if it ended otherwise than lost.
+func waitLost(t *testing.T, l *dlock.Lease, msg string) {
+	t.Helper()
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal(msg)
+	}
+	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+}
+
 // waitRefreshes waits (in real time, bounded) for the renewal goroutine to finish n
 // refreshes after a clock advance.
 func waitRefreshes(t *testing.T, fb *flaky, n int64) {
@@ -125,11 +139,7 @@ func TestLostAtDeadlineBeforeServerExpiry(t *testing.T) {
 	}
 	clk.BlockUntil(1)
 	clk.Set(t0.Add(validity))
-	select {
-	case <-l.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("Done not closed at the validity deadline")
-	}
+	waitLost(t, l, "Done not closed at the validity deadline")
 	if !errors.Is(l.Err(), dlock.ErrLeaseLost) || !strings.Contains(l.Err().Error(), "deadline") {
 		t.Fatalf("Err = %v, want ErrLeaseLost for the deadline", l.Err())
 	}
@@ -155,11 +165,7 @@ func TestLostAtOnceWhenRenewalRefused(t *testing.T) {
 	fb.Store().Expire("k")
 	clk.BlockUntil(1)
 	clk.Advance(3 * time.Second)
-	select {
-	case <-l.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("Done not closed after a refused renewal")
-	}
+	waitLost(t, l, "Done not closed after a refused renewal")
 	if !errors.Is(context.Cause(l.Context()), dlock.ErrLeaseLost) || !errors.Is(l.Err(), dlock.ErrNotHeld) {
 		t.Fatalf("cause = %v, want ErrLeaseLost wrapping ErrNotHeld", l.Err())
 	}
@@ -384,14 +390,7 @@ func TestBackendReportsLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(b.lost)
-	select {
-	case <-l.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("Done not closed when the backend reported the grant lost")
-	}
-	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
+	waitLost(t, l, "Done not closed when the backend reported the grant lost")
 }
 
 // handing reports every grant as handed over Age before the call, as a backend does
@@ -678,14 +677,7 @@ func TestBoundCutsValidity(t *testing.T) {
 	// The renewal at 9.9s found the end still at 10s and set the next for 9.975s.
 	clk.BlockUntil(1)
 	clk.Advance(101 * time.Millisecond) // 10.001s
-	select {
-	case <-l.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("not lost after the session's end")
-	}
-	if !errors.Is(l.Err(), dlock.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
+	waitLost(t, l, "not lost after the session's end")
 }
 
 // lateFirst is the reference backend whose first grant's reply comes after the

@@ -66,9 +66,11 @@ func (b *placing) waitAttempts(t *testing.T, n int64) {
 // down to half, and stays at most 4 times retryMax however far back it is; the
 // interval after an attempt never exceeds the one before (the patience that
 // attempt asked for must cover it), and every attempt asks the backend to keep the
-// place comfortably longer than the interval that may follow it.
-func TestFallbackGrowsWithPlaceInQueue(t *testing.T) {
-	const retryMax = time.Second
+
+// heldByAnother returns a client over a placing reference backend (and its store), with the given
+// retryMax, on a fake clock, and key "k" held by another owner for an hour.
+func heldByAnother(t *testing.T, retryMax time.Duration) (*dlock.Client, *memlock.Store, *placing, *clock.Fake) {
+	t.Helper()
 	clk := clock.NewFake(t0)
 	st := memlock.NewStore(clk)
 	pb := &placing{Backend: st.Backend()}
@@ -76,11 +78,18 @@ func TestFallbackGrowsWithPlaceInQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	ctx := context.Background()
-	if _, err := st.Backend().Acquire(ctx, driver.Request{Key: "k", Owner: "holder", TTL: time.Hour}); err != nil {
+	t.Cleanup(func() { c.Close() })
+	if _, err := st.Backend().Acquire(context.Background(), driver.Request{Key: "k", Owner: "holder", TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
+	return c, st, pb, clk
+}
+
+// place comfortably longer than the interval that may follow it.
+func TestFallbackGrowsWithPlaceInQueue(t *testing.T) {
+	const retryMax = time.Second
+	c, st, pb, clk := heldByAnother(t, retryMax)
+	ctx := context.Background()
 	got := make(chan error, 1)
 	pb.ahead.Store(1 << 40) // far back: the bound applies
 	go func() {
@@ -138,18 +147,8 @@ func TestFallbackGrowsWithPlaceInQueue(t *testing.T) {
 // long as before (3*retryMax+1s once it has been refused).
 func TestFallbackWithoutPlaceIsRetryMax(t *testing.T) {
 	const retryMax = 200 * time.Millisecond
-	clk := clock.NewFake(t0)
-	st := memlock.NewStore(clk)
-	pb := &placing{Backend: st.Backend()}
-	c, err := dlock.New(pb, dlock.WithClock(clk), dlock.WithRetry(10*time.Millisecond, retryMax))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, st, pb, clk := heldByAnother(t, retryMax)
 	ctx := context.Background()
-	if _, err := st.Backend().Acquire(ctx, driver.Request{Key: "k", Owner: "holder", TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
 	lctx, cancel := context.WithCancel(ctx)
 	got := make(chan error, 1)
 	go func() {
