@@ -62,7 +62,10 @@
 // comes within a safety margin (TTL/50 + 10ms) without a newer successful
 // keep-alive, or the server says the lease is gone, the session ends: every grant
 // made under it is reported lost at once (driver.Grant.Lost), and waiters on it give
-// up. The next Acquire starts a new session.
+// up. The next Acquire starts a new session. The backend is a driver.Bounder: after
+// each acquire and renewal the core ends the lease's validity no later than that
+// margin before the session's earliest expiry, so Lease.Expiry never promises more
+// than the session, even for a grant made on a session last kept alive before it.
 //
 // Because the backend, not the core, keeps sessions alive, it also makes sure a
 // member key does not outlive its use while the process runs: a grant the core stops

@@ -69,8 +69,10 @@
 //     disconnection shorter than about a third of the session timeout keeps the lease,
 //     and a longer one ends it before the ensemble can grant the lock to anyone else.
 //
-// The core's own validity deadline (TTL minus drift after each renewal) applies too;
-// the lease ends at whichever comes first. The TTL also bounds a grant whose holder is
+// The core's own validity deadline (TTL minus drift after each renewal) applies too,
+// cut to the same half-session bound (the backend is a driver.Bounder), so
+// Lease.Expiry never promises more than the session; the lease ends at whichever
+// comes first. The TTL also bounds a grant whose holder is
 // alive but stopped renewing: the backend deletes a child that was not refreshed
 // within its TTL (and a queued child whose waiter made no attempt within its
 // patience), so a leaked lease does not hold the lock for the life of the process. A
