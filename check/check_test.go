@@ -307,3 +307,37 @@ func TestConfigRejectsNegativeTarget(t *testing.T) {
 		t.Fatal("negative acquisitions accepted")
 	}
 }
+
+// The scheduler waits after a heal until the store answered a write that ended
+// after it, so a slow failover is not hit again before it recovered.
+func TestAwaitRecoveryWaitsForAWriteAfterTheHeal(t *testing.T) {
+	r := &run{lastWrite: map[string]history.Op{}}
+	record := func(end int64) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.noteWrite(history.Op{Kind: history.Write, Key: "k", OK: true, Start: end - 1, End: end})
+	}
+	record(history.Now()) // before the heal: does not count
+	healed := history.Now()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.awaitRecovery(context.Background(), healed, time.Minute)
+	}()
+	select {
+	case <-done:
+		t.Fatal("awaitRecovery returned without a write after the heal")
+	case <-time.After(50 * time.Millisecond):
+	}
+	record(history.Now())
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("awaitRecovery did not return after a write ended after the heal")
+	}
+
+	// A cancelled context ends the wait too.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r.awaitRecovery(ctx, history.Now()+int64(time.Hour), time.Minute)
+}

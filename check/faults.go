@@ -139,13 +139,22 @@ func (r *run) schedule(ctx context.Context, f *fault) error {
 		} else if ctx.Err() == nil {
 			// Count it if it injected anything (it may find no holder to hit).
 			r.mu.Lock()
-			if r.faultEvents > before {
+			hit := r.faultEvents > before
+			if hit {
 				r.injected++
 			}
 			r.mu.Unlock()
+			if hit {
+				r.awaitRecovery(ctx, history.Now(), recoveryWait(r.ttl))
+			}
 		}
 	}
 }
+
+// recoveryWait bounds how long the scheduler waits for the workload to write
+// again after a heal before it starts counting down to the next injection. A
+// heal that the backend never recovers from shows as a long gap, not a hang.
+func recoveryWait(ttl time.Duration) time.Duration { return max(10*time.Second, 10*ttl) }
 
 // sleep waits d or until ctx ends.
 func sleep(ctx context.Context, d time.Duration) {

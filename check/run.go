@@ -37,7 +37,7 @@ type Config struct {
 	Injections   int
 	TTL          time.Duration // lock TTL (default 1s; etcd and ZooKeeper round up to whole seconds)
 	Hold         time.Duration // time a worker holds each lease (default TTL/10)
-	Interval     time.Duration // time between fault injections (default 3*TTL)
+	Interval     time.Duration // time from a heal and the next write to the next injection (default 3*TTL, jittered)
 	Seed         int64         // random seed of the schedule and the workers (0: from the time)
 	// Worker is the command that runs one worker process; the worker's flags are
 	// appended (for the dlock command: its own path and "check-worker").
@@ -205,6 +205,7 @@ type run struct {
 	workers     []*proc
 	workerErr   error
 	lastWrite   map[string]history.Op // the latest write op recorded per key
+	okWrite     int64                 // End of the latest write of any key the store answered
 	acquired    int                   // OK acquires recorded
 	injected    int                   // injections that injected and healed without error
 	faultEvents int                   // Fault events recorded
@@ -238,6 +239,32 @@ func (r *run) awaitTarget(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// noteWrite keeps the latest write per key and the end of the latest answered
+// write. r.mu must be held.
+func (r *run) noteWrite(op history.Op) {
+	r.lastWrite[op.Key] = op
+	if op.OK && op.End > r.okWrite {
+		r.okWrite = op.End
+	}
+}
+
+// awaitRecovery waits until the store answered a write that ended at or after t, or
+// until ctx ends or max passed. The scheduler calls it after a heal, so that the
+// next injection hits a workload that recovered from the last one: a backend
+// whose failover is slower than --interval is then still measured fault by fault.
+func (r *run) awaitRecovery(ctx context.Context, t int64, max time.Duration) {
+	deadline := time.Now().Add(max)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		r.mu.Lock()
+		ok := r.okWrite >= t && r.okWrite != 0
+		r.mu.Unlock()
+		if ok {
+			return
+		}
+		sleep(ctx, 20*time.Millisecond)
 	}
 }
 
@@ -375,7 +402,7 @@ func (r *run) read(p *proc, out io.Reader) {
 				r.acquired++
 			}
 			if op.Kind == history.Write {
-				r.lastWrite[op.Key] = op
+				r.noteWrite(op)
 			}
 			r.mu.Unlock()
 		case strings.HasPrefix(string(line), msgPaused):
