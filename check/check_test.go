@@ -308,32 +308,43 @@ func TestConfigRejectsNegativeTarget(t *testing.T) {
 	}
 }
 
-// The scheduler waits after a heal until the store answered a write that ended
-// after it, so a slow failover is not hit again before it recovered.
-func TestAwaitRecoveryWaitsForAWriteAfterTheHeal(t *testing.T) {
-	r := &run{lastWrite: map[string]history.Op{}}
-	record := func(end int64) {
+// The scheduler waits after a heal until every running worker had a write answered
+// that ended after it, so a slow recovery is not hit again before it is over.
+func TestAwaitRecoveryWaitsForEveryWorkerToWrite(t *testing.T) {
+	gone := &proc{id: 3, done: make(chan struct{})}
+	close(gone.done) // a worker that exited is not waited for
+	r := &run{lastWrite: map[string]history.Op{}, workers: []*proc{
+		{id: 1, done: make(chan struct{})}, {id: 2, done: make(chan struct{})}, gone}}
+	write := func(p int) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.noteWrite(history.Op{Kind: history.Write, Key: "k", OK: true, Start: end - 1, End: end})
+		end := history.Now()
+		r.noteWrite(history.Op{Kind: history.Write, Process: p, Key: "k", OK: true, Start: end - 1, End: end})
 	}
-	record(history.Now()) // before the heal: does not count
+	write(1) // before the heal: does not count
+	write(2)
 	healed := history.Now()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		r.awaitRecovery(context.Background(), healed, time.Minute)
 	}()
-	select {
-	case <-done:
-		t.Fatal("awaitRecovery returned without a write after the heal")
-	case <-time.After(50 * time.Millisecond):
+	blocked := func(why string) {
+		t.Helper()
+		select {
+		case <-done:
+			t.Fatal("awaitRecovery returned " + why)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	record(history.Now())
+	blocked("without a write after the heal")
+	write(1)
+	blocked("before worker 2 wrote after the heal")
+	write(2)
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		t.Fatal("awaitRecovery did not return after a write ended after the heal")
+		t.Fatal("awaitRecovery did not return after every running worker wrote")
 	}
 
 	// A cancelled context ends the wait too.

@@ -37,7 +37,7 @@ type Config struct {
 	Injections   int
 	TTL          time.Duration // lock TTL (default 1s; etcd and ZooKeeper round up to whole seconds)
 	Hold         time.Duration // time a worker holds each lease (default TTL/10)
-	Interval     time.Duration // time from a heal and the next write to the next injection (default 3*TTL, jittered)
+	Interval     time.Duration // time from a heal (and every worker's next write) to the next injection (default 3*TTL, jittered)
 	Seed         int64         // random seed of the schedule and the workers (0: from the time)
 	// Worker is the command that runs one worker process; the worker's flags are
 	// appended (for the dlock command: its own path and "check-worker").
@@ -205,7 +205,7 @@ type run struct {
 	workers     []*proc
 	workerErr   error
 	lastWrite   map[string]history.Op // the latest write op recorded per key
-	okWrite     int64                 // End of the latest write of any key the store answered
+	wrote       map[int]int64         // per worker: End of its latest write the store answered
 	acquired    int                   // OK acquires recorded
 	injected    int                   // injections that injected and healed without error
 	faultEvents int                   // Fault events recorded
@@ -242,28 +242,45 @@ func (r *run) awaitTarget(ctx context.Context) {
 	}
 }
 
-// noteWrite keeps the latest write per key and the end of the latest answered
-// write. r.mu must be held.
+// noteWrite keeps the latest write per key and, per worker, the end of its latest
+// answered write. r.mu must be held.
 func (r *run) noteWrite(op history.Op) {
 	r.lastWrite[op.Key] = op
-	if op.OK && op.End > r.okWrite {
-		r.okWrite = op.End
+	if op.OK && op.End > r.wrote[op.Process] {
+		if r.wrote == nil {
+			r.wrote = map[int]int64{}
+		}
+		r.wrote[op.Process] = op.End
 	}
 }
 
-// awaitRecovery waits until the store answered a write that ended at or after t, or
-// until ctx ends or max passed. The scheduler calls it after a heal, so that the
-// next injection hits a workload that recovered from the last one: a backend
-// whose failover is slower than --interval is then still measured fault by fault.
+// recovered reports whether every worker that is still running has had a write
+// answered that ended at or after t.
+func (r *run) recovered(t int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.workers {
+		select {
+		case <-p.done:
+			continue
+		default:
+		}
+		if r.wrote[p.id] < t {
+			return false
+		}
+	}
+	return true
+}
+
+// awaitRecovery waits until every running worker had a write answered that ended
+// at or after t, or until ctx ends or max passed. The scheduler calls it after a
+// heal, so that the next injection hits a workload that recovered from the last
+// one: a backend whose clients take longer than --interval to come back after a
+// failover (ZooKeeper's sessions after a leader election) is then still measured
+// fault by fault, not kept down by faults in a row.
 func (r *run) awaitRecovery(ctx context.Context, t int64, max time.Duration) {
 	deadline := time.Now().Add(max)
-	for ctx.Err() == nil && time.Now().Before(deadline) {
-		r.mu.Lock()
-		ok := r.okWrite >= t && r.okWrite != 0
-		r.mu.Unlock()
-		if ok {
-			return
-		}
+	for ctx.Err() == nil && time.Now().Before(deadline) && !r.recovered(t) {
 		sleep(ctx, 20*time.Millisecond)
 	}
 }
