@@ -215,8 +215,15 @@ func TestVerdict(t *testing.T) {
 // fault.
 func runCell(t *testing.T, setup, fault string, fenced bool, d time.Duration) Outcome {
 	t.Helper()
+	return runCellTarget(t, setup, fault, fenced, 0, d)
+}
+
+// runCellTarget runs a cell until injections of its fault healed (0: for d), d at
+// most.
+func runCellTarget(t *testing.T, setup, fault string, fenced bool, injections int, d time.Duration) Outcome {
+	t.Helper()
 	cfg := testConfig(t, setup, fault, fenced)
-	cfg.Duration = d
+	cfg.Duration, cfg.Injections = d, injections
 	o := RunCell(ctxT(t, 2*time.Minute), Cell{Setup: setup, Fault: fault, Fenced: fenced}, cfg, "")
 	if o.Report == nil {
 		t.Fatalf("%s: run failed: %s", o.Cell.Name(), o.RunError)
@@ -231,7 +238,9 @@ func runCell(t *testing.T, setup, fault string, fenced bool, d time.Duration) Ou
 // promoted replica lets a second worker in (P1 > 0 or P3 > 0 without fencing),
 // and the fenced store accepts no older token; with WAIT the same fault is safe.
 func TestRunFailoverReplicationLag(t *testing.T) {
-	o := runCell(t, "redis-async", FaultFailover, false, 4*time.Second)
+	// Not every failover lets a second worker in, and the scheduler waits for
+	// every worker to recover between them: give the unfenced cell eight.
+	o := runCellTarget(t, "redis-async", FaultFailover, false, 8, time.Minute)
 	if r := o.Report; r.P1.Count == 0 && r.P3.Count == 0 {
 		t.Errorf("redis-async unfenced: no violation in %d failovers (verdict %q)", r.Summary.Faults, o.Verdict)
 	}
