@@ -38,7 +38,11 @@ type fault struct {
 	// setups it applies to; nil means every setup, proxiedOnly every proxied one.
 	setups      []string
 	proxiedOnly bool
-	inject      func(ctx context.Context, r *run) error
+	// recovers: after each heal the scheduler waits until every worker wrote again
+	// before it counts down to the next injection (a failover slower than the
+	// interval would otherwise be hit again before it is over).
+	recovers bool
+	inject   func(ctx context.Context, r *run) error
 }
 
 func (f *fault) appliesTo(s *setup) bool {
@@ -104,7 +108,7 @@ func init() {
 	addFault(&fault{name: FaultNone, doc: "no fault: the baseline"})
 	addFault(&fault{name: FaultKill, doc: "kill -9 the server and restart it at once", setups: []string{"redis", "redis-aof", "postgres"}, inject: injectKill})
 	addFault(&fault{name: FaultFailover, doc: "cut the replication stream so the replica lags, let a worker lock on the master meanwhile, kill -9 the master, promote the lagging replica, point clients at it; the old master returns as a replica", setups: []string{"redis-replica", "redis-async"}, inject: injectFailover})
-	addFault(&fault{name: FaultLeader, doc: "kill -9 the leader of the etcd cluster or ZooKeeper ensemble; restart it after 2 TTL", setups: []string{"etcd", "zk"}, inject: injectLeader})
+	addFault(&fault{name: FaultLeader, doc: "kill -9 the leader of the etcd cluster or ZooKeeper ensemble; restart it after 2 TTL", setups: []string{"etcd", "zk"}, recovers: true, inject: injectLeader})
 	addFault(&fault{name: FaultDrop, doc: "cut one worker off 2 of the 5 Redlock nodes, so its grants hold a bare majority; once it holds one, a node of its 3 drops every lock key early, as if its clock jumped forward", setups: []string{"redlock"}, inject: injectDrop})
 	addFault(&fault{name: FaultPause, doc: "SIGSTOP a worker inside its critical section (a long GC pause) for 1.5 TTL and until another worker wrote its key (at most 5 TTL), then SIGCONT", inject: injectPause})
 	addFault(&fault{name: FaultPauseAfterCheck, doc: "a worker stops right after it checked that its lease is valid, before its write, for 1.5 TTL and until another worker wrote its key (at most 5 TTL)", inject: injectPauseAfterCheck})
@@ -144,7 +148,7 @@ func (r *run) schedule(ctx context.Context, f *fault) error {
 				r.injected++
 			}
 			r.mu.Unlock()
-			if hit {
+			if hit && f.recovers {
 				r.awaitRecovery(ctx, history.Now(), recoveryWait(r.ttl))
 			}
 		}

@@ -37,7 +37,7 @@ type Config struct {
 	Injections   int
 	TTL          time.Duration // lock TTL (default 1s; etcd and ZooKeeper round up to whole seconds)
 	Hold         time.Duration // time a worker holds each lease (default TTL/10)
-	Interval     time.Duration // time from a heal (and every worker's next write) to the next injection (default 3*TTL, jittered)
+	Interval     time.Duration // time from a heal (for leader kills: and every worker's next write) to the next injection (default 3*TTL, jittered)
 	Seed         int64         // random seed of the schedule and the workers (0: from the time)
 	// Worker is the command that runs one worker process; the worker's flags are
 	// appended (for the dlock command: its own path and "check-worker").

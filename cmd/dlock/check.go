@@ -47,9 +47,9 @@ accepts a write only if its token is at least the highest it has accepted for th
 key; without it the store accepts everything and logs what fencing would have
 refused. Every operation is recorded with start and end times on CLOCK_MONOTONIC,
 which all processes on the machine share. Every --interval (jittered) the fault is
-injected and healed; the countdown to the next injection starts once every worker
-wrote again after the heal (at most 10 TTL, 10s or more), so a slow recovery is not
-hit again before it is over.
+injected and healed; after a leader kill the countdown to the next injection starts
+once every worker wrote again (at most 10 TTL, 10s or more), so a slow election is
+not hit again before it is over.
 
 The history is then checked:
   P1  lease safety: a grant while an earlier grant of the key could not yet have
