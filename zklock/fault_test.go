@@ -65,7 +65,7 @@ func newClient(t testing.TB, b driver.Backend, opts ...dlock.Option) *dlock.Clie
 // eventually polls cond until it holds; the bound is a safety net against a hang.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(45 * time.Second) // a JVM election under a loaded -race run
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting until %s", what)
