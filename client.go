@@ -274,8 +274,17 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 	g, now, err := c.obtain(ctx, key, owner, cfg, wait, generated)
 
 	c.mu.Lock()
-	defer c.wg.Done()
-	defer c.mu.Unlock()
+	l, err := c.settleLocked(sk, s, g, now, err)
+	c.mu.Unlock()
+	c.wg.Done()
+	return l, err
+}
+
+// settleLocked ends a lock call's acquisition on slot s of sk: it hands the slot on
+// and returns a lease on g, or err, or ErrClosed (giving g back) if Close ran
+// meanwhile. Called with Client.mu held; not deferred, which on this path costs more
+// than the call.
+func (c *Client) settleLocked(sk slotKey, s *slot, g *grant, now time.Time, err error) (*Lease, error) {
 	s.users--
 	c.leaveLocked(s)
 	if err != nil {
@@ -285,7 +294,7 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 	if c.closed {
 		// Close ran while we were acquiring: give the grant back.
 		c.dropLocked(sk, s)
-		c.releaseAsync(key, owner)
+		c.releaseAsync(sk.key, sk.owner)
 		return nil, ErrClosed
 	}
 	g.slot = s
@@ -318,32 +327,42 @@ func ctxErr(ctx context.Context, wait bool) error {
 
 // obtain runs the attempt loop against the backend. It returns the grant and the
 // client clock's time when it was granted.
-func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wait, generated bool) (*grant, time.Time, error) {
-	clk := cfg.clock
-	req := driver.Request{Key: key, Owner: owner, TTL: cfg.ttl}
-	var w driver.Waiter
-	acquired := false
+func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wait, generated bool) (g *grant, now time.Time, err error) {
+	var st obtainState
+	defer func() { c.afterObtain(ctx, key, owner, cfg, generated, &st, g != nil) }()
+	return c.attempts(ctx, key, owner, cfg, wait, &st)
+}
+
+// obtainState is what obtain's clean-up needs to know of its attempts.
+type obtainState struct {
+	w driver.Waiter // the wait registered with the backend's notifier, if any
 	// A generated owner that may hold the key on the server (an attempt's reply
 	// came too late, or its outcome is unknown) gives it back when this call fails,
 	// and only then: the owner id is used by every attempt of this call, so a
 	// release sent earlier could reach the server after a later attempt's grant
 	// and delete it.
-	mayHold := false
-	defer func() {
-		if generated && mayHold && !acquired {
-			c.releaseAsync(key, owner)
-		}
-	}()
-	defer func() {
-		if w == nil {
-			return
-		}
+	mayHold bool
+}
+
+// afterObtain withdraws the wait, if one was registered, and gives back a key that
+// a failed call of a generated owner may hold.
+func (c *Client) afterObtain(ctx context.Context, key, owner string, cfg *config, generated bool, st *obtainState, acquired bool) {
+	if st.w != nil {
 		sctx, cancel := c.withdrawCtx(ctx)
-		defer cancel()
-		if err := w.Stop(sctx, acquired); err != nil {
+		if err := st.w.Stop(sctx, acquired); err != nil {
 			cfg.logger.Debug("dlock: withdraw waiter", "key", key, "err", err)
 		}
-	}()
+		cancel()
+	}
+	if generated && st.mayHold && !acquired {
+		c.releaseAsync(key, owner)
+	}
+}
+
+// attempts is obtain's loop; st records what its clean-up needs.
+func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, wait bool, st *obtainState) (*grant, time.Time, error) {
+	clk := cfg.clock
+	req := driver.Request{Key: key, Owner: owner, TTL: cfg.ttl}
 	// A notified waiter attempts again, in case its wake-up was lost, after a
 	// fallback interval jittered in [hi/2, hi], where hi grows with its place in
 	// the queue (driver.HeldError.Ahead): retryMax times 1+log2(1+ahead) rounded
@@ -366,8 +385,8 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 	// free, it tries first without (see driver.WatchAdvisor).
 	watch := func() error {
 		var err error
-		if w, err = c.notifier.Watch(ctx, key, owner); err != nil {
-			w = nil
+		if st.w, err = c.notifier.Watch(ctx, key, owner); err != nil {
+			st.w = nil
 			return fmt.Errorf("dlock: wait for %q: %w", key, err)
 		}
 		req.Wait = true
@@ -401,14 +420,13 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 				// validity): the owner holds the key, so attempt again at once,
 				// which re-enters it with a fresh TTL and a validity counted from
 				// then; after a second late grant, wait as if held first.
-				mayHold = true
+				st.mayHold = true
 				if !lateAgain && ctx.Err() == nil {
 					lateAgain = true
 					continue
 				}
 				err = &driver.HeldError{}
 			} else {
-				acquired = true
 				return newGrant(key, owner, cfg, gr, start, deadline, cut), now, nil
 			}
 		}
@@ -416,7 +434,7 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 			// The outcome is unknown (a lost reply may hide a grant). A generated
 			// owner id is this call's alone, so releasing it when the call
 			// returns cannot hurt anyone.
-			mayHold = true
+			st.mayHold = true
 			// Backends name themselves and the key in their errors.
 			if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 				return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
@@ -426,7 +444,7 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 		if !wait {
 			return nil, time.Time{}, err
 		}
-		if w == nil && c.notifier != nil && ctx.Err() == nil {
+		if st.w == nil && c.notifier != nil && ctx.Err() == nil {
 			if err := watch(); err != nil {
 				return nil, time.Time{}, err
 			}
@@ -435,7 +453,7 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 		var held *driver.HeldError
 		isHeld := errors.As(err, &held)
 		var d time.Duration
-		if w != nil {
+		if st.w != nil {
 			scale := 1
 			if isHeld && held.Ahead > 0 {
 				scale = min(1+bits.Len(uint(held.Ahead)), maxFallbackScale)
@@ -453,8 +471,8 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 		d = max(d, time.Millisecond)
 		t := clk.NewTimer(d)
 		var wake <-chan struct{}
-		if w != nil {
-			wake = w.C()
+		if st.w != nil {
+			wake = st.w.C()
 		}
 		select {
 		case <-wake:

@@ -27,9 +27,10 @@ type renewer struct {
 }
 
 // schedule sets g's tick for at; now is the clock's time.
+// (Here and in cancel, which run once per lock, the mutex is unlocked without
+// defer: nothing between can panic, and a deferred unlock costs a call more.)
 func (r *renewer) schedule(g *grant, at, now time.Time) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	g.next = int64(at.Sub(r.base))
 	if g.hidx < 0 {
 		heap.Push(&r.due, g)
@@ -37,20 +38,20 @@ func (r *renewer) schedule(g *grant, at, now time.Time) {
 		heap.Fix(&r.due, g.hidx)
 	}
 	r.armLocked(now)
+	r.mu.Unlock()
 }
 
 // cancel removes g's tick, if it is scheduled.
 func (r *renewer) cancel(g *grant) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if g.hidx < 0 {
-		return
+	if g.hidx >= 0 {
+		heap.Remove(&r.due, g.hidx)
+		if len(r.due) == 0 && r.armed && !r.lazy {
+			r.timer.Stop()
+			r.armed = false
+		}
 	}
-	heap.Remove(&r.due, g.hidx)
-	if len(r.due) == 0 && r.armed && !r.lazy {
-		r.timer.Stop()
-		r.armed = false
-	}
+	r.mu.Unlock()
 }
 
 // stop stops the timer, for Close.
