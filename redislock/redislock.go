@@ -31,11 +31,16 @@
 // handed the key, which then stays blocked for one TTL, as with a crashed holder. A
 // waiter that gives up passes on a grant handed to it.
 //
+// A plain (not yet waiting) attempt runs a variant of the acquire script with the TTL
+// written into it, one script per TTL for the first 16 TTLs a Backend uses, since
+// every argument of a script call costs the server work; Redis caches each script
+// until SCRIPT FLUSH, and a flushed script is sent again on its next use.
+//
 // # Safety model
 //
 // Mutual exclusion holds while the one Redis server keeps its data. Tokens are
 // max(last token + 1, server clock in milliseconds x 1000) at every grant, kept in a counter
-// key without TTL, so they keep rising even after a restart that lost every key or a
+// key without TTL (Backend.TokenKey), so they keep rising even after a restart that lost every key or a
 // failover to a replica that had not received the last grants and tokens (a restart
 // or a failover takes far longer than the clock term's millisecond), as long as the
 // servers' clocks do not step back and fewer than a million grants per second are
@@ -90,12 +95,13 @@ const DefaultPrefix = "dlock"
 // Option configures a Backend.
 type Option func(*Backend) error
 
-// WithPrefix sets the key namespace (default "dlock"). Clients that should contend
+// WithPrefix sets the key namespace (default "dlock"): non-empty, without spaces or
+// control characters (which mark the scripts' own key suffixes). Clients that should contend
 // for the same locks must use the same prefix.
 func WithPrefix(p string) Option {
 	return func(b *Backend) error {
-		if p == "" || strings.ContainsAny(p, " \n\r\t") {
-			return fmt.Errorf("%w: redis key prefix must be non-empty and without spaces, got %q", driver.ErrInvalid, p)
+		if p == "" || strings.ContainsFunc(p, func(r rune) bool { return r == ' ' || r < 0x20 || r == 0x7f }) {
+			return fmt.Errorf("%w: redis key prefix must be non-empty and without spaces or control characters, got %q", driver.ErrInvalid, p)
 		}
 		b.prefix = p
 		return nil
@@ -109,6 +115,7 @@ type Backend struct {
 	own    bool // close rdb in Close
 	prefix string
 	ttlArg atomic.Pointer[boxedInt] // a script argument boxed once, not per call
+	tries  tryScripts
 	hot    hotKeys
 	wakeCh string // this client's wake-up channel
 	logger *slog.Logger
@@ -194,6 +201,48 @@ func (b *Backend) ttlBox(ms int64) any {
 	return ms
 }
 
+// maxTryScripts bounds the per-TTL scripts of a Backend (see tryScripts).
+const maxTryScripts = 16
+
+// tryScripts keeps the scripts of plain attempts with the TTL written in
+// (tryScriptSource), one per TTL, for the first maxTryScripts TTLs a Backend uses:
+// Redis keeps every script it was sent until SCRIPT FLUSH, so a program that draws
+// TTLs from a wide range must not leave a script behind for each. Other TTLs go
+// through acquireScript with the TTL as an argument.
+type tryScripts struct {
+	last atomic.Pointer[tryScript] // the one used last: no lock on the usual path
+	mu   sync.Mutex
+	byMs map[int64]*redis.Script
+}
+
+type tryScript struct {
+	ms int64
+	s  *redis.Script
+}
+
+// get returns the script for a TTL of ms milliseconds, or nil when the TTLs have
+// their maximum of scripts already.
+func (t *tryScripts) get(ms int64) *redis.Script {
+	if p := t.last.Load(); p != nil && p.ms == ms {
+		return p.s
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.byMs[ms]
+	if !ok {
+		if len(t.byMs) >= maxTryScripts {
+			return nil
+		}
+		if t.byMs == nil {
+			t.byMs = make(map[int64]*redis.Script)
+		}
+		s = redis.NewScript(tryScriptSource(ms))
+		t.byMs[ms] = s
+	}
+	t.last.Store(&tryScript{ms, s})
+	return s
+}
+
 // Open returns a backend for a redis://, rediss:// or unix:// URL; see the package
 // documentation for its parameters. Options given here apply after the URL's. It
 // checks that the server answers and runs Verify before returning.
@@ -269,12 +318,13 @@ func (b *Backend) Client() redis.UniversalClient { return b.rdb }
 // LockKey returns the Redis key that holds the lock named key.
 func (b *Backend) LockKey(key string) string { return b.prefix + ":lock:" + key }
 
-// keys returns the lock and token keys of key, from one allocation.
-func (b *Backend) keys(key string) []string {
-	s := b.prefix + ":lock:" + key + b.prefix + ":token:" + key
-	n := len(b.prefix) + len(":lock:") + len(key)
-	return []string{s[:n], s[n:]}
-}
+// TokenKey returns the Redis key that holds the last fencing token issued for the
+// lock named key: its lock key followed by the byte 0x1f and "token" (the scripts
+// derive it from the lock key; no lock name or prefix may hold a control byte).
+func (b *Backend) TokenKey(key string) string { return b.LockKey(key) + tokenSuffix }
+
+// keys returns the keys a script on the lock named key is given: its lock key.
+func (b *Backend) keys(key string) []string { return []string{b.LockKey(key)} }
 
 func ms(d time.Duration) int64 { return max(int64((d+time.Millisecond-1)/time.Millisecond), 1) }
 
@@ -342,13 +392,15 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string
 		if n, _ := cmd.Int64(); n < 0 && w != nil {
 			w.queued.Store(true)
 		}
+	} else if s := b.tries.get(ttl); s != nil {
+		cmd, err = b.runScript(ctx, s, keys, req.Owner)
 	} else {
 		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl))
 	}
 	n, cerr := cmd.Int64()
 	if errors.Is(err, ErrNotReplicated) && cerr == nil && n > 0 {
 		// Fail closed: give back a grant the replicas may not have.
-		if rerr := releaseScript.Run(ctx, b.rdb, keys[:1], req.Owner).Err(); rerr != nil {
+		if rerr := releaseScript.Run(ctx, b.rdb, keys, req.Owner).Err(); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("release after failed replication: %w", rerr))
 		}
 		return driver.Grant{}, wrap("acquire", req.Key, err)

@@ -41,6 +41,19 @@ func rawClient(t testing.TB, srv *testserver.Redis) *redis.Client {
 	return rdb
 }
 
+// serverAndClient starts a Redis server and returns a raw client to it and a dlock
+// client on it, both closed when the test ends.
+func serverAndClient(t *testing.T) (*redis.Client, *dlock.Client) {
+	t.Helper()
+	srv := testserver.StartRedis(t)
+	c, err := dlock.Open(context.Background(), srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return rawClient(t, srv), c
+}
+
 func harness(t testing.TB, srv *testserver.Redis) drivertest.Harness {
 	rdb := rawClient(t, srv)
 	keyer, err := redislock.New(rdb)
@@ -103,14 +116,12 @@ func TestTokensRiseAcrossDataLoss(t *testing.T) {
 // token issued before (at least a millisecond before), whatever the counter says, and
 // a counter ahead of the clock is still followed by one more.
 func TestTokensRiseWhenCounterGoesBack(t *testing.T) {
-	srv := testserver.StartRedis(t)
 	ctx := context.Background()
-	rdb := rawClient(t, srv)
-	c, err := dlock.Open(ctx, srv.URL())
-	if err != nil {
-		t.Fatal(err)
+	rdb, c := serverAndClient(t)
+	tk := c.Backend().(*redislock.Backend).TokenKey("k")
+	if want := redislock.DefaultPrefix + ":lock:k\x1ftoken"; tk != want {
+		t.Fatalf("token key %q, want %q", tk, want)
 	}
-	defer c.Close()
 	token := func() dlock.Token {
 		t.Helper()
 		l, err := c.Lock(ctx, "k")
@@ -128,7 +139,7 @@ func TestTokensRiseWhenCounterGoesBack(t *testing.T) {
 		t.Fatalf("second token %d not above first %d", second, first)
 	}
 	// The lagging replica's counter: the value it had before both grants.
-	if err := rdb.Set(ctx, redislock.DefaultPrefix+":token:k", strconv.FormatUint(uint64(first)-1000, 10), 0).Err(); err != nil {
+	if err := rdb.Set(ctx, tk, strconv.FormatUint(uint64(first)-1000, 10), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	// A failover or a restart takes far longer than the clock term's millisecond.
@@ -138,11 +149,89 @@ func TestTokensRiseWhenCounterGoesBack(t *testing.T) {
 	}
 	// A counter far ahead of the clock (a clock set back): still one more.
 	ahead := uint64(second) + 1<<40
-	if err := rdb.Set(ctx, redislock.DefaultPrefix+":token:k", strconv.FormatUint(ahead, 10), 0).Err(); err != nil {
+	if err := rdb.Set(ctx, tk, strconv.FormatUint(ahead, 10), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if got := token(); uint64(got) != ahead+1 {
 		t.Fatalf("token with the counter ahead of the clock = %d, want %d", got, ahead+1)
+	}
+}
+
+// A plain attempt runs a script with its TTL written in, one per TTL for the first
+// few TTLs, then the script that takes the TTL as an argument: either way the key
+// gets the TTL asked for and the tokens keep rising, and Redis is not left with a
+// script per TTL.
+func TestPlainAttemptsAcrossManyTTLs(t *testing.T) {
+	ctx := context.Background()
+	rdb, c := serverAndClient(t)
+	lk := c.Backend().(*redislock.Backend).LockKey("k")
+	var last dlock.Token
+	const ttls = 40
+	for i := range ttls {
+		ttl := 10*time.Second + time.Duration(i)*time.Second
+		for range 2 { // the second time, a TTL that has its script (or not) already
+			l, err := c.TryLock(ctx, "k", dlock.WithTTL(ttl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			left, err := rdb.PTTL(ctx, lk).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if left <= ttl-time.Second || left > ttl {
+				t.Fatalf("TTL %v: the key's PTTL is %v", ttl, left)
+			}
+			if l.Token() <= last {
+				t.Fatalf("TTL %v: token %d not above %d", ttl, l.Token(), last)
+			}
+			last = l.Token()
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	info, err := rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(info, "number_of_cached_scripts:")
+	if !ok {
+		t.Fatalf("no number_of_cached_scripts in INFO memory")
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n >= ttls {
+		t.Fatalf("Redis caches %d scripts after %d TTLs: a script per TTL", n, ttls)
+	}
+}
+
+// A server that lost its scripts (SCRIPT FLUSH, a restart) is sent them again.
+func TestScriptsAfterFlush(t *testing.T) {
+	ctx := context.Background()
+	rdb, c := serverAndClient(t)
+	var last dlock.Token
+	for i := range 3 {
+		if i > 0 {
+			if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l, err := c.Lock(ctx, "k")
+		if err != nil {
+			t.Fatalf("lock after %d flushes: %v", i, err)
+		}
+		if l.Token() <= last {
+			t.Fatalf("token %d not above %d", l.Token(), last)
+		}
+		last = l.Token()
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("release after a flush: %v", err)
+		}
 	}
 }
 
@@ -187,6 +276,7 @@ func TestURLParameters(t *testing.T) {
 		srv.URL() + "?bogus=1",
 		srv.URL() + "?prefix=",
 		srv.URL() + "?prefix=a%20b",
+		srv.URL() + "?prefix=a%1Fb",
 		srv.URL() + "?dial_timeout=x",
 		srv.URL() + "?tls_ca=/nonexistent",
 		"rediss://" + srv.Addr() + "?tls_cert=c.pem",
