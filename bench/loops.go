@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,7 +72,8 @@ type CycleRun struct {
 
 // CyclePeers are what Cycles pairs the dlock cycles with, each optional: the
 // backend's floor, and the raw driver (its Acquire and Release called directly with
-// one owner id, to tell the driver's cost from the core's).
+// a fresh owner id per cycle, as the core makes them, to tell the driver's cost from
+// the core's).
 type CyclePeers struct {
 	Floor     driver.Floorer
 	FloorKey  string
@@ -105,14 +105,14 @@ func Cycles(ctx context.Context, c *dlock.Client, key string, peers CyclePeers, 
 		steps = append(steps, func() error { return floorOnce(ctx, peers.Floor, peers.FloorKey, &run.Floor) })
 	}
 	if peers.Driver != nil {
-		owner := "bench-driver-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-		req := driver.Request{Key: peers.DriverKey, Owner: owner, TTL: dlock.DefaultTTL}
+		req := driver.Request{Key: peers.DriverKey, TTL: dlock.DefaultTTL}
 		steps = append(steps, func() error {
 			t0 := time.Now()
+			req.Owner = driver.RandomHex(16) // a fresh value per cycle, as the core and the floor
 			if _, err := peers.Driver.Acquire(ctx, req); err != nil {
 				return fmt.Errorf("bench: driver acquire %q: %w", req.Key, err)
 			}
-			if err := peers.Driver.Release(ctx, req.Key, owner); err != nil {
+			if err := peers.Driver.Release(ctx, req.Key, req.Owner); err != nil {
 				return fmt.Errorf("bench: driver release %q: %w", req.Key, err)
 			}
 			run.Driver.Add(time.Since(t0))
