@@ -109,9 +109,9 @@ local function hand_off(lock, prefix, key)
 end
 `
 
-// luaTakeFree is the acquire's fast path: a free key (and, when cond, a Lua
-// condition ending in "and ", holds, a caller that is not in the queue) is set to
-// the owner and granted with the next token. The TTL is given as two Lua
+// luaTakeFree is the acquire's fast path: a free key is set to the owner and
+// granted with the next token. cond is empty or a Lua condition ending in "and "
+// that must hold as well (the generic script's: the caller is not in the queue). The TTL is given as two Lua
 // expressions: ttlArg for command arguments, ttlNum for arithmetic (a script with
 // the TTL written in passes a string to the command and a number to the
 // arithmetic, each the cheaper there).
