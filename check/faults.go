@@ -323,7 +323,7 @@ func injectDrop(ctx context.Context, r *run) error {
 		return nil
 	}
 	p.send(ctlLinger)
-	lockKey := "redlock:lock:" + op.Key
+	lockKey := "redlock:lock\x1f" + op.Key // redlock.Backend.LockKey under the default prefix
 	// Wait for the cut nodes to let the key go, then for a renewal of the lease.
 	deadline := time.Now().Add(3 * r.ttl)
 	free := false

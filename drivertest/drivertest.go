@@ -35,6 +35,12 @@ type Harness struct {
 	// RoundTrip, optional, makes the cheapest request the server answers (PING);
 	// benchmarks use it to express latencies in round trips.
 	RoundTrip func(ctx context.Context) error
+	// Namespace opens a new connection to the same server whose locks live in the
+	// namespace ns: the key prefix, root path or table that ns names (a root path
+	// is "/" and ns). It returns an error matching driver.ErrInvalid if the backend
+	// refuses ns as a namespace. The suite closes the backend. Nil only for a
+	// backend without namespaces on one server (memlock, whose stores are apart).
+	Namespace func(t testing.TB, ns string) (driver.Backend, error)
 }
 
 // Wait bounds every "eventually" in the suite; it is a safety net against a hang,
@@ -117,6 +123,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Inspect", h.testInspect)
 	t.Run("ForceRelease", h.testForceRelease)
 	t.Run("HandoffCost", h.testHandoffCost)
+	t.Run("Namespaces", h.testNamespaces)
 	if h.FIFO {
 		t.Run("FIFO", h.testFIFO)
 	}

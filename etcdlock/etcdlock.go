@@ -14,9 +14,10 @@
 //
 // # Algorithm
 //
-// Every contender for a lock creates its own member key under prefix/<key>/, bound to
-// a session lease of its client, with its owner id as the value. The lock belongs to
-// the member with the lowest create revision; the others queue behind it in
+// Every contender for a lock creates its own member key in the lock's range,
+// prefix/<key> followed by the byte 0x1f (Backend.LockPrefix), bound to a session
+// lease of its client, with its owner id as the value. The lock belongs to the
+// member with the lowest create revision; the others queue behind it in
 // create-revision order (FIFO). Acquire is one transaction: if no member exists,
 // create the own member key, which takes the lock; otherwise a waiting Lock queues
 // (creates it too, and reads the first member and the one just ahead) and a TryLock
@@ -26,8 +27,8 @@
 // restarted process resuming it): it is moved onto the current session's lease,
 // which keeps its create revision and so its token.
 //
-// Member keys are named after the client, prefix/<key>/<client id>.<n>, n the
-// smallest number not in use in that client, not after the owner: owner ids are
+// Member keys are named after the client, the lock's range and <client id>.<n>, n
+// the smallest number not in use in that client, not after the owner: owner ids are
 // usually random per lock call, and etcd keeps an index entry for every key name
 // until its history is compacted, which every read of a lock's members walks. Reused
 // names keep those reads as cheap on the millionth grant as on the first.
@@ -97,10 +98,15 @@
 // session lease expires: the TTL rounded up as above, plus up to half a second for
 // etcd's expiry check.
 //
-// The prefix is a namespace that dlock alone writes to. Do not give two clients
-// prefixes of which one lies inside the other's lock namespace (such as "dlock" and
-// "dlock/x"). The etcd user, with authentication on, needs read and write access to
+// The prefix is a namespace that dlock alone writes to, under prefix/. Prefixes may
+// nest ("app" and "app/jobs"): the byte 0x1f that ends a lock's range is in no
+// prefix and no key, so the locks of two prefixes never share a range, whatever
+// their keys. The etcd user, with authentication on, needs read and write access to
 // the prefix range and permission to grant, keep alive and revoke leases.
+//
+// Layout change: before this version a lock's range ended in "/" instead of 0x1f.
+// Clients of the two layouts do not exclude each other on the same lock; stop every
+// older client before starting new ones. (Tokens keep rising: they are revisions.)
 package etcdlock
 
 import (
@@ -156,8 +162,10 @@ type options struct {
 	metrics    []string // metrics pages for ServerOps
 }
 
-// WithPrefix sets the key prefix (default "dlock"). Clients that should contend for
-// the same locks must use the same prefix.
+// WithPrefix sets the key prefix (default "dlock"): non-empty and without control
+// characters once leading and trailing "/" are trimmed. Clients that should contend
+// for the same locks must use the same prefix; clients with different prefixes never
+// meet, even when one prefix lies under the other ("app" and "app/jobs").
 func WithPrefix(p string) Option {
 	return func(o *options) error {
 		p = strings.Trim(p, "/")
@@ -433,14 +441,11 @@ func (b *Backend) Client() *clientv3.Client { return b.cli }
 func (b *Backend) Prefix() string { return b.prefix }
 
 // LockPrefix returns the etcd key prefix under which the member keys of the lock
-// named key live: prefix/<key>/, where "%" and "/" in key are escaped as %25 and %2F
-// so that no lock's range contains another's. A member key is the lock prefix
-// followed by <client id>.<n>; its value is the owner id.
-func (b *Backend) LockPrefix(key string) string {
-	return b.prefix + "/" + keyEscaper.Replace(key) + "/"
-}
-
-var keyEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
+// named key live: prefix/<key> and the byte 0x1f, where "%" and "/" in key are
+// escaped as %25 and %2F. A member key is the lock prefix followed by <client
+// id>.<n>; its value is the owner id. See lockPrefix for why no lock's range can
+// contain another's, whatever the prefixes.
+func (b *Backend) LockPrefix(key string) string { return lockPrefix(b.prefix, key) }
 
 func wrap(op, key string, err error) error {
 	return fmt.Errorf("etcdlock: %s %q: %w", op, key, err)

@@ -72,6 +72,17 @@ func harness(t testing.TB, srv *testserver.Etcd) drivertest.Harness {
 		Fencing:   true,
 		FIFO:      true,
 		RoundTrip: func(ctx context.Context) error { _, err := cli.Get(ctx, "ping"); return err },
+		Namespace: func(t testing.TB, ns string) (driver.Backend, error) {
+			u, err := url.Parse(srv.URL(""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := etcdlock.Open(context.Background(), u, etcdlock.WithPrefix(ns))
+			if err != nil {
+				return nil, err
+			}
+			return b, nil
+		},
 	}
 }
 
@@ -181,7 +192,7 @@ func TestURLParameters(t *testing.T) {
 	if la.TTL() != 5*time.Second {
 		t.Fatalf("ttl from URL not applied: %v", la.TTL())
 	}
-	resp, err := rawClient(t, ep).Get(ctx, "app1/k%2Fwith%2Fslashes%25/", clientv3.WithPrefix())
+	resp, err := rawClient(t, ep).Get(ctx, "app1/k%2Fwith%2Fslashes%25\x1f", clientv3.WithPrefix())
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].CreateRevision != int64(la.Token()) || string(resp.Kvs[0].Value) != la.Owner() {
 		t.Fatalf("member key of app1 not where documented: %v %v", resp, err)
 	}

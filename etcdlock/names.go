@@ -7,11 +7,38 @@ import (
 	"strings"
 )
 
+// Lock ranges.
+//
+// The members of the lock named K under prefix P live in the range of keys that
+// start with
+//
+//	P/E 0x1f
+//
+// where E is K with "%" and "/" escaped as %25 and %2F, and 0x1f is the ASCII unit
+// separator. Neither a prefix nor a key may hold a control byte (WithPrefix,
+// driver.ValidateKey), so the first 0x1f in a member key ends its lock's part, and
+// E, which has no "/", is what lies between the last "/" before it and it; P is
+// the rest. So two (prefix, key) pairs have the same range only if they are equal,
+// and no lock's range holds another's members: nested prefixes such as "app" and
+// "app/jobs" keep their locks apart (with "/" as the terminator, as before, lock
+// "jobs" under "app" read the members of every lock under "app/jobs"). The
+// backend's other keys, the benchmark floor's P/0x00floor/K and the never written
+// P/0x00idle, hold a 0x00, which no lock range does.
+const memberSep = "\x1f"
+
+var keyEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
+
+// lockPrefix returns the start of the member keys of the lock named key under
+// prefix (see Lock ranges above).
+func lockPrefix(prefix, key string) string {
+	return prefix + "/" + keyEscaper.Replace(key) + memberSep
+}
+
 // Member key names.
 //
 // The member key of (key, owner) is named after the backend, not after the owner:
-// prefix/<key>/<backend id>.<n>, with n the smallest number no other owner uses here
-// at the moment. The owner id is the key's value. Owners are usually random per lock
+// the lock prefix and <backend id>.<n>, with n the smallest number no other owner
+// uses here at the moment. The owner id is the key's value. Owners are usually random per lock
 // call, and etcd keeps an index entry for every key name ever written until the
 // history is compacted; every range read of a lock's members walks those entries. So
 // reusing a few names per client keeps each read as cheap on the thousandth grant as
@@ -56,7 +83,7 @@ func (b *Backend) inUseLocked(name string) bool {
 
 // ours reports whether name is one of this backend's own names (not adopted).
 func (b *Backend) ours(name string) bool {
-	return strings.HasPrefix(name[strings.LastIndexByte(name, '/')+1:], b.id+".")
+	return strings.HasPrefix(name[strings.LastIndexByte(name, memberSep[0])+1:], b.id+".")
 }
 
 // assigned returns the member key name of ok, if it has one.

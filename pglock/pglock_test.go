@@ -82,6 +82,17 @@ func harness(t testing.TB, srv *testserver.Postgres, kv ...string) drivertest.Ha
 		Fencing:   true,
 		FIFO:      true,
 		RoundTrip: func(ctx context.Context) error { return pool.Ping(ctx) },
+		Namespace: func(t testing.TB, ns string) (driver.Backend, error) {
+			u, err := url.Parse(withQuery(rawURL, "table", ns))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := pglock.Open(context.Background(), u)
+			if err != nil {
+				return nil, err
+			}
+			return b, nil
+		},
 	}
 }
 

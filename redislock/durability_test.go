@@ -58,7 +58,7 @@ func TestReplicaAcknowledgement(t *testing.T) {
 		t.Fatalf("TryLock with an acknowledging replica: %v", err)
 	}
 	// The grant was on the replica when TryLock returned.
-	owner, err := rawClient(t, replica).Get(ctx, "dlock:lock:k").Result()
+	owner, err := rawClient(t, replica).Get(ctx, "dlock:lock\x1fk").Result()
 	if err != nil || owner != l.Owner() {
 		t.Fatalf("replica has %q, %v; want %q", owner, err, l.Owner())
 	}
@@ -72,7 +72,7 @@ func TestReplicaAcknowledgement(t *testing.T) {
 	if !errors.Is(err, redislock.ErrNotReplicated) {
 		t.Fatalf("TryLock without a replica = %v, want ErrNotReplicated", err)
 	}
-	if n, err := rawClient(t, master).Exists(ctx, "dlock:lock:k").Result(); err != nil || n != 0 {
+	if n, err := rawClient(t, master).Exists(ctx, "dlock:lock\x1fk").Result(); err != nil || n != 0 {
 		t.Fatalf("lock key left on the master after a failed replication: %d, %v", n, err)
 	}
 }

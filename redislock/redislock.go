@@ -96,8 +96,11 @@ const DefaultPrefix = "dlock"
 type Option func(*Backend) error
 
 // WithPrefix sets the key namespace (default "dlock"): non-empty, without spaces or
-// control characters (which mark the scripts' own key suffixes). Clients that should contend
-// for the same locks must use the same prefix.
+// control characters (the byte 0x1f separates a key name's parts; see the key layout
+// in scripts.go). Clients that should contend for the same locks must use the same
+// prefix; clients with different prefixes never share a key, whatever their lock
+// names (prefix "a" with lock "b:lock:c" and prefix "a:lock:b" with lock "c" are
+// two locks).
 func WithPrefix(p string) Option {
 	return func(b *Backend) error {
 		if p == "" || strings.ContainsFunc(p, func(r rune) bool { return r == ' ' || r < 0x20 || r == 0x7f }) {
@@ -160,7 +163,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Backend, error) {
 			return nil, err
 		}
 	}
-	b.wakeCh = b.prefix + ":wake:" + hex.EncodeToString(id[:])
+	b.wakeCh = wakeChannel(b.prefix, hex.EncodeToString(id[:]))
 	b.hot.seed = maphash.MakeSeed()
 	return b, nil
 }
@@ -315,13 +318,15 @@ func configureTLS(opt *redis.Options, scheme string, f map[string]string) error 
 // Client returns the go-redis client.
 func (b *Backend) Client() redis.UniversalClient { return b.rdb }
 
-// LockKey returns the Redis key that holds the lock named key.
-func (b *Backend) LockKey(key string) string { return b.prefix + ":lock:" + key }
+// LockKey returns the Redis key that holds the lock named key: the prefix, ":lock",
+// the byte 0x1f and the key (see the key layout in scripts.go: no two prefix and key
+// pairs share a key).
+func (b *Backend) LockKey(key string) string { return lockKey(b.prefix, key) }
 
 // TokenKey returns the Redis key that holds the last fencing token issued for the
 // lock named key: its lock key followed by the byte 0x1f and "token" (the scripts
 // derive it from the lock key; no lock name or prefix may hold a control byte).
-func (b *Backend) TokenKey(key string) string { return b.LockKey(key) + tokenSuffix }
+func (b *Backend) TokenKey(key string) string { return lockKey(b.prefix, key) + tokenSuffix }
 
 // keys returns the keys a script on the lock named key is given: its lock key.
 func (b *Backend) keys(key string) []string { return []string{b.LockKey(key)} }
@@ -728,9 +733,9 @@ var floorCAD = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then re
 // FloorCycle implements driver.Floorer: the least correct lock, SET NX PX with a
 // fresh random value (made as the core makes owner ids: every acquisition needs its
 // own, or a stale release could delete a later grant), then a compare-and-delete
-// script, on this backend's client, under the prefix's "floor:" namespace.
+// script, on this backend's client, on the key's floor key (see the key layout).
 func (b *Backend) FloorCycle(ctx context.Context, key string) error {
-	k, v := b.prefix+":floor:"+key, driver.RandomHex(16)
+	k, v := floorKey(b.prefix, key), driver.RandomHex(16)
 	ok, err := b.rdb.SetNX(ctx, k, v, 15*time.Second).Result()
 	if err != nil {
 		return err

@@ -70,6 +70,17 @@ func harness(t testing.TB, srv *testserver.Redis) drivertest.Harness {
 		Fencing:   true,
 		FIFO:      true,
 		RoundTrip: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		Namespace: func(t testing.TB, ns string) (driver.Backend, error) {
+			u, err := url.Parse(srv.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := redislock.Open(context.Background(), u, redislock.WithPrefix(ns))
+			if err != nil {
+				return nil, err
+			}
+			return b, nil
+		},
 	}
 }
 
@@ -119,7 +130,7 @@ func TestTokensRiseWhenCounterGoesBack(t *testing.T) {
 	ctx := context.Background()
 	rdb, c := serverAndClient(t)
 	tk := c.Backend().(*redislock.Backend).TokenKey("k")
-	if want := redislock.DefaultPrefix + ":lock:k\x1ftoken"; tk != want {
+	if want := redislock.DefaultPrefix + ":lock\x1fk\x1ftoken"; tk != want {
 		t.Fatalf("token key %q, want %q", tk, want)
 	}
 	token := func() dlock.Token {
@@ -313,8 +324,8 @@ func TestURLParameters(t *testing.T) {
 	if la.TTL() != 5*time.Second {
 		t.Fatalf("ttl from URL not applied: %v", la.TTL())
 	}
-	if n, err := rawClient(t, srv).Exists(ctx, "app1:lock:k").Result(); err != nil || n != 1 {
-		t.Fatalf("app1:lock:k exists = %d, %v", n, err)
+	if n, err := rawClient(t, srv).Exists(ctx, "app1:lock\x1fk").Result(); err != nil || n != 1 {
+		t.Fatalf("%q exists = %d, %v", "app1:lock\x1fk", n, err)
 	}
 	_ = la.Release(ctx)
 	_ = lb.Release(ctx)

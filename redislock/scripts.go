@@ -6,9 +6,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Key layout, for a lock named K under prefix P:
+// Key layout, for a lock named K under prefix P (0x1f is the ASCII unit separator,
+// \31 in Lua):
 //
-//	P:lock:K         string  the holder's owner id, with the lease TTL (PX), then
+//	P:lock 0x1f K    string  the holder's owner id, with the lease TTL (PX), then
 //	                         space-separated marks: " hCHANNEL" when a release
 //	                         handed the key to a queued waiter whose client
 //	                         listens on CHANNEL and the owner has not been seen
@@ -16,29 +17,63 @@ import (
 //	                         may have: a handed grant always has it), N being
 //	                         the length of P, so that release needs no more
 //	                         than the lock key and the owner
-//	P:lock:K\x1ftoken string last fencing token issued for K; no TTL. Its name is
-//	                         the lock key's and a suffix that starts with a byte no
-//	                         lock name or prefix may hold (0x1f), so the scripts
-//	                         derive it from the lock key without another argument
-//	                         (each costs every call) and no other key can be it.
-//	                         (Earlier versions kept it at P:token:K, which a
-//	                         deployment may delete; the server clock term keeps
-//	                         the tokens rising across the move.)
-//	P:queue:K        list    owner ids of queued waiters, oldest first
-//	P:waiter:K:OWNER string  "SEQ TTL CHANNEL": the number of the waiter's latest
+//	P:lock 0x1f K 0x1f token
+//	                 string  last fencing token issued for K; no TTL. Its name is
+//	                         the lock key's and a suffix, so the scripts derive it
+//	                         from the lock key without another argument (each
+//	                         costs every call).
+//	P:queue 0x1f K   list    owner ids of queued waiters, oldest first
+//	P:waiter 0x1f K 0x1f OWNER
+//	                 string  "SEQ TTL CHANNEL": the number of the waiter's latest
 //	                         attempt, the TTL in ms of the grant it asked for, and
 //	                         its client's channel; the key's own TTL is the
 //	                         place's patience, renewed by each attempt
+//	P:floor 0x1f K   string  the benchmark floor's lock (Backend.FloorCycle)
 //	P:wake:ID        channel one per client: handoff messages
 //	                         "OWNER TOKEN SEQ TTL K"
+//
+// Isolation. No prefix, key or owner id holds a control byte (WithPrefix,
+// driver.ValidateKey, driver.ValidateOwner), so the first 0x1f of a key name ends
+// "P:kind", whose kind is what follows its last ":" (a kind has none) and P what
+// precedes it; K runs to the next 0x1f or the end. Every name thus spells out its
+// prefix, kind, key and owner, and two of them are equal only if all four are: no
+// prefix reaches another's keys, whatever the keys. (Earlier versions used ":" in
+// place of 0x1f, so prefix "a" with key "b:lock:c" and prefix "a:lock:b" with key
+// "c" shared a lock, and a waiter's key could be another key's and owner's; and the
+// token counter was at P:token:K, then P:lock:K 0x1f token. Clients of an older
+// layout do not exclude clients of this one: stop every older client before
+// starting new ones. The server clock term keeps tokens rising across the move.) A
+// channel ends in ID, 24 hex digits, so it too names its prefix. Key names still
+// start with "P:", so an ACL key pattern P:* covers a prefix's keys.
 //
 // The uncontended path costs little more than the least correct lock: acquire is SET
 // NX PX plus PEXPIRETIME and INCR of the token counter, release is GET plus DEL, each one script call
 // with few arguments. Queue work happens only when someone waits: the queue and
 // waiter keys are derived inside the scripts from the prefix (which the client passes
-// only where needed), so the layout suits a single Redis instance, not Redis Cluster.
+// only where needed, or which the scripts read from the channel and the " qN" mark:
+// the key starts len(":lock")+1 = 6 bytes after the prefix), so the layout suits a
+// single Redis instance, not Redis Cluster.
 // Owner ids and prefixes cannot contain spaces, so the marks cannot be forged; a
 // channel is the prefix, ":wake:" and 24 hex digits.
+
+// Key names. The scripts derive the same names with Lua literals of their own
+// (':queue\31', ':waiter\31', '\31'), and find the key in a lock key 6 bytes after
+// the prefix, the length of lockPart; the tests check that the two agree.
+const (
+	lockPart   = ":lock\x1f"
+	queuePart  = ":queue\x1f"
+	waiterPart = ":waiter\x1f"
+	floorPart  = ":floor\x1f"
+	ownerSep   = "\x1f"
+)
+
+func lockKey(prefix, key string) string    { return prefix + lockPart + key }
+func queueKey(prefix, key string) string   { return prefix + queuePart + key }
+func floorKey(prefix, key string) string   { return prefix + floorPart + key }
+func wakeChannel(prefix, id string) string { return prefix + ":wake:" + id }
+func waiterKey(prefix, key, owner string) string {
+	return prefix + waiterPart + key + ownerSep + owner
+}
 
 // tokenSuffix ends a lock key to name its token counter (see the key layout above),
 // and luaTokenSuffix is the same as a Lua string literal.
@@ -86,8 +121,8 @@ end
 // the lock.
 var luaHandOff = luaToken + `
 local function hand_off(lock, prefix, key)
-  local queue = prefix .. ':queue:' .. key
-  local wp = prefix .. ':waiter:' .. key .. ':'
+  local queue = prefix .. ':queue\31' .. key
+  local wp = prefix .. ':waiter\31' .. key .. '\31'
   while true do
     local h = redis.call('LPOP', queue)
     if not h then
@@ -159,8 +194,8 @@ var acquireScript = redis.NewScript(`local owner, w = ARGV[1], ARGV[3]
   local _, pat, seq, ch = string.match(w, '^(%S) (%d+) (%d+) (%S+)$')
   local prefix = string.sub(ch, 1, -31)
   local key = string.sub(KEYS[1], #prefix + 7)
-  local queue = prefix .. ':queue:' .. key
-  local wk = prefix .. ':waiter:' .. key .. ':' .. owner
+  local queue = prefix .. ':queue\31' .. key
+  local wk = prefix .. ':waiter\31' .. key .. '\31' .. owner
   if not v then
     -- Free (the holder's grant expired) and we are queued: take it and leave.
     redis.call('LREM', queue, 1, owner)
@@ -227,11 +262,11 @@ return 1
 var withdrawScript = redis.NewScript(luaHandOff + `
 local owner, prefix, ch = ARGV[1], ARGV[2], ARGV[3]
 local key = string.sub(KEYS[1], #prefix + 7)
-local wk = prefix .. ':waiter:' .. key .. ':' .. owner
+local wk = prefix .. ':waiter\31' .. key .. '\31' .. owner
 local e = redis.call('GET', wk)
 if not e or string.sub(e, -#ch - 1) == ' ' .. ch then
   -- Our place (a waiter of the same owner on another client keeps its own).
-  redis.call('LREM', prefix .. ':queue:' .. key, 0, owner)
+  redis.call('LREM', prefix .. ':queue\31' .. key, 0, owner)
   if e then redis.call('DEL', wk) end
 end
 local v = redis.call('GET', KEYS[1])
@@ -256,9 +291,9 @@ var inspectScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then return false end
 local key = string.sub(KEYS[1], #ARGV[1] + 7)
-local wp = ARGV[1] .. ':waiter:' .. key .. ':'
+local wp = ARGV[1] .. ':waiter\31' .. key .. '\31'
 local live = 0
-for _, h in ipairs(redis.call('LRANGE', ARGV[1] .. ':queue:' .. key, 0, -1)) do
+for _, h in ipairs(redis.call('LRANGE', ARGV[1] .. ':queue\31' .. key, 0, -1)) do
   if redis.call('EXISTS', wp .. h) == 1 then live = live + 1 end
 end
 return {string.match(v, '^%S+'), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1] .. ` + luaTokenSuffix + `) or '0', live}

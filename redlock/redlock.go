@@ -173,12 +173,15 @@ type config struct {
 	allowFew    bool
 }
 
-// WithPrefix sets the key namespace (default "redlock"). Clients that should contend
-// for the same locks must use the same prefix.
+// WithPrefix sets the key namespace (default "redlock"): non-empty, without spaces
+// or control characters (the byte 0x1f separates a key name's parts; see the key
+// layout in scripts.go). Clients that should contend for the same locks must use the
+// same prefix; clients with different prefixes never share a key, whatever their
+// lock names.
 func WithPrefix(p string) Option {
 	return func(c *config) error {
-		if p == "" || strings.ContainsAny(p, " \n\r\t") {
-			return fmt.Errorf("%w: redlock key prefix must be non-empty and without spaces, got %q", driver.ErrInvalid, p)
+		if p == "" || strings.ContainsFunc(p, func(r rune) bool { return r == ' ' || r < 0x20 || r == 0x7f }) {
+			return fmt.Errorf("%w: redlock key prefix must be non-empty and without spaces or control characters, got %q", driver.ErrInvalid, p)
 		}
 		c.prefix = p
 		return nil
@@ -379,7 +382,7 @@ func New(clients []*redis.Client, opts ...Option) (*Backend, error) {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	b.id = hex.EncodeToString(id[:])
-	b.wakeCh = cfg.prefix + ":wake:" + b.id
+	b.wakeCh = wakeChannel(cfg.prefix, b.id)
 	return b, nil
 }
 
@@ -620,17 +623,18 @@ func (b *Backend) Clients() []*redis.Client {
 // Quorum returns the number of nodes that make a majority.
 func (b *Backend) Quorum() int { return b.quorum }
 
-// LockKey returns the Redis key, on every node, that holds the lock named key.
-func (b *Backend) LockKey(key string) string { return b.cfg.prefix + ":lock:" + key }
+// LockKey returns the Redis key, on every node, that holds the lock named key: the
+// prefix, ":lock", the byte 0x1f and the key (see the key layout in scripts.go).
+func (b *Backend) LockKey(key string) string { return lockKey(b.cfg.prefix, key) }
 
 // FenceKey returns the Redis key, on every node, that holds the fencing counter of key.
-func (b *Backend) FenceKey(key string) string { return b.cfg.prefix + ":fence:" + key }
+func (b *Backend) FenceKey(key string) string { return fenceKey(b.cfg.prefix, key) }
 
 func (b *Backend) keys(key string) []string {
-	return []string{b.LockKey(key), b.FenceKey(key), b.cfg.prefix + ":wait:" + key}
+	return []string{lockKey(b.cfg.prefix, key), fenceKey(b.cfg.prefix, key), waitSetKey(b.cfg.prefix, key)}
 }
 
-func (b *Backend) waiterPrefix(key string) string { return b.cfg.prefix + ":waiter:" + key + ":" }
+func (b *Backend) waiterPrefix(key string) string { return waiterPrefix(b.cfg.prefix, key) }
 
 func (b *Backend) newNonce() string {
 	return b.id + "." + strconv.FormatUint(b.nonce.Add(1), 36)
@@ -1170,11 +1174,11 @@ var floorCAD = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then re
 
 // FloorCycle implements driver.Floorer with the single-instance floor: SET NX PX with
 // a fresh random value, then a compare-and-delete script (as redislock's floor), on
-// the first node only, with this backend's client,
-// under the prefix's "floor:" namespace. Redlock over N nodes is compared with it to
+// the first node only, with this backend's client, on the key's floor key (see the
+// key layout in scripts.go). Redlock over N nodes is compared with it to
 // show what the fan-out costs over one instance.
 func (b *Backend) FloorCycle(ctx context.Context, key string) error {
-	rdb, k, v := b.nodes[0].rdb, b.cfg.prefix+":floor:"+key, driver.RandomHex(16)
+	rdb, k, v := b.nodes[0].rdb, floorKey(b.cfg.prefix, key), driver.RandomHex(16)
 	ok, err := rdb.SetNX(ctx, k, v, 15*time.Second).Result()
 	if err != nil {
 		return err

@@ -67,6 +67,17 @@ func harness(t testing.TB, nodes []*testserver.Redis) drivertest.Harness {
 		Fencing:   true,
 		FIFO:      false,
 		RoundTrip: func(ctx context.Context) error { return raw[0].Ping(ctx).Err() },
+		Namespace: func(t testing.TB, ns string) (driver.Backend, error) {
+			u, err := url.Parse(testserver.RedlockURL(nodes, testQuery+"&prefix="+url.QueryEscape(ns)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := redlock.Open(context.Background(), u)
+			if err != nil {
+				return nil, err
+			}
+			return b, nil
+		},
 	}
 }
 

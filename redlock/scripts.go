@@ -2,26 +2,57 @@ package redlock
 
 import "github.com/redis/go-redis/v9"
 
-// Key layout on every node, for a lock named K under prefix P:
+// Key layout on every node, for a lock named K under prefix P (0x1f is the ASCII
+// unit separator):
 //
-//	P:lock:K          string  "OWNER" or "OWNER TOKEN": the holder on this node and,
+//	P:lock 0x1f K     string  "OWNER" or "OWNER TOKEN": the holder on this node and,
 //	                          once the fencing token is known, the token; TTL = the
 //	                          lease TTL
-//	P:fence:K         string  this node's fencing counter: the largest token it
+//	P:fence 0x1f K    string  this node's fencing counter: the largest token it
 //	                          accepted; no TTL, it must outlive every lock (see the
 //	                          package documentation)
-//	P:wait:K          zset    owner ids of waiters, scored by when they started
+//	P:wait 0x1f K     zset    owner ids of waiters, scored by when they started
 //	                          waiting (their client's clock, ms), oldest first
-//	P:waiter:K:OWNER  string  the waiter's client wake-up channel; its TTL is the
+//	P:waiter 0x1f K 0x1f OWNER
+//	                  string  the waiter's client wake-up channel; its TTL is the
 //	                          waiter's patience, renewed by each of its attempts
+//	P:floor 0x1f K    string  the benchmark floor's lock (Backend.FloorCycle)
 //
 // A client's wake-up channel is P:wake:ID; a release publishes "NONCE OWNER K" on
 // the channel of the waiter it wakes.
 //
+// No prefix, key or owner id holds a control byte (WithPrefix, driver.ValidateKey,
+// driver.ValidateOwner), so the first 0x1f of a key name ends "P:kind", whose kind
+// follows the last ":" and P precedes it, and K runs to the next 0x1f or the end:
+// two key names are equal only if their prefix, kind, key and owner are, and no
+// prefix reaches another's keys. (Earlier versions used ":" in place of 0x1f, so
+// prefix "a" with key "b:lock:c" and prefix "a:lock:b" with key "c" shared a lock.
+// Clients of the older layout do not exclude clients of this one: stop every older
+// client before starting new ones; the fence counters start again from the server
+// clock, above the old tokens.) Key names start with "P:", so an ACL key pattern P:*
+// covers a prefix's keys.
+//
 // Owner ids never contain a space (driver.ValidateOwner), so "OWNER TOKEN" splits
 // unambiguously and cannot be forged by a crafted owner id. Keys and values travel as
 // KEYS and ARGV, never inside the script text, so any key is safe. Waiter keys are
-// computed inside the scripts, which suits independent masters, not Redis Cluster.
+// computed inside the scripts, from the waiter key prefix the client passes, which
+// suits independent masters, not Redis Cluster.
+
+const (
+	lockPart   = ":lock\x1f"
+	fencePart  = ":fence\x1f"
+	waitPart   = ":wait\x1f"
+	waiterPart = ":waiter\x1f"
+	floorPart  = ":floor\x1f"
+	ownerSep   = "\x1f"
+)
+
+func lockKey(prefix, key string) string      { return prefix + lockPart + key }
+func fenceKey(prefix, key string) string     { return prefix + fencePart + key }
+func waitSetKey(prefix, key string) string   { return prefix + waitPart + key }
+func floorKey(prefix, key string) string     { return prefix + floorPart + key }
+func waiterPrefix(prefix, key string) string { return prefix + waiterPart + key + ownerSep }
+func wakeChannel(prefix, id string) string   { return prefix + ":wake:" + id }
 
 // luaCommon holds helpers shared by the scripts. fence() reads this node's counter;
 // a missing counter (a new key, or a node that restarted without its data) starts

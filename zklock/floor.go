@@ -22,7 +22,9 @@ var (
 )
 
 // floorParent is the container node under the root that holds the floor's nodes; lock
-// nodes are named "k-...", so it cannot meet one.
+// nodes are named "k-...", so it cannot meet one. The floor's nodes are named "f-"
+// and the escaped key, so they cannot meet the lock nodes of a root that another
+// client placed at <root>/floor either.
 const floorParent = "/floor"
 
 // FloorCycle implements driver.Floorer with the least a ZooKeeper lock does: create
@@ -31,7 +33,7 @@ const floorParent = "/floor"
 // the container <root>/floor, which the server removes once it is empty.
 func (b *Backend) FloorCycle(ctx context.Context, key string) error {
 	parent := b.root + floorParent
-	p := parent + "/" + url.PathEscape(key)
+	p := parent + "/f-" + url.PathEscape(key)
 	var err error
 	for range 3 {
 		err = b.call(ctx, func() error {

@@ -20,7 +20,11 @@
 //
 // A lock is a container node under the root, named "k-" followed by the key escaped
 // with url.PathEscape, so a key with '/', spaces, dots or any Unicode is one node
-// name that cannot climb the tree. Contenders create EPHEMERAL_SEQUENTIAL children
+// name that cannot climb the tree, and two keys never share a node (the escaping
+// escapes '%' too, so it can be undone). Roots may nest, even inside another root's
+// lock node ("/dlock" and "/dlock/k-jobs"): a lock's contenders are its children
+// named "lock-...", and the lock nodes of a nested root ("k-...") never count as
+// contenders. Contenders create EPHEMERAL_SEQUENTIAL children
 // named lock-<owner>-<attempt GUID>-<sequence>. The child with the lowest sequence
 // holds the lock; the fencing token is that child's czxid, the zxid of the
 // transaction that created it, which the ensemble orders totally. The backend reads

@@ -102,6 +102,19 @@ func harness(t testing.TB, srv *testserver.ZooKeeper) drivertest.Harness {
 			_, _, err := raw.Exists("/")
 			return err
 		},
+		Namespace: func(t testing.TB, ns string) (driver.Backend, error) {
+			u, err := url.Parse(srv.URL(""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			b, err := zklock.Open(ctx, u, zklock.WithRoot("/"+ns))
+			if err != nil {
+				return nil, err
+			}
+			return b, nil
+		},
 	}
 }
 

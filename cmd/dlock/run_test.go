@@ -144,7 +144,7 @@ func TestRunLeaseLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the child to start", func() bool { _, err := os.Stat(pidFile); return err == nil })
-	if err := rdb.Del(ctx, "dlock:lock:job").Err(); err != nil {
+	if err := rdb.Del(ctx, "dlock:lock\x1fjob").Err(); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -175,13 +175,13 @@ func TestRunInterrupt(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "dlock to queue", func() bool { n, _ := rdb.LLen(ctx, "dlock:queue:job").Result(); return n == 1 })
+	waitFor(t, "dlock to queue", func() bool { n, _ := rdb.LLen(ctx, "dlock:queue\x1fjob").Result(); return n == 1 })
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	_ = cmd.Wait()
 	if code := cmd.ProcessState.ExitCode(); code != 130 {
 		t.Fatalf("interrupted wait: exit %d, want 130", code)
 	}
-	if n, _ := rdb.LLen(ctx, "dlock:queue:job").Result(); n != 0 {
+	if n, _ := rdb.LLen(ctx, "dlock:queue\x1fjob").Result(); n != 0 {
 		t.Fatalf("%d queued waiters left behind", n)
 	}
 	_ = l.Release(ctx)
@@ -197,7 +197,7 @@ func TestRunInterrupt(t *testing.T) {
 	if code := cmd.ProcessState.ExitCode(); code != 9 {
 		t.Fatalf("forwarded SIGINT: exit %d, want the child's 9", code)
 	}
-	if n, _ := rdb.Exists(ctx, "dlock:lock:job").Result(); n != 0 {
+	if n, _ := rdb.Exists(ctx, "dlock:lock\x1fjob").Result(); n != 0 {
 		t.Fatal("lock left behind after Ctrl-C")
 	}
 }
