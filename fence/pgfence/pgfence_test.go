@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/fence"
 	"github.com/dlockio/dlock/fence/internal/fencetest"
 	"github.com/dlockio/dlock/fence/pgfence"
@@ -184,9 +185,7 @@ func testPausedHolder(t *testing.T, srv *testserver.Postgres, db *pgxpool.Pool) 
 		t.Fatal(err)
 	}
 	// The pause: the lease ends on the server while the holder sleeps.
-	if err := c.Backend().(interface {
-		ForceRelease(context.Context, string) error
-	}).ForceRelease(ctx, "report"); err != nil {
+	if err := c.Backend().(driver.ForceReleaser).ForceRelease(ctx, "report"); err != nil {
 		t.Fatal(err)
 	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)

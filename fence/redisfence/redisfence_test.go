@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/fence"
 	"github.com/dlockio/dlock/fence/internal/fencetest"
 	"github.com/dlockio/dlock/fence/redisfence"
@@ -80,9 +81,7 @@ func testPausedHolder(t *testing.T, srv *testserver.Redis, rdb *redis.Client) {
 	if err := write(old, "old, before the pause"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Backend().(interface {
-		ForceRelease(context.Context, string) error
-	}).ForceRelease(ctx, "report"); err != nil {
+	if err := c.Backend().(driver.ForceReleaser).ForceRelease(ctx, "report"); err != nil {
 		t.Fatal(err)
 	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)

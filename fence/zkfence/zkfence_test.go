@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/fence"
 	"github.com/dlockio/dlock/fence/internal/fencetest"
 	"github.com/dlockio/dlock/fence/zkfence"
@@ -126,9 +127,7 @@ func testPausedHolder(t *testing.T, srv *testserver.ZooKeeper, c *zk.Conn) {
 	if err := write(old, "old, before the pause"); err != nil {
 		t.Fatal(err)
 	}
-	if err := lc.Backend().(interface {
-		ForceRelease(context.Context, string) error
-	}).ForceRelease(ctx, "report"); err != nil {
+	if err := lc.Backend().(driver.ForceReleaser).ForceRelease(ctx, "report"); err != nil {
 		t.Fatal(err)
 	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
