@@ -36,6 +36,7 @@ import (
 	_ "embed"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -80,8 +81,7 @@ func Exec(ctx context.Context, rdb redis.Scripter, fenceKey string, token uint64
 		return nil, err
 	}
 	keys := []string{fenceKey}
-	index := map[string]int{fenceKey: 1}
-	argv := []any{fence.Encode(token), len(cmds)}
+	argv := []any{fence.Encode(token)}
 	for _, c := range cmds {
 		if !nameRE.MatchString(c.name) {
 			return nil, fence.Invalid(guardName, "command name %q", c.name)
@@ -100,35 +100,30 @@ func Exec(ctx context.Context, rdb redis.Scripter, fenceKey string, token uint64
 			if k == "" {
 				return nil, fence.Invalid(guardName, "%s: empty key", c.name)
 			}
-			n, seen := index[string(k)]
-			if !seen {
+			n := slices.Index(keys, string(k)) + 1 // KEYS counts from 1
+			if n == 0 {
 				keys = append(keys, string(k))
 				n = len(keys)
-				index[string(k)] = n
 			}
 			mask[j], vals[j] = 'k', n
 		}
-		argv = append(argv, len(c.args), string(mask), c.name)
+		argv = append(argv, string(mask), c.name)
 		argv = append(argv, vals...)
 	}
 	res, err := script.Run(ctx, rdb, keys, argv...).Slice()
-	if err != nil {
-		if strings.Contains(err.Error(), "dlock fence:") {
-			return nil, fmt.Errorf("dlock: fence: %s: %w", guardName, err)
+	if err == nil {
+		return res, nil
+	}
+	msg := err.Error()
+	if cur, stale := strings.CutPrefix(msg, "DLOCKSTALE "); stale {
+		n, perr := strconv.ParseUint(cur, 10, 64)
+		if perr != nil {
+			return nil, fmt.Errorf("dlock: fence: %s: unexpected stored token %q", guardName, cur)
 		}
-		return nil, err
+		return nil, &fence.StaleError{Resource: fenceKey, Token: token, Current: n}
 	}
-	if len(res) != 2 {
-		return nil, fmt.Errorf("dlock: fence: %s: unexpected script reply %v", guardName, res)
+	if strings.Contains(msg, "dlock fence:") {
+		return nil, fmt.Errorf("dlock: fence: %s: %w", guardName, err)
 	}
-	if ok, _ := res[0].(int64); ok == 1 {
-		replies, _ := res[1].([]any)
-		return replies, nil
-	}
-	s, _ := res[1].(string)
-	cur, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("dlock: fence: %s: unexpected stored token %q", guardName, s)
-	}
-	return nil, &fence.StaleError{Resource: fenceKey, Token: token, Current: cur}
+	return nil, err
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dlockio/dlock/fence"
 )
@@ -109,4 +110,65 @@ func FullRange(t *testing.T, write func(ctx context.Context, token uint64) error
 			t.Fatalf("token %d after %d: %v", tk, top, err)
 		}
 	}
+}
+
+// Measure runs op b.N times, after a short warm-up, and reports the median latency
+// as the metric "p50-µs" beside Go's mean ns/op.
+func Measure(b *testing.B, op func(ctx context.Context) error) {
+	b.Helper()
+	ctx := context.Background()
+	for range 20 {
+		if err := op(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		if err := op(ctx); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+}
+
+// Pair runs base and guarded alternately, b.N times each, so that both see the same
+// machine load, and reports their median latencies and the ratio of the medians
+// ("guarded/base"), the number docs/fencing.md quotes.
+func Pair(b *testing.B, base, guarded func(ctx context.Context) error) {
+	b.Helper()
+	ctx := context.Background()
+	ops := [2]func(context.Context) error{base, guarded}
+	for range 20 {
+		for _, op := range ops {
+			if err := op(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	lat := [2][]time.Duration{make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)}
+	b.ResetTimer()
+	for i := range b.N {
+		for j := range 2 {
+			k := (i + j) % 2 // alternate which goes first
+			start := time.Now()
+			if err := ops[k](ctx); err != nil {
+				b.Fatal(err)
+			}
+			lat[k] = append(lat[k], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	var p50 [2]float64
+	for k := range 2 {
+		slices.Sort(lat[k])
+		p50[k] = float64(lat[k][len(lat[k])/2].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(p50[0], "base-p50-µs")
+	b.ReportMetric(p50[1], "guarded-p50-µs")
+	b.ReportMetric(p50[1]/p50[0], "guarded/base")
 }
