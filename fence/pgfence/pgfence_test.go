@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -348,5 +351,45 @@ func testColumn(t *testing.T, db *pgxpool.Pool) {
 		if err := bad.Update(ctx, db, 1, 1, ""); !errors.Is(err, fence.ErrInvalid) {
 			t.Fatalf("%+v: %v", bad, err)
 		}
+	}
+}
+
+// The psql job of docs/fencing.md, as dlock run would start it.
+func TestPsqlJob(t *testing.T) {
+	psql := testserver.Require(t, "postgres", "psql", "apt-get install postgresql-client")
+	srv := testserver.StartPostgres(t)
+	db := pool(t, srv)
+	guard(t, db)
+	exec(t, db, `CREATE TABLE report (day date PRIMARY KEY, total int NOT NULL, token numeric(20,0) NOT NULL)`)
+	run := func(token string) (string, int) {
+		cmd := osexec.Command("./testdata/report.sh")
+		cmd.Env = append(os.Environ(), "PGURL="+srv.URL(), "DLOCK_TOKEN="+token, "DLOCK_KEY=nightly-report", "DLOCK_HELD=1",
+			"PATH="+filepath.Dir(psql)+string(os.PathListSeparator)+os.Getenv("PATH"))
+		out, err := cmd.CombinedOutput()
+		var ee *osexec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	if out, code := run("18446744073709551000"); code != 0 {
+		t.Fatalf("first run: %d %s", code, out)
+	}
+	out, code := run("9")
+	if code != 3 || !strings.Contains(out, "stale token") || !strings.Contains(out, "18446744073709551000") {
+		t.Fatalf("stale run: exit %d: %s", code, out)
+	}
+	var tok string
+	if err := db.QueryRow(context.Background(), "SELECT token::text FROM report").Scan(&tok); err != nil || tok != "18446744073709551000" {
+		t.Fatalf("report token %s %v", tok, err)
+	}
+	if out, code := run("18446744073709551000"); code != 0 { // the same holder again
+		t.Fatalf("equal run: %d %s", code, out)
+	}
+	if out, code := run("0"); code != 3 || !strings.Contains(out, "invalid token") {
+		t.Fatalf("token 0: %d %s", code, out)
 	}
 }
