@@ -45,11 +45,13 @@ package pgfence
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
+	"text/template"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -101,6 +103,7 @@ type Guard struct {
 	schema, table string
 	qtable, qfunc string // qualified names
 	check         string // the check statement
+	ddl           string
 }
 
 // New returns a guard on the mark table (DefaultTable unless WithTable). It does not
@@ -117,6 +120,11 @@ func New(opts ...Option) (*Guard, error) {
 		g.qtable, g.qfunc = g.schema+"."+g.qtable, g.schema+"."+g.qfunc
 	}
 	g.check = "SELECT " + g.qfunc + "($1, $2::text::numeric)"
+	var b strings.Builder
+	if err := ddlTemplate.Execute(&b, struct{ Table, Func string }{g.qtable, g.qfunc}); err != nil {
+		return nil, err
+	}
+	g.ddl = strings.TrimSpace(b.String()[strings.Index(b.String(), "CREATE"):])
 	return g, nil
 }
 
@@ -129,31 +137,14 @@ func (g *Guard) Table() string { return g.qtable }
 func (g *Guard) SQL() string { return g.check }
 
 // DDL returns the statements that create the mark table and its check function.
-func (g *Guard) DDL() string {
-	return fmt.Sprintf(ddl, g.qtable, g.qfunc)
-}
+func (g *Guard) DDL() string { return g.ddl }
 
-const ddl = `CREATE TABLE IF NOT EXISTS %[1]s (
-	resource text PRIMARY KEY,
-	token numeric(20,0) NOT NULL CHECK (token BETWEEN 1 AND 18446744073709551615)
-);
-CREATE OR REPLACE FUNCTION %[2]s(resource_name text, new_token numeric) RETURNS void
-LANGUAGE plpgsql AS $fn$
-DECLARE
-	cur numeric;
-BEGIN
-	IF new_token IS NULL OR new_token < 1 OR new_token > 18446744073709551615 OR new_token <> trunc(new_token) THEN
-		RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('dlock fence: invalid token %%s (want 1 to 18446744073709551615)', new_token);
-	END IF;
-	INSERT INTO %[1]s AS f (resource, token) VALUES (resource_name, new_token)
-		ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token;
-	IF NOT FOUND THEN
-		SELECT f.token INTO cur FROM %[1]s AS f WHERE f.resource = resource_name;
-		RAISE EXCEPTION USING ERRCODE = 'DL001', DETAIL = cur::text,
-			MESSAGE = format('dlock fence: stale token: resource %%L: token %%s is lower than %%s, which it has accepted', resource_name, new_token, cur);
-	END IF;
-END
-$fn$;`
+//go:embed ddl.sql
+var ddlSQL string
+
+var ddlTemplate = template.Must(template.New("ddl.sql").Parse(ddlSQL))
+
+
 
 // Beginner starts transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx (a savepoint).
 type Beginner interface {

@@ -2,11 +2,13 @@ package pgfence_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
@@ -68,6 +71,46 @@ func TestPostgres(t *testing.T) {
 	t.Run("BadInput", func(t *testing.T) { testBadInput(t, db) })
 	t.Run("RolledBack", func(t *testing.T) { testRolledBack(t, db) })
 	t.Run("Column", func(t *testing.T) { testColumn(t, db) })
+	t.Run("DatabaseSQL", func(t *testing.T) { testDatabaseSQL(t, srv, db) })
+}
+
+// database/sql through pgx's stdlib driver: g.SQL() first in the transaction, its
+// error through g.Err.
+func testDatabaseSQL(t *testing.T, srv *testserver.Postgres, db *pgxpool.Pool) {
+	ctx := context.Background()
+	g := guard(t, db)
+	exec(t, db, `CREATE TABLE sq (id int PRIMARY KEY, v text NOT NULL)`)
+	exec(t, db, `INSERT INTO sq VALUES (1, 'kept')`)
+	sdb, err := sql.Open("pgx", srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sdb.Close()
+	write := func(token uint64, v string) error {
+		tx, err := sdb.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, g.SQL(), "sq", strconv.FormatUint(token, 10)); err != nil {
+			return g.Err(err, "sq", token)
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE sq SET v = $1 WHERE id = 1", v); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	if err := write(1<<63+5, "new"); err != nil {
+		t.Fatal(err)
+	}
+	var se *fence.StaleError
+	if err := write(1<<63+4, "stale"); !errors.As(err, &se) || se.Current != 1<<63+5 {
+		t.Fatalf("stale: %v", err)
+	}
+	var v string
+	if err := db.QueryRow(ctx, "SELECT v FROM sq").Scan(&v); err != nil || v != "new" {
+		t.Fatalf("v: %q %v", v, err)
+	}
 }
 
 func testSetup(t *testing.T, db *pgxpool.Pool) {
