@@ -144,8 +144,6 @@ var ddlSQL string
 
 var ddlTemplate = template.Must(template.New("ddl.sql").Parse(ddlSQL))
 
-
-
 // Beginner starts transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx (a savepoint).
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
