@@ -35,10 +35,11 @@
 //	WHERE f.token <= EXCLUDED.token
 //
 // and, when that touched no row (a higher mark exists), reads the mark and raises
-// SQLSTATE DL001 with the mark in the error's DETAIL. The guard adds one statement to
-// the caller's transaction (Check), or none at all when the caller sends its writes
-// as one pgx batch (SendBatch): the check is queued first, and in an implicit or
-// explicit transaction a failing statement stops the rest.
+// SQLSTATE DL001 with the mark in the error's DETAIL. The guard adds no round trip in
+// Do (BEGIN and the check go as one pgx batch) and SendBatch (the check is queued
+// before the caller's statements; in an implicit or explicit transaction a failing
+// statement stops the rest), and one statement in Check, for a transaction the
+// caller began itself.
 //
 // Tables that carry their own fence column need no mark table: see Column.
 package pgfence
@@ -228,17 +229,38 @@ func (g *Guard) Check(ctx context.Context, tx pgx.Tx, resource string, token uin
 }
 
 // Do runs fn in a new transaction on db after Check, and commits if both succeed;
-// any error rolls everything back.
-func (g *Guard) Do(ctx context.Context, db Beginner, resource string, token uint64, fn func(tx pgx.Tx) error) error {
+// any error (or a panic) rolls everything back. On a pool or a connection, BEGIN and
+// the check go in one round trip (pgx.Batch.BeginTx), so the guard adds no round trip
+// to the transaction; in a pgx.Tx, Do runs in a savepoint and the check costs one.
+func (g *Guard) Do(ctx context.Context, db BatchSender, resource string, token uint64, fn func(tx pgx.Tx) error) error {
 	if err := validate(resource, token); err != nil {
 		return err
 	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if err := g.Check(ctx, tx, resource, token); err != nil {
-			return err
-		}
-		return fn(tx)
-	})
+	if parent, ok := db.(pgx.Tx); ok {
+		return pgx.BeginFunc(ctx, parent, func(tx pgx.Tx) error {
+			if err := g.Check(ctx, tx, resource, token); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(g.check, args(resource, token)...)
+	br := db.SendBatch(ctx, b)
+	err := br.Close()
+	tx := br.Tx()
+	if tx == nil {
+		return g.Err(err, resource, token)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // after Commit: ErrTxClosed, ignored
+	if err != nil {
+		return g.Err(err, resource, token)
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // SendBatch sends the check followed by the queries queued in b, in one round trip,

@@ -72,6 +72,55 @@ func TestPostgres(t *testing.T) {
 	t.Run("RolledBack", func(t *testing.T) { testRolledBack(t, db) })
 	t.Run("Column", func(t *testing.T) { testColumn(t, db) })
 	t.Run("DatabaseSQL", func(t *testing.T) { testDatabaseSQL(t, srv, db) })
+	t.Run("DoForms", func(t *testing.T) { testDoForms(t, db) })
+}
+
+// Do on a pool releases its connection whatever happens (stale, fn error, panic),
+// and inside a caller's transaction it runs in a savepoint.
+func testDoForms(t *testing.T, db *pgxpool.Pool) {
+	ctx := context.Background()
+	g := guard(t, db)
+	exec(t, db, `CREATE TABLE df (id int PRIMARY KEY, v text NOT NULL)`)
+	exec(t, db, `INSERT INTO df VALUES (1, 'kept')`)
+	if err := g.Do(ctx, db, "df", 10, func(pgx.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	upd := func(v string) func(tx pgx.Tx) error {
+		return func(tx pgx.Tx) error { _, err := tx.Exec(ctx, "UPDATE df SET v = $1 WHERE id = 1", v); return err }
+	}
+	if err := g.Do(ctx, db, "df", 9, upd("stale")); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("stale: %v", err)
+	}
+	boom := errors.New("boom")
+	if err := g.Do(ctx, db, "df", 11, func(tx pgx.Tx) error { _ = upd("failed")(tx); return boom }); !errors.Is(err, boom) {
+		t.Fatalf("fn error: %v", err)
+	}
+	func() {
+		defer func() { _ = recover() }()
+		_ = g.Do(ctx, db, "df", 11, func(tx pgx.Tx) error { _ = upd("panicked")(tx); panic("fn panics") })
+	}()
+	if n := db.Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired", n)
+	}
+	// In a transaction of the caller: a savepoint; the outer transaction goes on.
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := g.Do(ctx, tx, "df", 9, upd("stale in tx")); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("stale in tx: %v", err)
+	}
+	if err := g.Do(ctx, tx, "df", 10, upd("in tx")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var v string
+	if err := db.QueryRow(ctx, "SELECT v FROM df").Scan(&v); err != nil || v != "in tx" {
+		t.Fatalf("v: %q %v", v, err)
+	}
 }
 
 // database/sql through pgx's stdlib driver: g.SQL() first in the transaction, its
