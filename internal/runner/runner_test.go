@@ -17,7 +17,10 @@ import (
 	"github.com/dlockio/dlock/memlock"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	MaybeRunWatchdog()
+	goleak.VerifyTestMain(m)
+}
 
 // syncBuf is a buffer that the child's output copier and the runner may write at once.
 type syncBuf struct {
@@ -71,7 +74,11 @@ func (e *env) cfg(key string, cmd ...string) Config {
 
 func (e *env) run(t *testing.T, cfg Config) int {
 	t.Helper()
-	return Run(context.Background(), e.client, cfg)
+	res := Run(context.Background(), e.client, cfg)
+	if res.Abandoned {
+		t.Errorf("the run abandoned the lease (stderr: %s)", e.errout)
+	}
+	return res.Code
 }
 
 func TestChildEnvironmentAndStatus(t *testing.T) {
