@@ -59,12 +59,13 @@ func (wd *watchdog) watch(pgid int) error {
 	return err
 }
 
-// close ends the watchdog: with "q" when the group is gone, so that it never signals
-// a group id that may have been reused; otherwise by closing the pipe, so that it
-// kills the group once more.
+// close ends the watchdog. When the group is gone it must never signal the group's
+// id, which may be reused: it is told "q", and killed rather than waited for while
+// it starts up. Otherwise the pipe is closed, and it kills the group once more.
 func (wd *watchdog) close(gone bool) {
 	if gone {
 		_, _ = wd.w.Write([]byte("q"))
+		_ = wd.cmd.Process.Kill()
 	}
 	wd.w.Close()
 	_ = wd.cmd.Wait()
