@@ -5,6 +5,7 @@ package runner
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -142,5 +143,55 @@ func TestChildEnvHasNoPassword(t *testing.T) {
 		if got := urlHasSecret(raw); got != secret {
 			t.Errorf("urlHasSecret(%q) = %v, want %v", raw, got, secret)
 		}
+	}
+}
+
+// The watchdog kills the group it watches when the pipe from the runner ends
+// without "q", and leaves it alone after "q".
+func TestWatchdog(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		say      string
+		wantKill bool
+	}{
+		{"runner died", "", true},
+		{"normal end", "q", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			victim := exec.Command("sleep", "1000")
+			victim.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := victim.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if victim.ProcessState == nil { // the test failed early
+					_ = victim.Process.Kill()
+					_ = victim.Wait()
+				}
+			})
+			wd, err := startWatchdog()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := wd.watch(victim.Process.Pid); err != nil {
+				t.Fatal(err)
+			}
+			_, _ = wd.w.Write([]byte(tc.say))
+			wd.w.Close() // as when the runner dies
+			if err := wd.cmd.Wait(); err != nil {
+				t.Fatalf("watchdog: %v", err)
+			}
+			if !tc.wantKill {
+				if !alive(victim.Process.Pid) {
+					t.Fatal("the watchdog killed the group after a normal end")
+				}
+				_ = syscall.Kill(-victim.Process.Pid, syscall.SIGKILL)
+			}
+			err = victim.Wait()
+			ws, _ := victim.ProcessState.Sys().(syscall.WaitStatus)
+			if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("the group's process ended with %v, want SIGKILL", err)
+			}
+		})
 	}
 }
