@@ -41,7 +41,9 @@ The command runs in its own process group, and dlock acts on the whole group:
     group (on Linux the command also gets SIGKILL as its parent dies).
 Not covered: processes that leave the group (setsid, daemons), and, if dlock dies in
 the instant between starting the command and arming the watchdog, the command's
-descendants. The lock protects a resource only as far as it checks DLOCK_TOKEN.
+descendants. As the group is not the terminal's foreground group, a command that
+reads from the terminal is stopped (SIGTTIN): give it its input another way. The
+lock protects a resource only as far as it checks DLOCK_TOKEN.
 ` + passwordHelp + `
 
 Exit codes:
