@@ -58,3 +58,14 @@ func (c *copier) finish() {
 	c.r.Close()
 	<-c.done
 }
+
+// sameWriter reports whether a and b are the same writer (false if they cannot be
+// compared).
+func sameWriter(a, b io.Writer) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
+}

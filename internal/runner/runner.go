@@ -73,7 +73,7 @@ type Config struct {
 	Grace time.Duration
 	// LockOptions are passed to Lock/TryLock (TTL, owner).
 	LockOptions []dlock.Option
-	// Env is the environment the child's is built from (nil: the runner's own). The
+	// Env is what the child's environment is made from (nil: the runner's own). The
 	// backend's password is removed from it (see childEnv).
 	Env []string
 	// Stderr receives the runner's own messages (nil: os.Stderr); Quiet silences
@@ -233,7 +233,11 @@ func runChild(lease *dlock.Lease, cfg Config, sigs <-chan os.Signal) (code int, 
 	var outs [2]*copier
 	var err error
 	if cmd.Stdout, outs[0], err = fileFor(stdout); err == nil {
-		cmd.Stderr, outs[1], err = fileFor(stderr)
+		if sameWriter(stdout, stderr) {
+			cmd.Stderr = cmd.Stdout // one copier: a writer need not be safe for two
+		} else {
+			cmd.Stderr, outs[1], err = fileFor(stderr)
+		}
 	}
 	defer func() {
 		for _, c := range outs {

@@ -216,3 +216,18 @@ func TestInterruptWhileWaiting(t *testing.T) {
 		t.Fatalf("%d waiters left after Ctrl-C", n)
 	}
 }
+
+// The child's stdout and stderr may be one writer that is not safe for concurrent
+// writes.
+func TestSameOutputWriter(t *testing.T) {
+	e := setup(t)
+	cfg := e.cfg("job", "sh", "-c", `for i in 1 2 3 4 5 6 7 8; do echo out; echo err >&2; done`)
+	var b bytes.Buffer // not safe for concurrent use: the race detector watches
+	cfg.ChildStdout, cfg.ChildStderr = &b, &b
+	if code := e.run(t, cfg); code != 0 {
+		t.Fatalf("exit %d (stderr: %s)", code, e.errout)
+	}
+	if n := strings.Count(b.String(), "out\n") + strings.Count(b.String(), "err\n"); n != 16 {
+		t.Fatalf("%d lines of output, want 16: %q", n, b.String())
+	}
+}
