@@ -22,7 +22,8 @@ func newInspectCommand(e *env) *cobra.Command {
 		Short: "Show who holds a lock",
 		Long: `Inspect shows the holder of KEY: its owner id, fencing token, the time left
 before the server expires the grant unless renewed, and the number of queued
-waiters (-1 when the backend cannot tell). A free key is reported as free (exit 0).`,
+waiters (-1 when the backend cannot tell). A free key is reported as free (exit 0).
+` + passwordHelp,
 		Example: `  dlock inspect --backend redis://127.0.0.1:6379/0 nightly-report
   dlock inspect --json deploy`,
 		Args: usageArgs(cobra.ExactArgs(1)),
@@ -30,14 +31,14 @@ waiters (-1 when the backend cannot tell). A free key is reported as free (exit 
 			if err := driver.ValidateKey(args[0]); err != nil {
 				return usageError{err}
 			}
-			c, err := openBackend(cmd.Context(), *backend)
+			c, err := openBackend(cmd, *backend)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
 			in, ok := c.Backend().(driver.Inspector)
 			if !ok {
-				return fmt.Errorf("inspect is not supported by this backend: %w", dlock.ErrUnsupported)
+				return fmt.Errorf("%w: inspect", dlock.ErrUnsupported)
 			}
 			info, err := in.Inspect(cmd.Context(), args[0])
 			held := err == nil

@@ -3,8 +3,13 @@
 // commands and "dlock <command> --help" for each one.
 package main
 
-import "os"
+import (
+	"os"
+
+	"github.com/dlockio/dlock/internal/runner"
+)
 
 func main() {
+	runner.MaybeRunWatchdog() // dlock run's watchdog is dlock started again
 	os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }

@@ -15,12 +15,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/internal/runner"
 )
 
 // TestMain lets the test binary stand in for the dlock program: with
 // DLOCK_TEST_MAIN=1 it runs the command line instead of the tests. The demo starts
 // its workers by running its own executable, which in a test is this binary.
 func TestMain(m *testing.M) {
+	runner.MaybeRunWatchdog()
 	if os.Getenv("DLOCK_TEST_MAIN") == "1" {
 		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}

@@ -22,7 +22,8 @@ func newReleaseCommand(e *env) *cobra.Command {
 
 The old holder may still be running and will only notice at its next renewal. The
 next grant's fencing token is larger than the old holder's, so resources that check
-tokens stay safe; resources that do not check them are not protected.`,
+tokens stay safe; resources that do not check them are not protected.
+` + passwordHelp,
 		Example: `  dlock release --force --backend redis://127.0.0.1:6379/0 nightly-report`,
 		Args:    usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -32,14 +33,14 @@ tokens stay safe; resources that do not check them are not protected.`,
 			if err := driver.ValidateKey(args[0]); err != nil {
 				return usageError{err}
 			}
-			c, err := openBackend(cmd.Context(), *backend)
+			c, err := openBackend(cmd, *backend)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
 			fr, ok := c.Backend().(driver.ForceReleaser)
 			if !ok {
-				return fmt.Errorf("force release is not supported by this backend: %w", dlock.ErrUnsupported)
+				return fmt.Errorf("%w: release --force", dlock.ErrUnsupported)
 			}
 			switch err := fr.ForceRelease(cmd.Context(), args[0]); {
 			case errors.Is(err, dlock.ErrNotHeld):

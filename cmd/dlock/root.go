@@ -118,17 +118,24 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var ec exitCodeError
 	if errors.As(err, &ec) {
 		if ec.err != nil {
-			fmt.Fprintf(stderr, "dlock: %s\n", oneLine(ec.err))
+			fmt.Fprintln(stderr, message(ec.err))
 		}
 		return ec.code
 	}
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "dlock: %s\nusage: %s (see %q)\n", oneLine(err), cmd.UseLine(), cmd.CommandPath()+" --help")
+		fmt.Fprintf(stderr, "%s\nusage: %s (see %q)\n", message(err), cmd.UseLine(), cmd.CommandPath()+" --help")
 		return exitUsage
 	}
-	fmt.Fprintf(stderr, "dlock: %s\n", oneLine(err))
+	fmt.Fprintln(stderr, message(err))
 	return exitError
+}
+
+// message is the one line printed for err: "dlock: " and the error. The library's
+// errors start with "dlock: " themselves (as a Go package's errors name the
+// package); that prefix is not repeated.
+func message(err error) string {
+	return "dlock: " + strings.TrimPrefix(oneLine(err), "dlock: ")
 }
 
 // oneLine joins the lines of a multi-line error (errors.Join) with "; ".

@@ -25,12 +25,26 @@ func newRunCommand(e *env) *cobra.Command {
 		Use:   "run [flags] KEY -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lock",
 		Long: `Run acquires KEY, runs COMMAND while the lease renews itself, and releases the
-lock when the command exits. The command sees DLOCK_KEY, DLOCK_TOKEN (the fencing
-token: pass it to what you write, so stale holders can be rejected) and DLOCK_HELD=1.
+lock when the command and every process it left in its process group are gone. The
+command sees DLOCK_KEY, DLOCK_TOKEN (the fencing token: pass it to what you write,
+so stale holders can be rejected) and DLOCK_HELD=1; it does not see the backend's
+password (DLOCK_PASSWORD, and DLOCK_URL if it holds a password, are removed).
 
-Signals sent to dlock (INT, TERM, HUP) are forwarded to the command. If the lease
-is lost while the command runs, the command's process group gets SIGTERM, then
-SIGKILL after --grace, and dlock exits 76.
+The command runs in its own process group, and dlock acts on the whole group:
+  - INT, TERM and HUP sent to dlock are forwarded to the group;
+  - if the lease is lost, the group gets SIGTERM, then SIGKILL after --grace, and
+    dlock exits 76;
+  - when the command exits, processes left in its group get SIGTERM, then SIGKILL
+    after --grace; the lock is released only once the group is gone. If it cannot
+    be confirmed gone, dlock does not release the lock: it expires after its TTL.
+  - if dlock itself is killed (kill -9, out of memory), a watchdog process kills the
+    group (on Linux the command also gets SIGKILL as its parent dies).
+Not covered: processes that leave the group (setsid, daemons), and, if dlock dies in
+the instant between starting the command and arming the watchdog, the command's
+descendants. As the group is not the terminal's foreground group, a command that
+reads from the terminal is stopped (SIGTTIN): give it its input another way. The
+lock protects a resource only as far as it checks DLOCK_TOKEN.
+` + passwordHelp + `
 
 Exit codes:
   the command's own    it ran to the end while holding the lease
@@ -38,10 +52,12 @@ Exit codes:
   69                   backend unreachable or failing
   75                   lock not acquired within --wait
   76                   lease lost while the command ran
-  127                  the command could not be started
+  126                  the command could not be executed (not executable)
+  127                  the command was not found
   128+N                dlock was interrupted by signal N while waiting`,
 		Example: `  dlock run --backend redis://127.0.0.1:6379/0 nightly-report -- ./report.sh
-  DLOCK_URL=etcd://127.0.0.1:2379 dlock run --wait 10m --ttl 30s deploy -- make deploy`,
+  DLOCK_URL=etcd://127.0.0.1:2379 dlock run --wait 10m --ttl 30s deploy -- make deploy
+  dlock run --backend redis://127.0.0.1:6379/0 --password-file /run/secrets/redis job -- ./job.sh`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			dash := cmd.ArgsLenAtDash()
 			switch {
@@ -71,25 +87,30 @@ Exit codes:
 			if owner != "" {
 				opts = append(opts, dlock.WithOwner(owner))
 			}
-			c, err := openBackend(cmd.Context(), *backend, opts...)
+			c, err := openBackend(cmd, *backend, opts...)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			code := runner.Run(cmd.Context(), c, runner.Config{
+			res := runner.Run(cmd.Context(), c, runner.Config{
 				Key: args[0], Command: args[1:], Wait: w, Grace: grace, Quiet: quiet,
 				Stderr: e.stderr, ChildStdin: e.stdin, ChildStdout: e.stdout, ChildStderr: e.stderr,
 			})
-			if code == 0 {
+			if !res.Abandoned {
+				// Close would release a lease the runner kept because processes
+				// of the command may still run; the process exits instead, and
+				// the lock expires after its TTL.
+				c.Close()
+			}
+			if res.Code == 0 {
 				return nil
 			}
-			return exitCodeError{code: code}
+			return exitCodeError{code: res.Code}
 		},
 	}
 	backend = backendFlag(cmd)
 	cmd.Flags().DurationVar(&ttl, "ttl", dlock.DefaultTTL, "lease TTL: how long a crashed dlock blocks others")
 	cmd.Flags().StringVar(&wait, "wait", "0", `how long to wait for the lock: 0 (fail at once if held), a duration such as 30s, or "forever"`)
-	cmd.Flags().DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when the lease is lost")
+	cmd.Flags().DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL to the command's process group (lease lost, or processes left when the command exits)")
 	cmd.Flags().StringVar(&owner, "owner", "", "stable owner id ([A-Za-z0-9._:-]), to re-enter or resume a lock held under that id")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only errors")
 	return cmd

@@ -244,3 +244,179 @@ func TestInspectAndRelease(t *testing.T) {
 		}
 	}
 }
+
+// alive reports whether process pid exists and is not a zombie: an orphan's zombie
+// lingers where init does not reap (as in many containers), and runs no code.
+func alive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return !os.IsNotExist(err) // no /proc: kill(pid, 0) is all we know
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
+}
+
+// pidIn reads a pid that a test's command wrote, and kills it when the test ends
+// (after a failure it may still run).
+func pidIn(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		t.Fatalf("%s: %q", path, b)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	return pid
+}
+
+// TERM to dlock run reaches the command's whole group, and the lock passes to the
+// next holder only once the group is gone: no grandchild writes beside it.
+func TestRunTermStopsGroupBeforeRelease(t *testing.T) {
+	srv, _ := redisFor(t)
+	for _, tc := range []struct{ name, trap string }{
+		{"obeys TERM", ``},
+		{"ignores TERM", `trap "" TERM;`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			key := strings.ReplaceAll(tc.name, " ", "-")
+			dir := t.TempDir()
+			pidFile, ready := filepath.Join(dir, "pid"), filepath.Join(dir, "ready")
+			// The grandchild writes its pid and sets its trap, then says it is ready.
+			script := `echo $$ > "$0"; ` + tc.trap + ` touch "$1"; exec sleep 1000`
+			cmd := command(ctx, "run", "--backend", srv.URL(), "--grace", "300ms", key, "--",
+				"sh", "-c", `sh -c "$2" "$0" "$1" & wait`, pidFile, ready, script)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the command to start", func() bool { _, err := os.Stat(ready); return err == nil })
+			grandchild := pidIn(t, pidFile)
+
+			c, err := dlock.Open(ctx, srv.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			l, err := c.Lock(lctx, key)
+			if err != nil {
+				t.Fatalf("the next holder: %v", err)
+			}
+			stillRunning := alive(grandchild)
+			_ = l.Release(ctx)
+			_ = cmd.Wait()
+			if stillRunning {
+				t.Fatalf("grandchild %d still ran when the next holder acquired the lock", grandchild)
+			}
+			if code := cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGTERM) {
+				t.Fatalf("exit %d, want %d", code, 128+int(syscall.SIGTERM))
+			}
+		})
+	}
+}
+
+// kill -9 of dlock run: the command and its group die with it.
+func TestRunKilledTakesGroupAlong(t *testing.T) {
+	srv, _ := redisFor(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	childFile, grandchildFile, ready := filepath.Join(dir, "child"), filepath.Join(dir, "grandchild"), filepath.Join(dir, "ready")
+	cmd := command(ctx, "run", "--backend", srv.URL(), "job", "--",
+		"sh", "-c", `sleep 1000 & echo $! > "$1"; echo $$ > "$0"; touch "$2"; wait`, childFile, grandchildFile, ready)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the command to start", func() bool { _, err := os.Stat(ready); return err == nil })
+	child, grandchild := pidIn(t, childFile), pidIn(t, grandchildFile)
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	waitFor(t, "the command and its child to die with dlock", func() bool { return !alive(child) && !alive(grandchild) })
+}
+
+// The backend's password can be given without argv, and the command never sees it.
+func TestRunPassword(t *testing.T) {
+	srv := testserver.StartRedis(t, "--user", "app", "on", ">s3cret", "~*", "&*", "+@all")
+	ctx := context.Background()
+	withPw := "redis://app:s3cret@" + srv.Addr() + "/0"
+	noPw := "redis://app@" + srv.Addr() + "/0"
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+		want int
+	}{
+		{"DLOCK_URL with a password", []string{"DLOCK_URL=" + withPw}, nil, 0},
+		{"DLOCK_PASSWORD", []string{"DLOCK_URL=" + noPw, "DLOCK_PASSWORD=s3cret"}, nil, 0},
+		{"--password-file", []string{"DLOCK_URL="}, []string{"--backend", noPw, "--password-file", pwFile}, 0},
+		{"wrong password", []string{"DLOCK_URL=", "DLOCK_PASSWORD=wrong"}, []string{"--backend", noPw}, 69},
+		{"two passwords", []string{"DLOCK_URL=", "DLOCK_PASSWORD=s3cret"}, []string{"--backend", withPw}, 64},
+		{"missing file", []string{"DLOCK_URL="}, []string{"--backend", noPw, "--password-file", pwFile + ".nope"}, 64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(append([]string{"run"}, tc.args...), "job", "--", "env")
+			cmd := command(ctx, args...)
+			cmd.Env = append(cmd.Env, tc.env...)
+			var out, errb strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			if code := exitOf(t, cmd); code != tc.want {
+				t.Fatalf("exit %d, want %d (stderr %q)", code, tc.want, errb.String())
+			}
+			if strings.Contains(out.String()+errb.String(), "s3cret") {
+				t.Fatalf("password shown:\nstdout %s\nstderr %s", out.String(), errb.String())
+			}
+			if tc.want == 0 && !strings.Contains(out.String(), "DLOCK_HELD=1") {
+				t.Fatalf("the command did not run: %q", out.String())
+			}
+		})
+	}
+}
+
+// A command that exists but cannot be executed exits 126, as in the shell; one
+// that does not exist, 127.
+func TestRunNotExecutable(t *testing.T) {
+	srv, _ := redisFor(t)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\nexit 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitOf(t, command(ctx, "run", "--backend", srv.URL(), "job", "--", path)); code != 126 {
+		t.Fatalf("not executable: exit %d, want 126", code)
+	}
+	if code := exitOf(t, command(ctx, "run", "--backend", srv.URL(), "job", "--", "no-such-program-dlock-test")); code != 127 {
+		t.Fatalf("not found: exit %d, want 127", code)
+	}
+}
+
+// The library's errors start with "dlock: "; the command line does not add another.
+func TestNoDoubledPrefix(t *testing.T) {
+	for _, args := range [][]string{
+		{"inspect", "--backend", "nosuch://x", "job"},
+		{"inspect", "--backend", "mem://?bogus=1", "job"},
+		{"inspect", "--backend", "mem://", ""},
+		{"release", "--force", "--backend", "mem://", ""},
+		{"run", "--backend", "mem://?bogus=1", "job", "--", "true"},
+		{"run", "--backend", "mem://", "--owner", "bad owner", "job", "--", "true"},
+	} {
+		code, _, stderr := run(args...)
+		if code == 0 || !strings.HasPrefix(stderr, "dlock: ") || strings.Contains(stderr, "dlock: dlock:") {
+			t.Errorf("dlock %q: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}

@@ -1,9 +1,25 @@
 // Package runner runs a program while holding a lock: the engine of `dlock run`.
 //
-// The child gets DLOCK_KEY, DLOCK_TOKEN and DLOCK_HELD=1 in its environment, runs in
-// its own process group, and receives the INT, TERM and HUP signals sent to the
-// runner. If the lease is lost while the child runs, the whole group gets SIGTERM,
-// then SIGKILL after the grace period. Exit codes follow sysexits(3) where they fit.
+// The child gets DLOCK_KEY, DLOCK_TOKEN and DLOCK_HELD=1 in its environment, and not
+// the backend's password (DLOCK_PASSWORD, or a DLOCK_URL that holds one, are removed).
+// On Unix it runs in its own process group, and everything the runner does to it, it
+// does to the whole group: the INT, TERM and HUP signals sent to the runner are
+// forwarded to the group; if the lease is lost the group gets SIGTERM, then SIGKILL
+// after the grace period. When the child exits, processes it left in its group get
+// SIGTERM, then SIGKILL after the grace period, and the lease is released only once
+// no process of the group remains: a straggler never runs beside the next holder.
+// If the group cannot be confirmed gone, the lease is not released; the caller lets
+// it expire after its TTL (see Result.Abandoned).
+//
+// If the runner itself dies without cleaning up (kill -9, the OOM killer), a
+// watchdog process kills the child's group: see MaybeRunWatchdog. What remains
+// unprotected: processes that leave the group (setsid, setpgid, daemons), and, if the
+// runner dies in the instant between starting the child and handing its group to the
+// watchdog, the child's descendants (on Linux the child itself still dies, by its
+// parent-death signal). On systems other than Unix the child is a single process:
+// signals reach it alone and nothing stops it if the runner is killed.
+//
+// Exit codes follow sysexits(3) and the shell where they fit.
 package runner
 
 import (
@@ -11,10 +27,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -23,15 +42,24 @@ import (
 
 // Exit codes of `dlock run` besides the child's own.
 const (
-	ExitUsage       = 64 // bad flags or arguments
-	ExitUnavailable = 69 // backend unreachable or failing
-	ExitNotAcquired = 75 // the lock was not acquired within --wait
-	ExitLeaseLost   = 76 // the lease was lost while the child ran
-	ExitNoCommand   = 127
+	ExitUsage       = 64  // bad flags or arguments
+	ExitUnavailable = 69  // backend unreachable or failing
+	ExitNotAcquired = 75  // the lock was not acquired within --wait
+	ExitLeaseLost   = 76  // the lease was lost while the child ran
+	ExitCannotRun   = 126 // the command exists but could not be executed
+	ExitNoCommand   = 127 // the command was not found
 )
 
 // Forever waits without a time limit.
 const Forever time.Duration = -1
+
+// killWait bounds the wait for the group to vanish after SIGKILL; a process in an
+// uninterruptible sleep can outlast it.
+const killWait = 10 * time.Second
+
+// pollInterval is how often the runner looks whether processes the child left in its
+// group are gone.
+const pollInterval = 20 * time.Millisecond
 
 // Config is one run.
 type Config struct {
@@ -40,10 +68,14 @@ type Config struct {
 	// Wait is how long to wait for the lock: 0 tries once, Forever waits without
 	// limit.
 	Wait time.Duration
-	// Grace is how long the child has to exit after SIGTERM before SIGKILL.
+	// Grace is how long the child's process group has to exit after SIGTERM before
+	// SIGKILL.
 	Grace time.Duration
 	// LockOptions are passed to Lock/TryLock (TTL, owner).
 	LockOptions []dlock.Option
+	// Env is what the child's environment is made from (nil: the runner's own). The
+	// backend's password is removed from it (see childEnv).
+	Env []string
 	// Stderr receives the runner's own messages (nil: os.Stderr); Quiet silences
 	// all but errors.
 	Stderr io.Writer
@@ -53,6 +85,18 @@ type Config struct {
 	ChildStdout         io.Writer
 	ChildStderr         io.Writer
 	forwardedSignalsFor func(chan<- os.Signal) // tests replace signal.Notify
+}
+
+// Result is the end of a run.
+type Result struct {
+	// Code is the exit status for the runner's process: the child's own when it ran
+	// to the end holding the lease, or one of the Exit constants.
+	Code int
+	// Abandoned reports that processes of the child's group could not be confirmed
+	// gone, so the lease was neither released nor lost. The caller must then end
+	// its process without closing the client (Close would release the lease): the
+	// lock expires after its TTL.
+	Abandoned bool
 }
 
 func (cfg *Config) logf(format string, a ...any) {
@@ -65,18 +109,21 @@ func (cfg *Config) errorf(format string, a ...any) {
 	fmt.Fprintf(cfg.Stderr, "dlock: "+format+"\n", a...)
 }
 
+// errText is err's message without the "dlock: " that the library's errors start
+// with, for messages that carry the prefix already.
+func errText(err error) string { return strings.TrimPrefix(err.Error(), "dlock: ") }
+
 // Run acquires cfg.Key on c, runs the command while the lease is held, releases the
-// lease, and returns the exit code for the runner's process: the child's own status
-// when it ran to the end holding the lease, or one of the Exit constants. ctx ends the
-// wait for the lock (Ctrl-C while waiting); once the child runs, signals are forwarded
-// to it instead.
-func Run(ctx context.Context, c *dlock.Client, cfg Config) int {
+// lease once no process of the command's group remains, and returns the exit code
+// for the runner's process. ctx ends the wait for the lock (Ctrl-C while waiting);
+// once the child runs, signals are forwarded to its group instead.
+func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	if cfg.Stderr == nil {
 		cfg.Stderr = os.Stderr
 	}
 	if len(cfg.Command) == 0 {
 		cfg.errorf("no command to run")
-		return ExitUsage
+		return Result{Code: ExitUsage}
 	}
 	sigs := make(chan os.Signal, 4)
 	if cfg.forwardedSignalsFor != nil {
@@ -117,37 +164,41 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) int {
 		switch {
 		case interrupted != nil:
 			cfg.errorf("interrupted by %v while waiting for %q", interrupted, cfg.Key)
-			return 128 + signum(interrupted)
+			return Result{Code: 128 + signum(interrupted)}
 		case errors.Is(err, dlock.ErrLocked):
 			if cfg.Wait == 0 {
 				cfg.errorf("%q is held by another owner", cfg.Key)
 			} else {
 				cfg.errorf("%q still held by another owner after %v", cfg.Key, cfg.Wait)
 			}
-			return ExitNotAcquired
+			return Result{Code: ExitNotAcquired}
 		case errors.Is(err, dlock.ErrInvalid):
-			cfg.errorf("%v", err)
-			return ExitUsage
+			cfg.errorf("%s", errText(err))
+			return Result{Code: ExitUsage}
 		default:
-			cfg.errorf("cannot acquire %q: %v", cfg.Key, err)
-			return ExitUnavailable
+			cfg.errorf("cannot acquire %q: %s", cfg.Key, errText(err))
+			return Result{Code: ExitUnavailable}
 		}
 	}
 	if interrupted != nil { // the signal raced with a successful acquire
-		releaseBounded(lease)
+		_ = releaseBounded(lease)
 		cfg.errorf("interrupted by %v", interrupted)
-		return 128 + signum(interrupted)
+		return Result{Code: 128 + signum(interrupted)}
 	}
 	cfg.logf("acquired %q (token %d); running %s", cfg.Key, lease.Token(), cfg.Command[0])
-	code := runChild(lease, cfg, sigs)
+	code, gone := runChild(lease, cfg, sigs)
+	if !gone {
+		cfg.errorf("not releasing %q: processes of the command's group may still run; the lock expires after its TTL", cfg.Key)
+		return Result{Code: code, Abandoned: true}
+	}
 	if rerr := releaseBounded(lease); rerr != nil && code != ExitLeaseLost {
 		if errors.Is(rerr, dlock.ErrLeaseLost) {
-			cfg.errorf("the lease on %q was lost before the command finished: %v", cfg.Key, rerr)
-			return ExitLeaseLost
+			cfg.errorf("the lease on %q was lost before the command finished: %s", cfg.Key, errText(rerr))
+			return Result{Code: ExitLeaseLost}
 		}
-		cfg.errorf("release %q: %v (it expires after its TTL)", cfg.Key, rerr)
+		cfg.errorf("%s (the lock expires after its TTL)", errText(rerr))
 	}
-	return code
+	return Result{Code: code}
 }
 
 func releaseBounded(l *dlock.Lease) error {
@@ -156,55 +207,128 @@ func releaseBounded(l *dlock.Lease) error {
 	return l.Release(ctx)
 }
 
-func runChild(lease *dlock.Lease, cfg Config, sigs <-chan os.Signal) int {
+// runChild runs the command and returns its exit code, and whether its whole process
+// group is known to be gone.
+func runChild(lease *dlock.Lease, cfg Config, sigs <-chan os.Signal) (code int, gone bool) {
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
-	cmd.Env = append(os.Environ(),
+	base := cfg.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	cmd.Env = append(childEnv(base),
 		"DLOCK_KEY="+cfg.Key,
 		"DLOCK_TOKEN="+strconv.FormatUint(uint64(lease.Token()), 10),
 		"DLOCK_HELD=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = cfg.ChildStdin, cfg.ChildStdout, cfg.ChildStderr
+	cmd.Stdin = cfg.ChildStdin
 	if cmd.Stdin == nil {
 		cmd.Stdin = os.Stdin
 	}
-	if cmd.Stdout == nil {
-		cmd.Stdout = os.Stdout
+	stdout, stderr := cfg.ChildStdout, cfg.ChildStderr
+	if stdout == nil {
+		stdout = os.Stdout
 	}
-	if cmd.Stderr == nil {
-		cmd.Stderr = os.Stderr
+	if stderr == nil {
+		stderr = os.Stderr
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	var outs [2]*copier
+	var err error
+	if cmd.Stdout, outs[0], err = fileFor(stdout); err == nil {
+		if sameWriter(stdout, stderr) {
+			cmd.Stderr = cmd.Stdout // one copier: a writer need not be safe for two
+		} else {
+			cmd.Stderr, outs[1], err = fileFor(stderr)
+		}
+	}
+	defer func() {
+		for _, c := range outs {
+			c.finish()
+		}
+	}()
+	if err != nil {
 		cfg.errorf("cannot start %s: %v", cfg.Command[0], err)
-		return ExitNoCommand
+		return ExitCannotRun, true
+	}
+	g, err := startGroup(cmd, func(format string, a ...any) { cfg.errorf(format, a...) })
+	for _, c := range outs {
+		c.started()
+	}
+	if err != nil {
+		cfg.errorf("cannot start %s: %v", cfg.Command[0], err)
+		return startFailureCode(err), true
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	pgid := cmd.Process.Pid
 
-	lost := false
+	lost, stopping := false, false
 	done := lease.Done()
-	var killTimer <-chan time.Time
+	var killTimer, giveUp, poll <-chan time.Time
+	stop := func() {
+		if !stopping {
+			stopping = true
+			g.signal(syscall.SIGTERM)
+			killTimer = time.After(cfg.Grace)
+		}
+	}
+	finish := func() (int, bool) {
+		if lost {
+			return ExitLeaseLost, true
+		}
+		return code, true
+	}
 	for {
 		select {
 		case err := <-exited:
-			if lost {
-				return ExitLeaseLost
+			exited = nil
+			code = exitCode(err)
+			if g.gone() {
+				g.close(true)
+				return finish()
 			}
-			return exitCode(err)
+			if !stopping {
+				cfg.errorf("%s exited, leaving processes in its group; stopping them (SIGTERM, SIGKILL after %v)", cfg.Command[0], cfg.Grace)
+				stop()
+			}
+			poll = time.After(pollInterval)
+		case <-poll:
+			if g.gone() {
+				g.close(true)
+				return finish()
+			}
+			poll = time.After(pollInterval)
 		case s := <-sigs:
-			_ = syscall.Kill(cmd.Process.Pid, s.(syscall.Signal))
+			g.signal(s)
 		case <-done:
 			done = nil
 			lost = true
-			cfg.errorf("lease on %q lost (%v); stopping the command (SIGTERM, SIGKILL after %v)", cfg.Key, lease.Err(), cfg.Grace)
-			_ = syscall.Kill(-pgid, syscall.SIGTERM)
-			killTimer = time.After(cfg.Grace)
+			cfg.errorf("lease on %q lost (%s); stopping the command (SIGTERM, SIGKILL after %v)", cfg.Key, errText(lease.Err()), cfg.Grace)
+			stop()
 		case <-killTimer:
-			cfg.errorf("command still running %v after SIGTERM; sending SIGKILL", cfg.Grace)
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			killTimer = nil
+			cfg.errorf("processes of the command's group still running %v after SIGTERM; sending SIGKILL", cfg.Grace)
+			g.signal(syscall.SIGKILL)
+			giveUp = time.After(killWait)
+		case <-giveUp:
+			if exited != nil {
+				cfg.errorf("%s still running %v after SIGKILL", cfg.Command[0], killWait)
+			} else {
+				cfg.errorf("processes of the command's group still exist %v after SIGKILL", killWait)
+			}
+			g.close(false)
+			if lost {
+				return ExitLeaseLost, false
+			}
+			return code, false
 		}
 	}
+}
+
+// startFailureCode is the shell's status for a command that could not be started:
+// 127 when it was not found, 126 when it was found but could not be executed.
+func startFailureCode(err error) int {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		return ExitNoCommand
+	}
+	return ExitCannotRun
 }
 
 // exitCode turns the child's end into the runner's exit status, with the shell's
@@ -228,4 +352,47 @@ func signum(s os.Signal) int {
 		return int(n)
 	}
 	return 1
+}
+
+// childEnv returns env without the backend's secrets: DLOCK_PASSWORD always, and
+// DLOCK_URL when it holds a password (in its user info or in a query parameter that
+// looks secret) or does not parse. The lock's own variables (DLOCK_KEY, DLOCK_TOKEN,
+// DLOCK_HELD) are dropped too, for the runner to set.
+func childEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		switch name {
+		case "DLOCK_PASSWORD", "DLOCK_KEY", "DLOCK_TOKEN", "DLOCK_HELD", watchdogEnv:
+			continue
+		case "DLOCK_URL":
+			if urlHasSecret(value) {
+				continue
+			}
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// urlHasSecret reports whether a backend URL holds a password, in its user info or
+// in a query parameter whose name looks secret, or does not parse (so cannot be
+// told).
+func urlHasSecret(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return true
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			return true
+		}
+	}
+	for k := range u.Query() {
+		lk := strings.ToLower(k)
+		if strings.Contains(lk, "pass") || strings.Contains(lk, "token") || strings.Contains(lk, "secret") || strings.HasSuffix(lk, "key") {
+			return true
+		}
+	}
+	return false
 }

@@ -17,7 +17,10 @@ import (
 	"github.com/dlockio/dlock/memlock"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	MaybeRunWatchdog()
+	goleak.VerifyTestMain(m)
+}
 
 // syncBuf is a buffer that the child's output copier and the runner may write at once.
 type syncBuf struct {
@@ -71,7 +74,11 @@ func (e *env) cfg(key string, cmd ...string) Config {
 
 func (e *env) run(t *testing.T, cfg Config) int {
 	t.Helper()
-	return Run(context.Background(), e.client, cfg)
+	res := Run(context.Background(), e.client, cfg)
+	if res.Abandoned {
+		t.Errorf("the run abandoned the lease (stderr: %s)", e.errout)
+	}
+	return res.Code
 }
 
 func TestChildEnvironmentAndStatus(t *testing.T) {
@@ -207,5 +214,20 @@ func TestInterruptWhileWaiting(t *testing.T) {
 	}
 	if n := e.store.Waiters("job"); n != 0 {
 		t.Fatalf("%d waiters left after Ctrl-C", n)
+	}
+}
+
+// The child's stdout and stderr may be one writer that is not safe for concurrent
+// writes.
+func TestSameOutputWriter(t *testing.T) {
+	e := setup(t)
+	cfg := e.cfg("job", "sh", "-c", `for i in 1 2 3 4 5 6 7 8; do echo out; echo err >&2; done`)
+	var b bytes.Buffer // not safe for concurrent use: the race detector watches
+	cfg.ChildStdout, cfg.ChildStderr = &b, &b
+	if code := e.run(t, cfg); code != 0 {
+		t.Fatalf("exit %d (stderr: %s)", code, e.errout)
+	}
+	if n := strings.Count(b.String(), "out\n") + strings.Count(b.String(), "err\n"); n != 16 {
+		t.Fatalf("%d lines of output, want 16: %q", n, b.String())
 	}
 }
