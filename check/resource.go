@@ -137,14 +137,14 @@ CREATE TABLE ` + pgLogTable + ` (key text NOT NULL, n bigint NOT NULL, worker in
 		if _, err := pool.Exec(ctx, ddl); err != nil {
 			tb.Fatalf("resource postgres: %v", err)
 		}
-		return &resource{name: name, url: p.URL(), desc: "postgres://" + p.Addr(), log: func(ctx context.Context) ([]loggedWrite, error) {
+		return &resource{name: name, url: p.URL(), desc: p.Addr(), log: func(ctx context.Context) ([]loggedWrite, error) {
 			return pgLog(ctx, pool)
 		}}
 	case ResourceRedis:
 		r := testserver.StartRedis(tb)
 		c := redis.NewClient(&redis.Options{Addr: r.Addr()})
 		tb.Cleanup(func() { c.Close() })
-		return &resource{name: name, url: r.URL(), desc: r.URL(), log: func(ctx context.Context) ([]loggedWrite, error) {
+		return &resource{name: name, url: r.URL(), desc: r.Addr(), log: func(ctx context.Context) ([]loggedWrite, error) {
 			return redisLog(ctx, c)
 		}}
 	case ResourceEtcd:
@@ -154,7 +154,7 @@ CREATE TABLE ` + pgLogTable + ` (key text NOT NULL, n bigint NOT NULL, worker in
 			tb.Fatalf("resource etcd: %v", err)
 		}
 		tb.Cleanup(func() { c.Close() })
-		return &resource{name: name, url: "http://" + e.Endpoint(), desc: "etcd " + e.Endpoint(), log: func(ctx context.Context) ([]loggedWrite, error) {
+		return &resource{name: name, url: "http://" + e.Endpoint(), desc: e.Endpoint(), log: func(ctx context.Context) ([]loggedWrite, error) {
 			return etcdLog(ctx, c)
 		}}
 	}
