@@ -15,8 +15,9 @@ import (
 	"github.com/dlockio/dlock/check/history"
 )
 
-// Store is the default resource of a check run (ResourceStore): a tiny server that worker processes
-// write to from their critical sections, over TCP on 127.0.0.1, one line per write:
+// Store is the default resource of a check run (ResourceStore): a tiny server
+// that worker processes write to from their critical sections, over TCP on
+// 127.0.0.1, one line per write:
 //
 //	W <process> <lease> <token> <key>\n   ->   A <max>\n (accepted) or R <max>\n (rejected)
 //
