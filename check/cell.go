@@ -14,10 +14,12 @@ import (
 	"github.com/dlockio/dlock/check/timeline"
 )
 
-// Cell is one setup x fault x fencing combination.
+// Cell is one setup x fault x resource x fencing combination.
 type Cell struct {
 	Setup, Fault string
-	Fenced       bool
+	// Resource is a name from Resources; "" is ResourceStore.
+	Resource string
+	Fenced   bool
 }
 
 // Name is a file-name-safe name of the cell.
@@ -25,6 +27,9 @@ func (c Cell) Name() string {
 	mode := "unfenced"
 	if c.Fenced {
 		mode = "fenced"
+	}
+	if c.Resource != "" && c.Resource != ResourceStore {
+		mode = c.Resource + "_" + mode
 	}
 	return c.Setup + "_" + c.Fault + "_" + mode
 }
@@ -91,11 +96,11 @@ func Verdict(e Expectation, r *checker.Report) string {
 	return VerdictAsExpected
 }
 
-// RunCell runs one cell with cfg (Setup, Fault and Fenced are taken from cell),
+// RunCell runs one cell with cfg (Setup, Fault, Resource and Fenced are taken from cell),
 // checks the history, and writes <dir>/<cell>.json (history and report) and
 // <dir>/<cell>.html (the timeline) when dir is not empty.
 func RunCell(ctx context.Context, cell Cell, cfg Config, dir string) Outcome {
-	cfg.Setup, cfg.Fault, cfg.Fenced = cell.Setup, cell.Fault, cell.Fenced
+	cfg.Setup, cfg.Fault, cfg.Resource, cfg.Fenced = cell.Setup, cell.Fault, cell.Resource, cell.Fenced
 	o := Outcome{Cell: cell, Expect: Expect(cell.Setup, cell.Fault, cell.Fenced)}
 	start := time.Now()
 	h, err := Run(ctx, cfg)
@@ -156,6 +161,9 @@ func (o Outcome) Row() string {
 	mode := "no"
 	if o.Cell.Fenced {
 		mode = "yes"
+	}
+	if o.Cell.Resource != "" && o.Cell.Resource != ResourceStore {
+		mode += " (" + o.Cell.Resource + ")"
 	}
 	exp := "safe"
 	switch {

@@ -3,6 +3,8 @@ package check
 import (
 	"context"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -360,4 +362,97 @@ func TestAwaitRecoveryWaitsForEveryWorkerToWrite(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	r.awaitRecovery(ctx, history.Now()+int64(time.Hour), time.Minute)
+}
+
+// A holder paused right after its lease check writes to a real resource when it
+// resumes. Through the resource's guard the resource refuses that write, so the
+// log it committed, read back after the run, has no write with a token below an
+// earlier one (P3 = 0). Without the guard the same write commits, and the checker
+// finds it in the resource's own log (P3 > 0).
+func TestRunResourcePauseAfterCheck(t *testing.T) {
+	for _, c := range []struct {
+		resource string
+		fenced   bool
+	}{
+		{ResourcePostgres, true},
+		{ResourcePostgres, false},
+		{ResourceRedis, true},
+		{ResourceEtcd, true},
+	} {
+		name := c.resource + "_unfenced"
+		if c.fenced {
+			name = c.resource + "_fenced"
+		}
+		t.Run(name, func(t *testing.T) {
+			cfg := testConfig(t, "redis", FaultPauseAfterCheck, c.fenced)
+			cfg.Resource = c.resource
+			h, err := Run(ctxT(t, time.Minute), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(h.Meta.Resource, c.resource+": ") {
+				t.Errorf("meta resource %q", h.Meta.Resource)
+			}
+			faults, accepted, rejected := 0, 0, 0
+			for _, e := range h.Events {
+				if e.Kind == history.Fault {
+					faults++
+				}
+			}
+			for _, w := range h.Writes {
+				if w.Accepted {
+					accepted++
+				} else {
+					rejected++
+				}
+			}
+			if faults == 0 || accepted == 0 {
+				t.Fatalf("%d faults injected, %d writes committed: the workload did not run", faults, accepted)
+			}
+			// Every committed write is in the log, so no write op that the
+			// resource answered with a commit is missing from it.
+			if ok := count(h, history.Write, true) - rejected; accepted < ok {
+				t.Errorf("the resource's log has %d writes, the workers saw %d commits", accepted, ok)
+			}
+			r := checker.Check(h, checker.Options{PorcupineTimeout: -1})
+			if c.fenced && (r.P3.Count != 0 || rejected == 0) {
+				t.Errorf("fenced: P3 = %d with %d writes refused by the guard; want 0 and > 0: %+v", r.P3.Count, rejected, r.P3.Examples)
+			}
+			if !c.fenced && (r.P3.Count == 0 || rejected != 0) {
+				t.Errorf("unfenced: P3 = %d after %d pauses, %d writes refused; want > 0 and 0", r.P3.Count, faults, rejected)
+			}
+		})
+	}
+}
+
+// resourceWrites computes each committed write's Max from the resource's commit
+// order per key, not from the times the workers saw, and keeps refused writes.
+func TestResourceWrites(t *testing.T) {
+	log := []loggedWrite{ // per key in commit order
+		{Process: 1, Lease: 1, Token: 5, Key: "a", Sent: 10},
+		{Process: 2, Lease: 1, Token: 7, Key: "a", Sent: 20},
+		{Process: 1, Lease: 1, Token: 5, Key: "a", Sent: 15}, // sent earlier, committed later: stale
+		{Process: 3, Lease: 1, Token: 2, Key: "b", Sent: 12},
+	}
+	ops := []history.Op{
+		{Process: 1, Lease: 1, Key: "a", Kind: history.Write, Start: 10, End: 11, OK: true, Token: 5},
+		{Process: 2, Lease: 1, Key: "a", Kind: history.Write, Start: 20, End: 21, OK: true, Token: 7},
+		{Process: 1, Lease: 1, Key: "a", Kind: history.Write, Start: 15, End: 40, OK: true, Token: 5},
+		{Process: 3, Lease: 1, Key: "b", Kind: history.Write, Start: 12, End: 13, OK: true, Token: 2},
+		{Process: 1, Lease: 1, Key: "a", Kind: history.Write, Start: 50, End: 51, OK: true, Token: 5, Err: rejectedMsg + ": stale"},
+	}
+	got := resourceWrites(log, ops)
+	want := []history.StoreWrite{
+		{Process: 1, Lease: 1, Token: 5, Key: "a", Time: 11, Accepted: true},
+		{Process: 3, Lease: 1, Token: 2, Key: "b", Time: 13, Accepted: true},
+		{Process: 2, Lease: 1, Token: 7, Key: "a", Time: 21, Accepted: true, Max: 5},
+		{Process: 1, Lease: 1, Token: 5, Key: "a", Time: 40, Accepted: true, Max: 7},
+		{Process: 1, Lease: 1, Token: 5, Key: "a", Time: 51, Max: 7},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got  %+v\nwant %+v", got, want)
+	}
+	if n := staleAccepted(&history.History{Writes: got}); n != 1 {
+		t.Errorf("%d stale writes, want 1", n)
+	}
 }

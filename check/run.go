@@ -21,11 +21,20 @@ import (
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
-// Config is one check run: one backend setup, one fault, fenced or not.
+// Config is one check run: one backend setup, one fault, one resource, fenced or
+// not.
 type Config struct {
-	Setup    string        // a name from Setups
-	Fault    string        // a name from Faults; "none" for a run without faults
-	Fenced   bool          // the store rejects writes with an older token
+	Setup string // a name from Setups
+	Fault string // a name from Faults; "none" for a run without faults
+	// Resource is what the workers write to from their critical sections: a
+	// name from Resources; "" is ResourceStore, the checker's own store. A real
+	// resource (postgres, redis, etcd) runs on a server of its own, which no
+	// fault touches.
+	Resource string
+	// Fenced: the store rejects writes with an older token; on a real resource,
+	// every write goes through the resource's guard (without it, the same write
+	// without the token check).
+	Fenced   bool
 	Workers  int           // worker processes (default 5)
 	Keys     int           // keys they contend for (default 2)
 	Duration time.Duration // how long the workload runs (default 10s); with a target, the most it runs
@@ -51,6 +60,9 @@ type Config struct {
 func (c *Config) defaults() {
 	if c.Fault == "" {
 		c.Fault = FaultNone
+	}
+	if c.Resource == "" {
+		c.Resource = ResourceStore
 	}
 	if c.Workers == 0 {
 		c.Workers = 5
@@ -88,6 +100,9 @@ func (c Config) Validate() error {
 	if !f.appliesTo(s) {
 		return fmt.Errorf("fault %q does not apply to setup %q (it applies to: %s)", c.Fault, c.Setup, strings.Join(f.setupsFor(), ", "))
 	}
+	if c.Resource != "" && resourceDocs[c.Resource] == "" {
+		return fmt.Errorf("unknown resource %q (known: %s)", c.Resource, strings.Join(Resources(), ", "))
+	}
 	switch {
 	case c.Workers < 1 || c.Workers > 64:
 		return fmt.Errorf("workers %d: give 1 to 64", c.Workers)
@@ -109,9 +124,12 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Run starts the setup's servers, the fenced store and the worker processes, injects
-// the fault every Interval while the workload runs for Duration, stops everything
-// and returns the history. Servers and workers are killed if this process dies.
+// Run starts the setup's servers, the resource (the checker's store, or a real
+// server) and the worker processes, injects the fault every Interval while the
+// workload runs for Duration, stops everything and returns the history. On a real
+// resource the history's Writes are read back from the resource's own log after
+// the workers stopped (see resourceWrites). Servers and workers are killed if this
+// process dies.
 func Run(ctx context.Context, cfg Config) (*history.History, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
@@ -128,17 +146,29 @@ func Run(ctx context.Context, cfg Config) (*history.History, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", cfg.Setup, err)
 	}
-	store, err := StartStore(cfg.Fenced)
-	if err != nil {
-		return nil, err
+	var store *Store
+	var res *resource
+	if cfg.Resource == ResourceStore {
+		if store, err = StartStore(cfg.Fenced); err != nil {
+			return nil, err
+		}
+		defer store.Close()
+	} else if res, err = testserver.Try(host, func(tb testing.TB) *resource { return startResource(tb, cfg.Resource) }); err != nil {
+		return nil, fmt.Errorf("start resource %s: %w", cfg.Resource, err)
 	}
-	defer store.Close()
 
 	r := &run{cfg: cfg, ttl: ttl, tg: tg, rnd: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)), lastWrite: map[string]history.Op{}}
 	r.h.Meta = history.Meta{
 		Backend: s.name + ": " + s.describe, URL: tg.redactedURL(), Fault: cfg.Fault, Fenced: cfg.Fenced, TTL: ttl,
 		Hold: s.hold(ttl), Workers: cfg.Workers, Keys: cfg.Keys, Seed: cfg.Seed,
-		Expected: Expected(cfg.Setup, cfg.Fault, cfg.Fenced), HeldRecorded: true,
+		Expected: Expected(cfg.Setup, cfg.Fault, cfg.Fenced), HeldRecorded: true, Resource: ResourceStore,
+	}
+	storeAddr := ""
+	if store != nil {
+		storeAddr = store.Addr()
+	} else {
+		r.h.Meta.Resource = cfg.Resource + ": " + res.desc
+		r.resURL = res.url
 	}
 	defer tg.stopProxies()
 	if s.proxied {
@@ -152,7 +182,7 @@ func Run(ctx context.Context, cfg Config) (*history.History, error) {
 		}
 	}
 	for i := 1; i <= cfg.Workers; i++ {
-		if err := r.startWorker(i, store.Addr()); err != nil {
+		if err := r.startWorker(i, storeAddr); err != nil {
 			r.stopWorkers()
 			return nil, err
 		}
@@ -173,14 +203,27 @@ func Run(ctx context.Context, cfg Config) (*history.History, error) {
 	}
 	r.h.Meta.End = history.Now()
 	r.stopWorkers()
-	r.h.Writes = store.Writes()
+	var logErr error
+	if store != nil {
+		r.h.Writes = store.Writes()
+	} else {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		log, err := res.log(lctx)
+		cancel()
+		if err != nil {
+			logErr = err
+		}
+		r.mu.Lock()
+		r.h.Writes = resourceWrites(log, r.h.Ops)
+		r.mu.Unlock()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	slices.SortFunc(r.h.Ops, func(a, b history.Op) int { return cmpInt64(a.Start, b.Start) })
 	if err := ctx.Err(); err != nil {
 		return &r.h, err
 	}
-	return &r.h, errors.Join(faultErr, r.workerErr)
+	return &r.h, errors.Join(faultErr, r.workerErr, logErr)
 }
 
 func cmpInt64(a, b int64) int {
@@ -199,6 +242,8 @@ type run struct {
 	ttl time.Duration
 	tg  *target
 	rnd *rand.Rand // used by the scheduler goroutine only
+	// resURL is the real resource's URL for the workers ("" for the store).
+	resURL string
 
 	mu          sync.Mutex
 	h           history.History
@@ -350,10 +395,11 @@ func (r *run) startWorker(id int, storeAddr string) error {
 	wc := WorkerConfig{
 		ID: id, URL: r.tg.urlFor(id), Store: storeAddr, Keys: r.cfg.Keys, TTL: r.ttl,
 		Hold: r.cfg.Hold, Writes: 2, LockTimeout: 4 * r.ttl, Seed: r.cfg.Seed,
+		Resource: r.cfg.Resource, Fenced: r.cfg.Fenced,
 	}
 	args := append(slices.Clone(r.cfg.Worker[1:]), wc.Args()...)
 	cmd := exec.Command(r.cfg.Worker[0], args...)
-	cmd.Env = append(append(os.Environ(), r.cfg.Env...), URLEnv+"="+wc.URL)
+	cmd.Env = append(append(os.Environ(), r.cfg.Env...), URLEnv+"="+wc.URL, ResourceEnv+"="+r.resURL)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -2,6 +2,7 @@ package check
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,8 +15,9 @@ import (
 	"github.com/dlockio/dlock/check/history"
 )
 
-// Store is the fenced resource of a check run: a tiny server that worker processes
-// write to from their critical sections, over TCP on 127.0.0.1, one line per write:
+// Store is the default resource of a check run (ResourceStore): a tiny server
+// that worker processes write to from their critical sections, over TCP on
+// 127.0.0.1, one line per write:
 //
 //	W <process> <lease> <token> <key>\n   ->   A <max>\n (accepted) or R <max>\n (rejected)
 //
@@ -155,21 +157,21 @@ func dialStore(addr string) (*storeClient, error) {
 }
 
 // write sends one write and reports whether the store accepted it.
-func (sc *storeClient) write(process, lease int, token uint64, key string) (bool, error) {
-	if _, err := fmt.Fprintf(sc.c, "W %d %d %d %s\n", process, lease, token, key); err != nil {
-		return false, fmt.Errorf("check: store: %w", err)
+func (sc *storeClient) write(_ context.Context, w loggedWrite) (bool, string, error) {
+	if _, err := fmt.Fprintf(sc.c, "W %d %d %d %s\n", w.Process, w.Lease, w.Token, w.Key); err != nil {
+		return false, "", fmt.Errorf("check: store: %w", err)
 	}
 	line, err := sc.r.ReadString('\n')
 	if err != nil {
-		return false, fmt.Errorf("check: store: %w", err)
+		return false, "", fmt.Errorf("check: store: %w", err)
 	}
 	switch {
 	case strings.HasPrefix(line, "A "):
-		return true, nil
+		return true, "", nil
 	case strings.HasPrefix(line, "R "):
-		return false, nil
+		return false, "max " + strings.TrimSpace(line[2:]), nil
 	}
-	return false, fmt.Errorf("check: store: %s", strings.TrimSpace(line))
+	return false, "", fmt.Errorf("check: store: %s", strings.TrimSpace(line))
 }
 
 func (sc *storeClient) Close() error { return sc.c.Close() }

@@ -28,7 +28,10 @@ import (
 type WorkerConfig struct {
 	ID          int           // worker number, from 1
 	URL         string        // backend URL (without the core's query parameters)
-	Store       string        // host:port of the fenced store
+	Store       string        // host:port of the checker's store (resource "store")
+	Resource    string        // what the critical section writes to: a name from Resources ("" is "store")
+	ResourceURL string        // URL of a real resource (from ResourceEnv)
+	Fenced      bool          // write to a real resource through its guard
 	Keys        int           // keys k0 .. k<Keys-1>
 	TTL         time.Duration // lock TTL
 	Hold        time.Duration // time in the critical section, spread over the writes
@@ -47,7 +50,15 @@ func (c WorkerConfig) Args() []string {
 		"--id", fmt.Sprint(c.ID), "--store", c.Store, "--keys", fmt.Sprint(c.Keys),
 		"--ttl", c.TTL.String(), "--hold", c.Hold.String(), "--writes", fmt.Sprint(c.Writes),
 		"--lock-timeout", c.LockTimeout.String(), "--seed", fmt.Sprint(c.Seed),
+		"--resource", c.resource(), "--fenced=" + fmt.Sprint(c.Fenced),
 	}
+}
+
+func (c WorkerConfig) resource() string {
+	if c.Resource == "" {
+		return ResourceStore
+	}
+	return c.Resource
 }
 
 // Validate reports a configuration the worker cannot run.
@@ -55,8 +66,14 @@ func (c WorkerConfig) Validate() error {
 	switch {
 	case c.ID < 1:
 		return errors.New("worker id must be at least 1")
-	case c.URL == "" || c.Store == "":
-		return errors.New("worker needs a backend URL and a store address")
+	case c.URL == "":
+		return errors.New("worker needs a backend URL")
+	case c.resource() == ResourceStore && c.Store == "":
+		return errors.New("worker needs the store's address")
+	case c.resource() != ResourceStore && resourceDocs[c.resource()] == "":
+		return fmt.Errorf("unknown resource %q", c.Resource)
+	case c.resource() != ResourceStore && c.ResourceURL == "":
+		return errors.New("worker needs the resource's URL in $" + ResourceEnv)
 	case c.Keys < 1:
 		return errors.New("worker needs at least one key")
 	case c.TTL <= 0 || c.Hold < 0 || c.LockTimeout <= 0:
@@ -197,7 +214,7 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 		return err
 	}
 	defer c.Close()
-	store, err := dialStore(w.cfg.Store)
+	store, err := openWriter(ctx, w.cfg)
 	if err != nil {
 		return err
 	}
@@ -257,7 +274,7 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 // critical is the critical section: Writes writes spread over Hold, each after a
 // check that the lease is still valid, as a careful program does. A pause right
 // after such a check (the "pause" control) is what fencing is for.
-func (w *worker) critical(ctx context.Context, store *storeClient, l *dlock.Lease, key string, lease int, tok uint64) error {
+func (w *worker) critical(ctx context.Context, store resourceWriter, l *dlock.Lease, key string, lease int, tok uint64) error {
 	step := w.cfg.Hold / time.Duration(w.cfg.Writes)
 	lingerUntil := time.Time{}
 	defer func() {
@@ -291,13 +308,23 @@ func (w *worker) critical(ctx context.Context, store *storeClient, l *dlock.Leas
 			}
 		}
 		start := history.Now()
-		ok, err := store.write(w.cfg.ID, lease, tok, key)
-		if err != nil {
+		// A stop cancels ctx: the write in flight still finishes, as a real
+		// program's would.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		ok, refusal, err := store.write(wctx, loggedWrite{Process: w.cfg.ID, Lease: lease, Token: tok, Key: key, Sent: start})
+		cancel()
+		op := history.Op{Key: key, Kind: history.Write, Lease: lease, Start: start, End: history.Now(), OK: err == nil, Token: tok}
+		switch {
+		case err != nil && w.cfg.resource() == ResourceStore:
 			return err
-		}
-		op := history.Op{Key: key, Kind: history.Write, Lease: lease, Start: start, End: history.Now(), OK: true, Token: tok}
-		if !ok {
+		case err != nil:
+			// The resource did not answer: the write may or may not have
+			// committed; its log says which.
+			op.Err = err.Error()
+		case !ok && w.cfg.resource() == ResourceStore:
 			op.Err = "rejected by the store"
+		case !ok:
+			op.Err = rejectedMsg + ": " + refusal
 		}
 		w.record(op)
 	}
@@ -382,6 +409,9 @@ func ParseWorkerArgs(args []string) (WorkerConfig, error) {
 	fs.IntVar(&c.ID, "id", 0, "worker number")
 	fs.StringVar(&c.URL, "url", os.Getenv(URLEnv), "backend URL (default $"+URLEnv+")")
 	fs.StringVar(&c.Store, "store", "", "store address")
+	fs.StringVar(&c.Resource, "resource", ResourceStore, "resource")
+	fs.BoolVar(&c.Fenced, "fenced", false, "write through the guard")
+	c.ResourceURL = os.Getenv(ResourceEnv)
 	fs.IntVar(&c.Keys, "keys", 1, "keys")
 	fs.DurationVar(&c.TTL, "ttl", time.Second, "lock TTL")
 	fs.DurationVar(&c.Hold, "hold", 0, "hold time")

@@ -367,11 +367,21 @@ func (c *run) p3() {
 			p.add(c.opts.MaxExamples, Violation{
 				Check: CheckP3, Key: w.Key, Time: w.Time,
 				Processes: []int{w.Process}, Leases: []int{w.Lease}, Tokens: []uint64{w.Token, w.Max},
-				Detail: fmt.Sprintf("At %s the store accepted a write to key %s from worker %d lease %d with token %d, after it had already accepted token %d for that key.%s",
-					c.ms(w.Time), w.Key, w.Process, w.Lease, w.Token, w.Max, c.sentAt(w)),
+				Detail: fmt.Sprintf("At %s %s accepted a write to key %s from worker %d lease %d with token %d, after it had already accepted token %d for that key.%s",
+					c.ms(w.Time), c.storeName(), w.Key, w.Process, w.Lease, w.Token, w.Max, c.sentAt(w)),
 			})
 		}
 	}
+}
+
+// storeName names what the workers wrote to: the checker's store, or a real
+// resource (whose own log gave the writes).
+func (c *run) storeName() string {
+	name, _, _ := strings.Cut(c.h.Meta.Resource, ":")
+	if name == "" || name == "store" {
+		return "the store"
+	}
+	return "the " + name + " resource (by its own log)"
 }
 
 // sentAt says when the worker sent store write w and what its lease was then, if the

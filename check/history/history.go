@@ -61,7 +61,9 @@ type Op struct {
 }
 
 // StoreWrite is one write that reached the fenced store, in the order the store
-// decided them.
+// decided them; or, on a real resource (Meta.Resource), one write the resource
+// committed (from its own log, read back after the run) or its guard refused, by
+// Time.
 type StoreWrite struct {
 	Process  int    `json:"p"`
 	Key      string `json:"k"`
@@ -99,10 +101,14 @@ type Meta struct {
 	// attempt began at t keeps the key on the server until at least t + Hold
 	// unless it is released (TTL for Redis, Redlock and PostgreSQL; less for
 	// etcd and ZooKeeper, whose session keep-alives are not in the history).
-	Hold     time.Duration `json:"hold"`
-	URL      string        `json:"url"`      // the backend URL with secrets redacted
-	Fault    string        `json:"fault"`    // the fault schedule's name, "none" for none
-	Fenced   bool          `json:"fenced"`   // the store checked tokens
+	Hold   time.Duration `json:"hold"`
+	URL    string        `json:"url"`    // the backend URL with secrets redacted
+	Fault  string        `json:"fault"`  // the fault schedule's name, "none" for none
+	Fenced bool          `json:"fenced"` // the store checked tokens (a real resource: writes went through its guard)
+	// Resource is what the workers wrote to: "store" (the checker's own store;
+	// also when empty, in histories written before resources existed), or a
+	// real resource's name and address, whose own log after the run gave Writes.
+	Resource string        `json:"resource,omitempty"`
 	TTL      time.Duration `json:"ttl"`      // the lock TTL every worker used
 	Workers  int           `json:"workers"`  // worker processes
 	Keys     int           `json:"keys"`     // distinct keys

@@ -181,8 +181,12 @@ func build(h *history.History, r *checker.Report, opts Options) *pageData {
 	if m.Fenced {
 		fenced = "yes"
 	}
+	resource := m.Resource
+	if resource == "" {
+		resource = "store" // histories from before resources existed
+	}
 	p.Meta = [][2]string{
-		{"Backend", m.Backend}, {"URL", m.URL}, {"Fault schedule", m.Fault}, {"Fenced store", fenced},
+		{"Backend", m.Backend}, {"URL", m.URL}, {"Fault schedule", m.Fault}, {"Resource", resource}, {"Fenced", fenced},
 		{"TTL", m.TTL.String()}, {"Hold (certain server-side hold)", m.Hold.String()},
 		{"Workers", strconv.Itoa(m.Workers)}, {"Keys", strconv.Itoa(m.Keys)}, {"Seed", strconv.FormatInt(m.Seed, 10)},
 		{"Duration", time.Duration(m.End - m.Start).String()}, {"Expected", m.Expected},

@@ -22,6 +22,7 @@ func init() {
 
 type checkFlags struct {
 	setups, faults []string
+	resources      []string
 	fencing        string
 	matrix         bool
 	safeOnly       bool
@@ -32,7 +33,7 @@ type checkFlags struct {
 }
 
 func newCheckCommand(e *env) *cobra.Command {
-	f := checkFlags{fencing: "both", out: "dlock-check-results"}
+	f := checkFlags{fencing: "both", out: "dlock-check-results", resources: []string{check.ResourceStore}}
 	f.cfg = check.Config{Workers: 5, Keys: 2, Duration: 10 * time.Second, TTL: time.Second}
 	cmd := &cobra.Command{
 		Use:   "check [--setup NAME ...] [--fault NAME ...] | --matrix",
@@ -41,11 +42,23 @@ func newCheckCommand(e *env) *cobra.Command {
 servers started on free 127.0.0.1 ports (as the tests start them) and real worker
 processes (this same program).
 
---workers processes contend for --keys keys. Each holder writes to a fenced store
-run by the checker, with its fencing token, and releases. With fencing the store
-accepts a write only if its token is at least the highest it has accepted for the
-key; without it the store accepts everything and logs what fencing would have
-refused. Every operation is recorded with start and end times on CLOCK_MONOTONIC,
+--workers processes contend for --keys keys. Each holder writes to the --resource
+with its fencing token, and releases:
+
+  store     (default) a fenced store run by the checker: with fencing it accepts a
+            write only if its token is at least the highest it has accepted for
+            the key; without it, it accepts everything and logs what fencing would
+            have refused.
+  postgres, redis, etcd
+            a real server of that kind, started for the run (no fault touches it).
+            With fencing every write goes through dlock's guard for that store
+            (fence/pgfence, fence/redisfence, fence/etcdfence); without it, the
+            same write without the token check. Each write appends (worker, lease,
+            token, key) to a log inside the same transaction, script or etcd txn;
+            after the run the checker reads that log back in commit order, and P3
+            counts what the resource itself committed.
+
+Every operation is recorded with start and end times on CLOCK_MONOTONIC,
 which all processes on the machine share. Every --interval (jittered) the fault is
 injected and healed; after a leader kill the countdown to the next injection starts
 once every worker wrote again (at most 10 TTL, 10s or more), so a slow election is
@@ -55,8 +68,9 @@ The history is then checked:
   P1  lease safety: a grant while an earlier grant of the key could not yet have
       expired and was not released (judged from the recorded times only: a
       violation is reported only when it is certain);
-  P3  resource safety: the store accepted a write with a token lower than one it
-      had already accepted (0 whenever fencing is on);
+  P3  resource safety: the store (or the real resource, by its own log) accepted
+      a write with a token lower than one it had already accepted (0 whenever
+      fencing is on);
   P4  token order: a grant that ended before another began has the smaller token
       (a sweep, and porcupine's linearizability check);
   P5  liveness: time from each heal to the next accepted write, longest gap;
@@ -86,10 +100,12 @@ stronger test for a safe cell: the store counts every stale write instead of
 refusing it).
 
 Setups need their servers installed (redis-server; zookeeper and postgresql
-Debian packages; etcd is embedded). "dlock check --list" lists setups and faults.`,
+Debian packages; etcd is embedded); so do resources. "dlock check --list" lists
+setups, faults and resources.`,
 		Example: `  dlock check --setup redis --fault kill
   dlock check --setup redis --fault pause-after-check --fencing off --duration 20s
   dlock check --setup etcd --fault leader --ttl 2s
+  dlock check --setup redis --fault pause-after-check --resource postgres --resource etcd
   dlock check --matrix --duration 20s --doc docs/safety.md`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -107,9 +123,10 @@ Debian packages; etcd is embedded). "dlock check --list" lists setups and faults
 	fl := cmd.Flags()
 	fl.StringSliceVar(&f.setups, "setup", nil, "backend setup `NAME` (repeatable; see --list)")
 	fl.StringSliceVar(&f.faults, "fault", nil, "fault `NAME` (repeatable; see --list; default none)")
-	fl.StringVar(&f.fencing, "fencing", f.fencing, "on, off or both: whether the store checks tokens")
+	fl.StringSliceVar(&f.resources, "resource", f.resources, "what the workers write to: store, postgres, redis or etcd (repeatable; see --list)")
+	fl.StringVar(&f.fencing, "fencing", f.fencing, "on, off or both: whether writes are fenced (the store checks tokens; a real resource's guard does)")
 	fl.BoolVar(&f.matrix, "matrix", false, "run every setup x fault x fencing cell and write --doc")
-	fl.BoolVar(&f.list, "list", false, "list setups and faults, then exit")
+	fl.BoolVar(&f.list, "list", false, "list setups, faults and resources, then exit")
 	fl.StringVar(&f.out, "out", f.out, "`DIR` for the JSON histories and HTML timelines (\"\" for none)")
 	fl.StringVar(&f.doc, "doc", "", "with --matrix, write the markdown report to `FILE` (e.g. docs/safety.md)")
 	fl.IntVar(&f.cfg.Workers, "workers", f.cfg.Workers, "worker processes (1 to 64)")
@@ -137,6 +154,11 @@ func (f *checkFlags) cells() ([]check.Cell, error) {
 	default:
 		return nil, usagef("--fencing %q: give on, off or both", f.fencing)
 	}
+	for _, r := range f.resources {
+		if check.ResourceDoc(r) == "" {
+			return nil, usagef("--resource %q: give one of %s", r, strings.Join(check.Resources(), ", "))
+		}
+	}
 	if f.matrix {
 		if len(f.setups) > 0 || len(f.faults) > 0 {
 			return nil, usagef("--matrix runs every setup and fault; do not give --setup or --fault with it")
@@ -146,9 +168,12 @@ func (f *checkFlags) cells() ([]check.Cell, error) {
 			if f.safeOnly && check.Expected(c.Setup, c.Fault, c.Fenced) != "safe" {
 				continue
 			}
-			for _, m := range modes {
-				if c.Fenced == m {
-					cells = append(cells, c)
+			for _, r := range f.resources {
+				for _, m := range modes {
+					if c.Fenced == m {
+						c.Resource = r
+						cells = append(cells, c)
+					}
 				}
 			}
 		}
@@ -173,8 +198,10 @@ func (f *checkFlags) cells() ([]check.Cell, error) {
 			if !check.AppliesTo(s, fault) {
 				return nil, usagef("setup %q with fault %q: %v", s, fault, f.validate(s, fault))
 			}
-			for _, m := range modes {
-				cells = append(cells, check.Cell{Setup: s, Fault: fault, Fenced: m})
+			for _, r := range f.resources {
+				for _, m := range modes {
+					cells = append(cells, check.Cell{Setup: s, Fault: fault, Resource: r, Fenced: m})
+				}
 			}
 		}
 	}
@@ -202,6 +229,10 @@ func printCheckList(e *env) {
 	fmt.Fprintln(e.stdout, "faults:")
 	for _, f := range check.Faults() {
 		fmt.Fprintf(e.stdout, "  %-18s %s\n", f, check.FaultDoc(f))
+	}
+	fmt.Fprintln(e.stdout, "resources (--resource; fenced or not with --fencing):")
+	for _, r := range check.Resources() {
+		fmt.Fprintf(e.stdout, "  %-10s %s\n", r, check.ResourceDoc(r))
 	}
 }
 
@@ -275,6 +306,11 @@ func matrixCommand(f checkFlags, cfg check.Config) string {
 	}
 	if f.fencing != "both" {
 		c += " --fencing " + f.fencing
+	}
+	for _, r := range f.resources {
+		if r != check.ResourceStore || len(f.resources) > 1 {
+			c += " --resource " + r
+		}
 	}
 	return c + fmt.Sprintf(" --seed %d", cfg.Seed)
 }

@@ -19,6 +19,7 @@ func TestCheckUsageErrors(t *testing.T) {
 		{"check", "--setup", "redis", "--fault", "nosuch"},
 		{"check", "--setup", "etcd", "--fault", "kill"},
 		{"check", "--setup", "redis", "--fencing", "maybe"},
+		{"check", "--setup", "redis", "--resource", "mysql"},
 		{"check", "--setup", "redis", "--workers", "0"},
 		{"check", "--setup", "redis", "--ttl", "1ms"},
 		{"check", "--setup", "redis", "--hold", "2s"},
@@ -45,7 +46,7 @@ func TestCheckList(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
-	for _, want := range []string{"redis-aof", "redlock", "etcd", "zk", "postgres", "pause-after-check", "failover", "clock"} {
+	for _, want := range []string{"redis-aof", "redlock", "etcd", "zk", "postgres", "pause-after-check", "failover", "clock", "resources", "pgfence", "redisfence", "etcdfence"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("--list does not mention %q", want)
 		}
@@ -92,6 +93,11 @@ func TestMatrixCommand(t *testing.T) {
 	got := matrixCommand(f, cfg)
 	want := "dlock check --matrix --duration 20m0s --ttl 1s --workers 5 --keys 16 --hold 2ms --acquisitions 100000 --injections 50 --safe-only --fencing off --seed 3"
 	if got != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+	f.resources = []string{"postgres"}
+	want = strings.Replace(want, " --seed", " --resource postgres --seed", 1)
+	if got := matrixCommand(f, cfg); got != want {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}
 }

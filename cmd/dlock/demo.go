@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -18,6 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.etcd.io/etcd/api/v3/version"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/dlockio/dlock/internal/devserver"
 )
@@ -35,16 +35,18 @@ func newDemoCommand(e *env) *cobra.Command {
 		Use:   "demo",
 		Short: "Watch a lock and its fencing tokens at work, with nothing to install",
 		Long: `demo starts an etcd server inside this process and a few worker processes (this
-same program) that take turns holding one lock. Each holder writes to a small
-store together with its fencing token; the store refuses a token older than the
-newest it has seen.
+same program) that take turns holding one lock. Each holder writes a value to that
+same etcd through dlock's etcd guard (fence/etcdfence): one etcd transaction that
+compares the holder's fencing token with the resource's fence key, and puts the
+value and the new fence only if the token is not older than the newest it has seen.
 
 While one worker holds the lock, demo freezes it with SIGSTOP, as a long garbage
 collection pause or an overloaded machine would, for longer than the lock's TTL.
 Its lease expires, another worker gets the lock with a larger token and writes.
 Then demo resumes the frozen worker, which still believes it holds the lock and
-writes with its old token: the store rejects the write. That rejection is what
-fencing tokens are for; no timeout can prevent the pause.
+writes with its old token: etcd rejects the transaction, and the value keeps the
+newer holder's write. That rejection is what fencing tokens are for; no timeout
+can prevent the pause.
 
 The log shows who held the lock when and with which token. demo exits 0 with a
 one-line summary when the stale write was rejected. It takes a few seconds.`,
@@ -71,12 +73,13 @@ one-line summary when the stale write was rejected. It takes a few seconds.`,
 	return cmd
 }
 
-// demoEvent is one line of a worker, the store's decision on a write, or a worker's
-// exit.
+// demoEvent is one line of a worker (including the guard's decision on its write),
+// or a worker's exit.
 type demoEvent struct {
 	worker int
-	kind   string // acquired, releasing, lost, error (from workers); accepted, rejected (store); exit
+	kind   string // acquired, accepted, rejected, releasing, lost, error; exit
 	token  uint64
+	newer  uint64 // rejected: the newer token the fence holds
 	text   string
 	at     time.Time
 }
@@ -92,44 +95,6 @@ func (l *demoLog) printf(at time.Time, who, format string, a ...any) {
 }
 
 func workerName(i int) string { return "worker " + strconv.Itoa(i) }
-
-// fencedStore accepts a write only with a token at least as large as every token it
-// has accepted: the check on the protected resource that makes fencing work.
-type fencedStore struct {
-	events chan<- demoEvent
-
-	mu      sync.Mutex
-	highest uint64
-	value   string
-}
-
-func (s *fencedStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		http.Error(w, "POST a write", http.StatusMethodNotAllowed)
-		return
-	}
-	worker, err1 := strconv.Atoi(r.FormValue("worker"))
-	token, err2 := strconv.ParseUint(r.FormValue("token"), 10, 64)
-	if err1 != nil || err2 != nil || token == 0 {
-		http.Error(w, "need worker and a non-zero token", http.StatusBadRequest)
-		return
-	}
-	s.mu.Lock()
-	ok := token >= s.highest
-	if ok {
-		s.highest, s.value = token, r.FormValue("value")
-	}
-	highest := s.highest
-	s.mu.Unlock()
-	if ok {
-		s.events <- demoEvent{worker: worker, kind: "accepted", token: token, at: time.Now()}
-		fmt.Fprintln(w, "accepted")
-		return
-	}
-	reason := fmt.Sprintf("token %d is older than %d", token, highest)
-	s.events <- demoEvent{worker: worker, kind: "rejected", token: token, text: reason, at: time.Now()}
-	http.Error(w, "rejected: "+reason, http.StatusConflict)
-}
 
 type demoWorker struct {
 	id    int
@@ -162,18 +127,10 @@ func runDemo(ctx context.Context, e *env, cfg demoConfig) error {
 	defer srv.Stop()
 
 	events := make(chan demoEvent, 256)
-	store := &fencedStore{events: events}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return fmt.Errorf("demo: store: %w", err)
-	}
-	hs := &http.Server{Handler: store, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
-	defer hs.Close()
-
 	url := "etcd://" + srv.Endpoint() + "/dlock-demo"
-	lg.printf(time.Now(), "demo", "etcd %s runs in this process on %s; the fenced store listens on %s", version.Version, srv.Endpoint(), ln.Addr())
-	lg.printf(time.Now(), "demo", "%d worker processes take turns on lock %q (TTL %v), writing to the store with their token", cfg.workers, "demo", cfg.ttl)
+	lg.printf(time.Now(), "demo", "etcd %s runs in this process on %s", version.Version, srv.Endpoint())
+	lg.printf(time.Now(), "demo", "%d worker processes take turns on lock %q (TTL %v); each holder puts %q in that etcd", cfg.workers, "demo", cfg.ttl, demoValueKey)
+	lg.printf(time.Now(), "demo", "through etcdfence: one transaction that compares its token with fence key %q", demoFenceKey)
 
 	workers := make(map[int]*demoWorker)
 	var readers sync.WaitGroup
@@ -185,7 +142,7 @@ func runDemo(ctx context.Context, e *env, cfg demoConfig) error {
 		readers.Wait()
 	}()
 	for i := 1; i <= cfg.workers; i++ {
-		cmd := exec.Command(exe, "demo-worker", "--url", url, "--store", "http://"+ln.Addr().String()+"/write",
+		cmd := exec.Command(exe, "demo-worker", "--url", url, "--etcd", srv.Endpoint(),
 			"--id", strconv.Itoa(i), "--rounds", strconv.Itoa(cfg.rounds), "--ttl", cfg.ttl.String())
 		cmd.SysProcAttr = workerSysProcAttr()
 		cmd.Stderr = e.stderr
@@ -206,8 +163,13 @@ func runDemo(ctx context.Context, e *env, cfg demoConfig) error {
 			for sc.Scan() {
 				kind, rest, _ := strings.Cut(sc.Text(), " ")
 				ev := demoEvent{worker: i, kind: kind, text: rest, at: time.Now()}
-				if kind == "acquired" {
+				switch kind {
+				case "acquired", "accepted":
 					ev.token, _ = strconv.ParseUint(rest, 10, 64)
+				case "rejected":
+					tok, newer, _ := strings.Cut(rest, " ")
+					ev.token, _ = strconv.ParseUint(tok, 10, 64)
+					ev.newer, _ = strconv.ParseUint(newer, 10, 64)
 				}
 				events <- ev
 			}
@@ -283,7 +245,7 @@ func runDemo(ctx context.Context, e *env, cfg demoConfig) error {
 			lg.printf(ev.at, who, "error: %s", ev.text)
 		case "accepted":
 			accepted++
-			lg.printf(ev.at, "store", "accepted the write of %s, token %d", who, ev.token)
+			lg.printf(ev.at, who, "wrote the value      token %d (etcd committed it; the fence is now %d)", ev.token, ev.token)
 			if paused && ev.token > pausedToken {
 				paused = false
 				pauseLimit.Stop()
@@ -292,8 +254,9 @@ func runDemo(ctx context.Context, e *env, cfg demoConfig) error {
 				victim.proceed()
 			}
 		case "rejected":
-			stale = append(stale, fmt.Sprintf("%s, %s", who, ev.text))
-			lg.printf(ev.at, "store", "REJECTED the write of %s, token %d: %s", who, ev.token, ev.text)
+			reason := fmt.Sprintf("token %d is older than %d", ev.token, ev.newer)
+			stale = append(stale, fmt.Sprintf("%s, %s", who, reason))
+			lg.printf(ev.at, who, "write REJECTED by etcd (etcdfence): %s; nothing was written", reason)
 		case "exit":
 			exited++
 			delete(workers, ev.worker)
@@ -305,10 +268,37 @@ func runDemo(ctx context.Context, e *env, cfg demoConfig) error {
 	if len(stale) == 0 {
 		problems = append(problems, "no stale write was rejected")
 	}
+	if value, err := demoValue(ctx, srv.Endpoint()); err != nil {
+		problems = append(problems, "read the value back: "+err.Error())
+	} else {
+		lg.printf(time.Now(), "demo", "%s in etcd is %q: the last holder's write, not the stale one", demoValueKey, value)
+		if !strings.HasSuffix(value, fmt.Sprintf("token %d", last)) {
+			problems = append(problems, fmt.Sprintf("the value %q is not the write of token %d", value, last))
+		}
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("demo failed: %s", strings.Join(problems, "; "))
 	}
 	fmt.Fprintf(e.stdout, "demo: ok in %.1fs: %d grants with rising tokens (%d to %d), %d writes accepted, %d stale write rejected (%s)\n",
 		time.Since(lg.start).Seconds(), grants, first, last, accepted, len(stale), strings.Join(stale, "; "))
 	return nil
+}
+
+// demoValue reads the protected value back from the demo's etcd.
+func demoValue(ctx context.Context, endpoint string) (string, error) {
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, demoValueKey)
+	if err != nil {
+		return "", err
+	}
+	if len(resp.Kvs) == 0 {
+		return "", fmt.Errorf("%s is missing", demoValueKey)
+	}
+	return string(resp.Kvs[0].Value), nil
 }

@@ -5,28 +5,28 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/fence"
+	"github.com/dlockio/dlock/fence/etcdfence"
 )
 
 func init() { register(newDemoWorkerCommand) }
 
 // newDemoWorkerCommand is one worker process of "dlock demo". It speaks a line
-// protocol with the demo: it prints "acquired <token>", "releasing", "lost <cause>"
-// and "error <message>", and after each "acquired" it waits for a "go" line on stdin
-// before writing. The handshake makes the demo's pause land at the same point every
+// protocol with the demo: it prints "acquired <token>", "accepted <token>",
+// "rejected <token> <newer token>", "releasing", "lost <cause>" and "error
+// <message>", and after each "acquired" it waits for a "go" line on stdin before
+// writing. The write goes to the demo's etcd through etcdfence. The handshake makes the demo's pause land at the same point every
 // run: after the grant, before the write.
 func newDemoWorkerCommand(e *env) *cobra.Command {
-	var lockURL, storeURL string
+	var lockURL, endpoint string
 	var id, rounds int
 	var ttl time.Duration
 	cmd := &cobra.Command{
@@ -35,21 +35,21 @@ func newDemoWorkerCommand(e *env) *cobra.Command {
 		Hidden: true,
 		Args:   usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if lockURL == "" || storeURL == "" || id < 1 || rounds < 1 || ttl <= 0 {
-				return usagef("demo-worker needs --url, --store, --id, --rounds and --ttl")
+			if lockURL == "" || endpoint == "" || id < 1 || rounds < 1 || ttl <= 0 {
+				return usagef("demo-worker needs --url, --etcd, --id, --rounds and --ttl")
 			}
-			return runDemoWorker(cmd.Context(), e, lockURL, storeURL, id, rounds, ttl)
+			return runDemoWorker(cmd.Context(), e, lockURL, endpoint, id, rounds, ttl)
 		},
 	}
 	cmd.Flags().StringVar(&lockURL, "url", "", "lock backend `URL`")
-	cmd.Flags().StringVar(&storeURL, "store", "", "fenced store `URL`")
+	cmd.Flags().StringVar(&endpoint, "etcd", "", "`HOST:PORT` of the etcd that holds the protected value")
 	cmd.Flags().IntVar(&id, "id", 0, "worker number")
 	cmd.Flags().IntVar(&rounds, "rounds", 3, "times to take the lock")
 	cmd.Flags().DurationVar(&ttl, "ttl", 2*time.Second, "lock TTL")
 	return cmd
 }
 
-func runDemoWorker(ctx context.Context, e *env, lockURL, storeURL string, id, rounds int, ttl time.Duration) error {
+func runDemoWorker(ctx context.Context, e *env, lockURL, endpoint string, id, rounds int, ttl time.Duration) error {
 	var mu sync.Mutex
 	say := func(format string, a ...any) {
 		mu.Lock()
@@ -62,8 +62,13 @@ func runDemoWorker(ctx context.Context, e *env, lockURL, storeURL string, id, ro
 		return err
 	}
 	defer c.Close()
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		say("error %v", oneLine(err))
+		return err
+	}
+	defer etcd.Close()
 	in := bufio.NewScanner(e.stdin)
-	httpc := &http.Client{Timeout: 10 * time.Second}
 	var watchers sync.WaitGroup
 	defer watchers.Wait()
 	for round := 1; round <= rounds; round++ {
@@ -85,8 +90,20 @@ func runDemoWorker(ctx context.Context, e *env, lockURL, storeURL string, id, ro
 			return errors.New("demo-worker: the demo closed stdin")
 		}
 		// A careful program checks l.Context() here, before writing, but a pause
-		// can come right after the check. The store's token check is what holds.
-		if err := write(ctx, httpc, storeURL, id, uint64(l.Token()), fmt.Sprintf("round %d of worker %d", round, id)); err != nil {
+		// can come right after the check. The guard's token check is what holds.
+		tok := uint64(l.Token())
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = etcdfence.New(etcd, demoFenceKey, tok).
+			Then(clientv3.OpPut(demoValueKey, fmt.Sprintf("round %d of worker %d, token %d", round, id, tok))).
+			Commit(wctx)
+		cancel()
+		var stale *fence.StaleError
+		switch {
+		case err == nil:
+			say("accepted %d", tok)
+		case errors.As(err, &stale):
+			say("rejected %d %d", tok, stale.Current)
+		default:
 			say("error %v", oneLine(err))
 			return err
 		}
@@ -102,23 +119,9 @@ func runDemoWorker(ctx context.Context, e *env, lockURL, storeURL string, id, ro
 	return nil
 }
 
-// write sends a write to the fenced store. A rejection is the store's business (the
-// demo logs it); only a failure to talk to the store is an error.
-func write(ctx context.Context, httpc *http.Client, storeURL string, id int, token uint64, value string) error {
-	form := url.Values{"worker": {strconv.Itoa(id)}, "token": {strconv.FormatUint(token, 10)}, "value": {value}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, storeURL, strings.NewReader(form.Encode()))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := httpc.Do(req)
-	if err != nil {
-		return fmt.Errorf("store: %w", err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusConflict {
-		return fmt.Errorf("store: %s", resp.Status)
-	}
-	return nil
-}
+// The demo's protected resource in its etcd: a value, and the fence key that
+// etcdfence compares and moves in the same transaction.
+const (
+	demoValueKey = "dlock-demo/value"
+	demoFenceKey = "dlock-demo/fence"
+)
