@@ -401,7 +401,10 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	if u.Scheme != "redlock" {
 		return nil, fmt.Errorf("%w: redlock URL must use the redlock:// scheme", driver.ErrInvalid)
 	}
-	p := driver.NewParams(u.Query())
+	p, err := driver.ParseParams(u)
+	if err != nil {
+		return nil, fmt.Errorf("redlock: %w", err)
+	}
 	var opts []Option
 	prefix, err := p.String("prefix", DefaultPrefix)
 	if err != nil {
@@ -565,6 +568,9 @@ func (b *Backend) check(ctx context.Context) error {
 			if errors.As(err, &rerr) && !strings.HasPrefix(err.Error(), "LOADING") {
 				// The server answered with an error: credentials, ACL or
 				// configuration. Waiting will not fix it.
+				if authError(err) {
+					err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
+				}
 				fatal = append(fatal, &NodeError{n.addr, err})
 			} else {
 				down = append(down, &NodeError{n.addr, err})
@@ -588,6 +594,18 @@ func (b *Backend) check(ctx context.Context) error {
 		return fmt.Errorf("only %d of %d nodes answered, a majority is %d: %w", up, len(b.nodes), b.quorum, errors.Join(down...))
 	}
 	return nil
+}
+
+// authError reports whether err is a node refusing the credentials or the ACL
+// permission for a command.
+func authError(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "ERR AUTH", "ERR invalid password", "ERR Client sent AUTH"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // Ping checks every node and returns the failures joined (*NodeError values), or nil
