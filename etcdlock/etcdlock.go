@@ -290,9 +290,11 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if u.Scheme != "etcd" {
 		return nil, fmt.Errorf("%w: etcdlock needs an etcd:// URL, got scheme %q", driver.ErrInvalid, u.Scheme)
 	}
-	p := driver.NewParams(u.Query())
+	p, err := driver.ParseParams(u)
+	if err != nil {
+		return nil, fmt.Errorf("etcdlock: %w", err)
+	}
 	o := defaultOptions()
-	var err error
 	if o.timeout, err = p.Duration("timeout", DefaultTimeout); err != nil {
 		return nil, err
 	}
@@ -310,7 +312,7 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 			return nil, err
 		}
 		if tlsFiles[name] != "" {
-			if _, given := u.Query()["tls"]; given && !tlsOn {
+			if p.Has("tls") && !tlsOn {
 				return nil, fmt.Errorf("%w: %s given with tls=false", driver.ErrInvalid, name)
 			}
 			tlsOn = true
@@ -365,6 +367,15 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		// clientv3.New authenticates within its dial timeout, not within ctx.
 		connectTimeout = max(min(connectTimeout, time.Until(dl)), time.Millisecond)
 	}
+	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	if o.tls != nil {
+		// gRPC retries a failed TLS handshake until the deadline and then reports
+		// only the deadline; one handshake of our own names the cause.
+		if err := probeTLS(pctx, endpoints, o.tls); err != nil {
+			return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), err)
+		}
+	}
 	cfg := clientv3.Config{
 		Endpoints:            endpoints,
 		DialTimeout:          connectTimeout,
@@ -378,20 +389,85 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), err)
+		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), authErr(err))
 	}
 	b := newBackend(cli, o)
 	b.own = true
-	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
 	if _, err := cli.Get(pctx, b.prefix+"/", clientv3.WithCountOnly()); err != nil {
 		b.Close()
 		if ctx.Err() != nil {
 			err = errors.Join(err, ctx.Err())
 		}
-		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), err)
+		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), authErr(err))
 	}
 	return b, nil
+}
+
+// authErr marks etcd refusing the credentials or the permission with
+// driver.ErrAuth.
+func authErr(err error) error {
+	conv := rpctypes.Error(err)
+	for _, a := range []error{rpctypes.ErrAuthFailed, rpctypes.ErrUserEmpty, rpctypes.ErrPermissionDenied, rpctypes.ErrInvalidAuthToken} {
+		if errors.Is(err, a) || errors.Is(conv, a) {
+			return fmt.Errorf("%w: %w", driver.ErrAuth, err)
+		}
+	}
+	if st, ok := status.FromError(err); ok && (st.Code() == codes.Unauthenticated || st.Code() == codes.PermissionDenied) {
+		return fmt.Errorf("%w: %w", driver.ErrAuth, err)
+	}
+	return err
+}
+
+// refusedCert reports whether err is the server's TLS alert refusing the client's
+// certificate (or its absence).
+func refusedCert(err error) bool {
+	var opErr *net.OpError
+	if !errors.As(err, &opErr) || opErr.Op != "remote error" {
+		return false
+	}
+	msg := opErr.Err.Error()
+	return strings.Contains(msg, "certificate") || strings.Contains(msg, "access denied")
+}
+
+// probeTLS makes a TLS handshake with the endpoints in turn until one succeeds. It
+// returns nil then, or when no endpoint could be reached at all (clientv3 reports
+// that itself); it returns the handshake error when an endpoint answered but the
+// handshake failed (an unknown authority, a wrong name, a refused client
+// certificate), which is otherwise hidden behind gRPC's retries.
+func probeTLS(ctx context.Context, endpoints []string, base *tls.Config) error {
+	var failed error
+	for _, ep := range endpoints {
+		addr := strings.TrimPrefix(ep, "https://")
+		cfg := base.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		cfg.NextProtos = []string{"h2"}
+		d := tls.Dialer{Config: cfg}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			// A client certificate the server refuses (TLS 1.3) is reported on the
+			// first read; an etcd server otherwise sends its HTTP/2 settings at once.
+			_ = c.SetReadDeadline(time.Now().Add(250 * time.Millisecond))
+			var one [1]byte
+			_, rerr := c.Read(one[:])
+			c.Close()
+			if refusedCert(rerr) {
+				failed = fmt.Errorf("%w: TLS handshake with %s: %w", driver.ErrAuth, addr, rerr)
+				continue
+			}
+			return nil
+		}
+		var opErr *net.OpError
+		if errors.As(err, &opErr) && opErr.Op == "dial" || ctx.Err() != nil {
+			continue // not reached: clientv3 reports it
+		}
+		if refusedCert(err) {
+			err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
+		}
+		failed = fmt.Errorf("TLS handshake with %s: %w", addr, err)
+	}
+	return failed
 }
 
 func parseEndpoints(host string, secure bool) ([]string, error) {
