@@ -44,11 +44,12 @@ func TestOpenHostList(t *testing.T) {
 	srv := testserver.StartEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	// Both entries name the one server; the second with the default port would not.
-	c, err := dlock.Open(ctx, "etcd://"+srv.Endpoint()+","+srv.Endpoint()+"/hosts")
+	// The second entry (port 2379) is no server: the client uses the first.
+	c, err := dlock.Open(ctx, "etcd://"+srv.Endpoint()+",127.0.0.2/hosts")
 	if err != nil {
 		t.Fatalf("Open with a host list: %v", err)
 	}
+	lockOnce(t, c)
 	c.Close()
 	u, err := driver.ParseURL("etcd://" + srv.Endpoint() + ",localhost/hosts")
 	if err != nil {
