@@ -86,7 +86,9 @@ func TestOpenSilentServerBackgroundContext(t *testing.T) {
 		}
 	}()
 	done := make(chan error, 1)
-	go func() { done <- openErr(context.Background(), t, "postgres://u:p@"+ln.Addr().String()+"/db?sslmode=disable") }()
+	go func() {
+		done <- openErr(context.Background(), t, "postgres://u:p@"+ln.Addr().String()+"/db?sslmode=disable")
+	}()
 	select {
 	case err := <-done:
 		if err == nil || errors.Is(err, driver.ErrInvalid) {
