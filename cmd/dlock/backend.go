@@ -20,7 +20,8 @@ func backendFlag(cmd *cobra.Command) *string {
 }
 
 // openBackend opens a client for the --backend URL or $DLOCK_URL. A bad URL is a
-// usage error (64); an unreachable backend exits 69. Errors never show a password.
+// usage error (64); refused credentials or permission exit 77 (EX_NOPERM); an
+// unreachable backend exits 69. Errors never show a password.
 func openBackend(ctx context.Context, url string, opts ...dlock.Option) (*dlock.Client, error) {
 	if url == "" {
 		url = os.Getenv("DLOCK_URL")
@@ -36,6 +37,8 @@ func openBackend(ctx context.Context, url string, opts ...dlock.Option) (*dlock.
 		return c, nil
 	case errors.Is(err, dlock.ErrInvalid):
 		return nil, usageError{err}
+	case errors.Is(err, dlock.ErrAuth):
+		return nil, exitCodeError{code: exitNoPerm, err: fmt.Errorf("backend refused access: %w", err)}
 	default:
 		return nil, exitCodeError{code: runner.ExitUnavailable, err: fmt.Errorf("backend unreachable: %w", err)}
 	}

@@ -38,6 +38,7 @@ Exit codes:
   69                   backend unreachable or failing
   75                   lock not acquired within --wait
   76                   lease lost while the command ran
+  77                   the backend refused the credentials or a permission
   127                  the command could not be started
   128+N                dlock was interrupted by signal N while waiting`,
 		Example: `  dlock run --backend redis://127.0.0.1:6379/0 nightly-report -- ./report.sh
