@@ -6,11 +6,15 @@
 //
 // The host part lists the endpoints (port 2379 when omitted); the path is the key
 // prefix (default "dlock"). Parameters: tls (true for TLS with the system roots),
-// tls_ca, tls_cert, tls_key, tls_server_name (any of them turns TLS on), timeout (bound
-// on each request, default 5s), dial_timeout (bound on connecting in Open, default
-// 5s), metrics (the members' Prometheus metrics pages, comma-separated, read only by
-// ServerOps for benchmarks; see WithMetrics); and the core's ttl, renew, drift, owner. User and password come from the URL's
-// user info. Unknown parameters are an error.
+// tls_ca, tls_cert, tls_key, tls_server_name (any of them turns TLS on; see
+// driver.ReadTLS), timeout (bound on each request, default 5s), dial_timeout (bound
+// on connecting in Open, default 5s), metrics (the members' Prometheus metrics
+// pages, comma-separated, read only by ServerOps for benchmarks; see WithMetrics);
+// and the core's ttl, renew, drift, owner. User and password come from the URL's
+// user info. Unknown, repeated or malformed parameters are an error. With TLS, Open
+// makes one handshake of its own first, so that a certificate problem is reported
+// by name at once; refused credentials, a refused client certificate and denied
+// permissions are errors matching driver.ErrAuth.
 //
 // # Algorithm
 //
@@ -302,21 +306,8 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	tlsOn, err := p.Bool("tls", false)
-	if err != nil {
-		return nil, err
-	}
-	tlsFiles := map[string]string{}
-	for _, name := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name"} {
-		if tlsFiles[name], err = p.String(name, ""); err != nil {
-			return nil, err
-		}
-		if tlsFiles[name] != "" {
-			if p.Has("tls") && !tlsOn {
-				return nil, fmt.Errorf("%w: %s given with tls=false", driver.ErrInvalid, name)
-			}
-			tlsOn = true
-		}
+	if o.tls, err = driver.ReadTLS(p); err != nil {
+		return nil, fmt.Errorf("etcdlock: %w", err)
 	}
 	metrics, err := p.String("metrics", "")
 	if err != nil {
@@ -341,11 +332,6 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 			return nil, fmt.Errorf("%w: etcd URL user info needs both a user name and a password", driver.ErrInvalid)
 		}
 		o.user, o.pass, o.auth = u.User.Username(), pass, true
-	}
-	if tlsOn {
-		if o.tls, err = driver.TLSConfig(tlsFiles); err != nil {
-			return nil, err
-		}
 	}
 	for _, opt := range opts {
 		if opt == nil {

@@ -13,9 +13,11 @@
 //
 // Parameters: prefix (key namespace, default "redlock"); node_timeout (the bound on
 // one call to one node, default 10ms); dial_timeout (connecting and the checks made
-// by Open, default 2s); tls=true with optional tls_ca, tls_cert, tls_key,
-// tls_server_name; allow_few_nodes=true to accept 1 or 2 nodes; and the core's ttl,
-// renew, drift, owner. Unknown parameters are an error.
+// by Open, default 2s); tls (true: TLS with the system roots), tls_ca, tls_cert,
+// tls_key, tls_server_name (any of them turns TLS on; see driver.ReadTLS);
+// allow_few_nodes=true to accept 1 or 2 nodes; and the core's ttl, renew, drift,
+// owner. Unknown, repeated or malformed parameters are an error. A node refusing
+// the credentials is an error matching driver.ErrAuth.
 //
 // # Nodes
 //
@@ -124,7 +126,6 @@ package redlock
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -427,18 +428,9 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	if allowFew {
 		opts = append(opts, WithAllowFewNodes())
 	}
-	tlsOn, err := p.Bool("tls", false)
+	tlsBase, err := driver.ReadTLS(p)
 	if err != nil {
-		return nil, err
-	}
-	tlsFiles := map[string]string{}
-	for _, name := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name"} {
-		if tlsFiles[name], err = p.String(name, ""); err != nil {
-			return nil, err
-		}
-		if tlsFiles[name] != "" && !tlsOn {
-			return nil, fmt.Errorf("%w: %s needs tls=true", driver.ErrInvalid, name)
-		}
+		return nil, fmt.Errorf("redlock: %w", err)
 	}
 	if err := p.Unknown(); err != nil {
 		return nil, err
@@ -452,12 +444,6 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	addrs, err := parseHosts(u.Host)
 	if err != nil {
 		return nil, err
-	}
-	var tlsBase *tls.Config
-	if tlsOn {
-		if tlsBase, err = driver.TLSConfig(tlsFiles); err != nil {
-			return nil, err
-		}
 	}
 	if err := checkCount(len(addrs), allowFew); err != nil {
 		return nil, err

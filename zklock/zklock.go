@@ -7,11 +7,15 @@
 // The URL names the ensemble (port 2181 when omitted) and the root path under which
 // locks live ("/dlock" when the URL has no path; "/" uses the ZooKeeper root). The
 // root is created as persistent nodes unless create_root=false. Parameters:
-// session_timeout (default 10s; the server may grant another value within its
-// minSessionTimeout..maxSessionTimeout, and the backend uses what it grants),
-// create_root, tls (true: TLS with the system roots), tls_ca, tls_cert, tls_key,
-// tls_server_name; and the core's ttl, renew, drift, owner. Unknown parameters are an
-// error. A user:password in the URL (or WithDigestAuth) authenticates with the digest
+// session_timeout (default 10s, at most 24h; the server may grant another value
+// within its minSessionTimeout..maxSessionTimeout, and the backend uses what it
+// grants), create_root, tls (true: TLS with the system roots), tls_ca, tls_cert,
+// tls_key, tls_server_name (any of them turns TLS on; see driver.ReadTLS); and the
+// core's ttl, renew, drift, owner. Unknown, repeated or malformed parameters are an
+// error. Open gives up when ctx ends, when the session timeout passes without a
+// session, and after driver.DefaultOpenTimeout when ctx has no deadline; a name that
+// does not resolve is reported as the ensemble being unreachable, refused
+// credentials or permissions as driver.ErrAuth. A user:password in the URL (or WithDigestAuth) authenticates with the digest
 // scheme, and the nodes the backend creates are then readable and writable only by
 // that identity (the "auth" ACL scheme); without credentials they are open to
 // everyone (world:anyone), like most ZooKeeper data. WithACL overrides both.
@@ -307,26 +311,15 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		return nil, err
 	}
 	uopts = append(uopts, WithSessionTimeout(timeout), WithCreateRoot(createRoot))
-	useTLS, err := p.Bool("tls", false)
+	tlsCfg, err := driver.ReadTLS(p)
 	if err != nil {
-		return nil, err
-	}
-	files := map[string]string{}
-	for _, name := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name"} {
-		if files[name], err = p.String(name, ""); err != nil {
-			return nil, err
-		}
-		useTLS = useTLS || files[name] != ""
+		return nil, fmt.Errorf("zklock: %w", err)
 	}
 	if err := p.Unknown(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("zklock: %w", err)
 	}
-	if useTLS {
-		cfg, err := driver.TLSConfig(files)
-		if err != nil {
-			return nil, err
-		}
-		uopts = append(uopts, WithTLS(cfg))
+	if tlsCfg != nil {
+		uopts = append(uopts, WithTLS(tlsCfg))
 	}
 	if u.User != nil {
 		pw, ok := u.User.Password()
