@@ -44,7 +44,14 @@ func parseHostList(raw string, perr error) (*url.URL, error) {
 		auth := rest[:end]
 		at := strings.LastIndexByte(auth, '@')
 		hosts := auth[at+1:]
-		if strings.Contains(hosts, ",") && validHostList(hosts) {
+		if strings.Contains(hosts, ",") {
+			if !validHostList(hosts) {
+				if strings.Contains(rest, "@") {
+					// What looks like hosts may be the tail of a password with a '/'.
+					return nil, fmt.Errorf("%w: backend URL does not parse: a bad entry in the host list (each must be host or host:port, an IPv6 address in brackets), or special characters in a user name or password that must be %%-escaped", ErrInvalid)
+				}
+				return nil, fmt.Errorf("%w: backend URL host list %q has a bad entry (each must be host or host:port, an IPv6 address in brackets)", ErrInvalid, hosts)
+			}
 			u, err := url.Parse(scheme + "://" + auth[:at+1] + "placeholder" + rest[end:])
 			if err == nil {
 				u.Host = hosts
