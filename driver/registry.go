@@ -14,7 +14,11 @@ import (
 
 // Opener opens a backend from a URL. The core has already removed its own query
 // parameters (ttl, renew, drift, owner); the opener must reject any parameter it does
-// not know, so that a typo is an error and not a silently ignored setting.
+// not know, so that a typo is an error and not a silently ignored setting, read the
+// query with ParseParams (not url.URL.Query, which drops malformed pairs), check
+// every value it passes on to a client library, and bound its work by ctx and, when
+// ctx has no deadline, by OpenContext. The Host of a URL from ParseURL may be a
+// comma-separated list.
 type Opener func(ctx context.Context, u *url.URL) (Backend, error)
 
 var registry struct {
