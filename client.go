@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/bits"
 	mrand "math/rand/v2"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -119,13 +118,16 @@ var coreParams = []string{"ttl", "renew", "drift", "owner"}
 // mem, ...), which must have been registered by importing the backend package (or
 // github.com/dlockio/dlock/all). The query parameters ttl, renew, drift (a fraction
 // of the TTL) and owner set the matching options; every other parameter belongs to
-// the backend, which rejects unknown ones. Options given here override the URL.
-// Error messages never contain the URL's password.
+// the backend, which rejects unknown ones. Options given here override the URL. A
+// query that does not decode cleanly (a bad %-escape, a ';') is an error, not a
+// setting dropped. Where the backend takes several servers (etcd, zk, redlock) the
+// host part may list them: etcd://h1:2379,h2/prefix. Error messages never contain
+// the URL's password; one that matches ErrAuth means the backend refused the
+// credentials.
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
-	u, err := url.Parse(rawURL)
+	u, err := driver.ParseURL(rawURL)
 	if err != nil {
-		// url.Error repeats the input, which may hold a password: do not wrap it.
-		return nil, invalid("backend URL does not parse (special characters in a password must be %%-escaped)")
+		return nil, err
 	}
 	if u.Scheme == "" {
 		return nil, invalid("backend URL has no scheme; registered schemes: %s", strings.Join(driver.Schemes(), ", "))
@@ -134,7 +136,10 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
 	if !ok {
 		return nil, invalid("unknown backend scheme %q; registered schemes: %s (import the backend package or github.com/dlockio/dlock/all)", u.Scheme, strings.Join(driver.Schemes(), ", "))
 	}
-	p := driver.NewParams(u.Query())
+	p, err := driver.ParseParams(u)
+	if err != nil {
+		return nil, err
+	}
 	var urlOpts []Option
 	if d, err := p.Duration("ttl", 0); err != nil {
 		return nil, err

@@ -20,6 +20,9 @@ var (
 	ErrUnsupported = driver.ErrUnsupported
 	// ErrClosed: the client was closed.
 	ErrClosed = driver.ErrClosed
+	// ErrAuth: the backend refused the credentials or denied the permission a lock
+	// needs (Open, or any later call). Waiting does not fix it.
+	ErrAuth = driver.ErrAuth
 	// ErrLeaseLost is the cause of a lease context cancelled because the lock may
 	// no longer be held: a renewal was refused, or the local validity deadline
 	// passed without a successful renewal.

@@ -39,6 +39,10 @@ var (
 	ErrUnsupported = errors.New("dlock: not supported by this backend")
 	// ErrClosed means the backend or client was closed.
 	ErrClosed = errors.New("dlock: closed")
+	// ErrAuth means the backend refused the credentials (a wrong or missing user
+	// name or password, a rejected client certificate) or denied the identity
+	// permission for what the lock needs. Waiting does not fix it.
+	ErrAuth = errors.New("dlock: authentication failed or permission denied")
 )
 
 // Limits on keys and owner ids, the same for every backend so that a key that works

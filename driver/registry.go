@@ -14,7 +14,11 @@ import (
 
 // Opener opens a backend from a URL. The core has already removed its own query
 // parameters (ttl, renew, drift, owner); the opener must reject any parameter it does
-// not know, so that a typo is an error and not a silently ignored setting.
+// not know, so that a typo is an error and not a silently ignored setting, read the
+// query with ParseParams (not url.URL.Query, which drops malformed pairs), check
+// every value it passes on to a client library, and bound its work by ctx and, when
+// ctx has no deadline, by OpenContext. The Host of a URL from ParseURL may be a
+// comma-separated list.
 type Opener func(ctx context.Context, u *url.URL) (Backend, error)
 
 var registry struct {
@@ -64,8 +68,12 @@ type Params struct {
 	used map[string]bool
 }
 
-// NewParams wraps a query.
+// NewParams wraps a query. Parse the query with ParseQuery (or use ParseParams), not
+// url.URL.Query, which drops the pairs it cannot decode.
 func NewParams(v url.Values) *Params { return &Params{v: v, used: make(map[string]bool)} }
+
+// Has reports whether the parameter was given; it does not count as reading it.
+func (p *Params) Has(name string) bool { _, ok := p.v[name]; return ok }
 
 func (p *Params) get(name string) (string, bool, error) {
 	p.used[name] = true
@@ -173,24 +181,4 @@ func Without(u *url.URL, names ...string) *url.URL {
 	}
 	c.RawQuery = strings.Join(kept, "&")
 	return &c
-}
-
-// Redact returns u as a string with any password replaced by "xxxxx", and the values
-// of query parameters that look secret (password, token, secret, key) hidden too.
-func Redact(u *url.URL) string {
-	c := *u
-	if c.User != nil {
-		if _, has := c.User.Password(); has {
-			c.User = url.UserPassword(c.User.Username(), "xxxxx")
-		}
-	}
-	q := c.Query()
-	for k := range q {
-		lk := strings.ToLower(k)
-		if strings.Contains(lk, "pass") || strings.Contains(lk, "token") || strings.Contains(lk, "secret") || strings.HasSuffix(lk, "key") {
-			q.Set(k, "xxxxx")
-		}
-	}
-	c.RawQuery = q.Encode()
-	return c.String()
 }

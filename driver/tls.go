@@ -40,3 +40,31 @@ func TLSConfig(f map[string]string) (*tls.Config, error) {
 	}
 	return cfg, nil
 }
+
+// ReadTLS reads the TLS parameters from p, with one rule for every scheme that does
+// not name TLS itself: tls=true turns TLS on (trusting the system roots unless
+// tls_ca says otherwise), any of tls_ca, tls_cert, tls_key, tls_server_name turns it
+// on too, and tls=false beside one of them is an error. It returns nil when TLS is
+// off. Errors match ErrInvalid.
+func ReadTLS(p *Params) (*tls.Config, error) {
+	on, err := p.Bool("tls", false)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]string{}
+	for _, name := range TLSParams {
+		if files[name], err = p.String(name, ""); err != nil {
+			return nil, err
+		}
+		if files[name] != "" {
+			if p.Has("tls") && !on {
+				return nil, fmt.Errorf("%w: %s given with tls=false", ErrInvalid, name)
+			}
+			on = true
+		}
+	}
+	if !on {
+		return nil, nil
+	}
+	return TLSConfig(files)
+}

@@ -6,11 +6,15 @@
 //
 // The host part lists the endpoints (port 2379 when omitted); the path is the key
 // prefix (default "dlock"). Parameters: tls (true for TLS with the system roots),
-// tls_ca, tls_cert, tls_key, tls_server_name (any of them turns TLS on), timeout (bound
-// on each request, default 5s), dial_timeout (bound on connecting in Open, default
-// 5s), metrics (the members' Prometheus metrics pages, comma-separated, read only by
-// ServerOps for benchmarks; see WithMetrics); and the core's ttl, renew, drift, owner. User and password come from the URL's
-// user info. Unknown parameters are an error.
+// tls_ca, tls_cert, tls_key, tls_server_name (any of them turns TLS on; see
+// driver.ReadTLS), timeout (bound on each request, default 5s), dial_timeout (bound
+// on connecting in Open, default 5s), metrics (the members' Prometheus metrics
+// pages, comma-separated, read only by ServerOps for benchmarks; see WithMetrics);
+// and the core's ttl, renew, drift, owner. User and password come from the URL's
+// user info. Unknown, repeated or malformed parameters are an error. With TLS, Open
+// makes one handshake of its own first, so that a certificate problem is reported
+// by name at once; refused credentials, a refused client certificate and denied
+// permissions are errors matching driver.ErrAuth.
 //
 // # Algorithm
 //
@@ -298,9 +302,11 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if u.Scheme != "etcd" {
 		return nil, fmt.Errorf("%w: etcdlock needs an etcd:// URL, got scheme %q", driver.ErrInvalid, u.Scheme)
 	}
-	p := driver.NewParams(u.Query())
+	p, err := driver.ParseParams(u)
+	if err != nil {
+		return nil, fmt.Errorf("etcdlock: %w", err)
+	}
 	o := defaultOptions()
-	var err error
 	if o.timeout, err = p.Duration("timeout", DefaultTimeout); err != nil {
 		return nil, err
 	}
@@ -308,21 +314,8 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	tlsOn, err := p.Bool("tls", false)
-	if err != nil {
-		return nil, err
-	}
-	tlsFiles := map[string]string{}
-	for _, name := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name"} {
-		if tlsFiles[name], err = p.String(name, ""); err != nil {
-			return nil, err
-		}
-		if tlsFiles[name] != "" {
-			if _, given := u.Query()["tls"]; given && !tlsOn {
-				return nil, fmt.Errorf("%w: %s given with tls=false", driver.ErrInvalid, name)
-			}
-			tlsOn = true
-		}
+	if o.tls, err = driver.ReadTLS(p); err != nil {
+		return nil, fmt.Errorf("etcdlock: %w", err)
 	}
 	metrics, err := p.String("metrics", "")
 	if err != nil {
@@ -348,11 +341,6 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		}
 		o.user, o.pass, o.auth = u.User.Username(), pass, true
 	}
-	if tlsOn {
-		if o.tls, err = driver.TLSConfig(tlsFiles); err != nil {
-			return nil, err
-		}
-	}
 	for _, opt := range opts {
 		if opt == nil {
 			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalid)
@@ -373,6 +361,15 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		// clientv3.New authenticates within its dial timeout, not within ctx.
 		connectTimeout = max(min(connectTimeout, time.Until(dl)), time.Millisecond)
 	}
+	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	if o.tls != nil {
+		// gRPC retries a failed TLS handshake until the deadline and then reports
+		// only the deadline; one handshake of our own names the cause.
+		if err := probeTLS(pctx, endpoints, o.tls); err != nil {
+			return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), err)
+		}
+	}
 	cfg := clientv3.Config{
 		Endpoints:            endpoints,
 		DialTimeout:          connectTimeout,
@@ -386,20 +383,85 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), err)
+		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), authErr(err))
 	}
 	b := newBackend(cli, o)
 	b.own = true
-	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
 	if _, err := cli.Get(pctx, b.prefix+"/", clientv3.WithCountOnly()); err != nil {
 		b.Close()
 		if ctx.Err() != nil {
 			err = errors.Join(err, ctx.Err())
 		}
-		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), err)
+		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), authErr(err))
 	}
 	return b, nil
+}
+
+// authErr marks etcd refusing the credentials or the permission with
+// driver.ErrAuth.
+func authErr(err error) error {
+	conv := rpctypes.Error(err)
+	for _, a := range []error{rpctypes.ErrAuthFailed, rpctypes.ErrUserEmpty, rpctypes.ErrPermissionDenied, rpctypes.ErrInvalidAuthToken} {
+		if errors.Is(err, a) || errors.Is(conv, a) {
+			return fmt.Errorf("%w: %w", driver.ErrAuth, err)
+		}
+	}
+	if st, ok := status.FromError(err); ok && (st.Code() == codes.Unauthenticated || st.Code() == codes.PermissionDenied) {
+		return fmt.Errorf("%w: %w", driver.ErrAuth, err)
+	}
+	return err
+}
+
+// refusedCert reports whether err is the server's TLS alert refusing the client's
+// certificate (or its absence).
+func refusedCert(err error) bool {
+	var opErr *net.OpError
+	if !errors.As(err, &opErr) || opErr.Op != "remote error" {
+		return false
+	}
+	msg := opErr.Err.Error()
+	return strings.Contains(msg, "certificate") || strings.Contains(msg, "access denied")
+}
+
+// probeTLS makes a TLS handshake with the endpoints in turn until one succeeds. It
+// returns nil then, or when no endpoint could be reached at all (clientv3 reports
+// that itself); it returns the handshake error when an endpoint answered but the
+// handshake failed (an unknown authority, a wrong name, a refused client
+// certificate), which is otherwise hidden behind gRPC's retries.
+func probeTLS(ctx context.Context, endpoints []string, base *tls.Config) error {
+	var failed error
+	for _, ep := range endpoints {
+		addr := strings.TrimPrefix(ep, "https://")
+		cfg := base.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		cfg.NextProtos = []string{"h2"}
+		d := tls.Dialer{Config: cfg}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			// A client certificate the server refuses (TLS 1.3) is reported on the
+			// first read; an etcd server otherwise sends its HTTP/2 settings at once.
+			_ = c.SetReadDeadline(time.Now().Add(250 * time.Millisecond))
+			var one [1]byte
+			_, rerr := c.Read(one[:])
+			c.Close()
+			if refusedCert(rerr) {
+				failed = fmt.Errorf("%w: TLS handshake with %s: %w", driver.ErrAuth, addr, rerr)
+				continue
+			}
+			return nil
+		}
+		var opErr *net.OpError
+		if errors.As(err, &opErr) && opErr.Op == "dial" || ctx.Err() != nil {
+			continue // not reached: clientv3 reports it
+		}
+		if refusedCert(err) {
+			err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
+		}
+		failed = fmt.Errorf("TLS handshake with %s: %w", addr, err)
+	}
+	return failed
 }
 
 func parseEndpoints(host string, secure bool) ([]string, error) {

@@ -34,7 +34,11 @@ var named struct {
 }
 
 func open(_ context.Context, u *url.URL) (driver.Backend, error) {
-	if err := driver.NewParams(u.Query()).Unknown(); err != nil {
+	p, err := driver.ParseParams(u)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Unknown(); err != nil {
 		return nil, err
 	}
 	if u.User != nil || u.Path != "" && u.Path != "/" || u.Opaque != "" {

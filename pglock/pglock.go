@@ -260,10 +260,22 @@ var (
 // creates the table and sequence if needed, so a wrong password, a missing database
 // or missing privileges are reported here.
 func Open(ctx context.Context, u *url.URL) (*Backend, error) {
-	p := driver.NewParams(u.Query())
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return nil, fmt.Errorf("%w: pglock: scheme %q is not postgres or postgresql", driver.ErrInvalid, u.Scheme)
+	}
+	q, err := driver.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("pglock: %w", err)
+	}
+	p := driver.NewParams(q)
 	table, err := p.String("table", DefaultTable)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pglock: %w", err)
+	}
+	for k, vs := range q {
+		if len(vs) > 1 {
+			return nil, fmt.Errorf("%w: pglock: URL parameter %q given %d times", driver.ErrInvalid, k, len(vs))
+		}
 	}
 	rest := driver.Without(u, "table") // keeps the other parameters as written, for pgx
 	cfg, err := pgxpool.ParseConfig(rest.String())
@@ -271,7 +283,7 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 		return nil, fmt.Errorf("%w: pglock: URL %s: %v", driver.ErrInvalid, driver.Redact(u), parseError(err))
 	}
 	var unknown []string
-	for k := range rest.Query() {
+	for k := range q {
 		if _, setting := cfg.ConnConfig.RuntimeParams[k]; setting && !allowedSettings[k] {
 			unknown = append(unknown, k)
 		}
@@ -287,17 +299,33 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "dlock"
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("pglock: connect to %s: %w", driver.Redact(u), err)
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		// libpq waits forever by default; a lock client should not.
+		cfg.ConnConfig.ConnectTimeout = driver.DefaultOpenTimeout
 	}
-	b, err := newBackend(ctx, pool, []Option{WithTable(table)})
+	octx, cancel := driver.OpenContext(ctx)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(octx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pglock: connect to %s: %w", driver.Redact(u), authErr(err))
+	}
+	b, err := newBackend(octx, pool, []Option{WithTable(table)})
 	if err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("pglock: %s: %w", driver.Redact(u), err)
+		return nil, fmt.Errorf("pglock: %s: %w", driver.Redact(u), authErr(err))
 	}
 	b.own = true
 	return b, nil
+}
+
+// authErr marks the server refusing the credentials (SQLSTATE class 28) or a
+// privilege (42501) with driver.ErrAuth.
+func authErr(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "28") || pe.Code == "42501") {
+		return fmt.Errorf("%w: %w", driver.ErrAuth, err)
+	}
+	return err
 }
 
 // parseError returns pgx's reason without the connection string it repeats.

@@ -7,9 +7,16 @@
 //
 // Parameters: prefix (key namespace, default "dlock"); replicas and replica_timeout
 // (see WithReplicas; default timeout 50ms); strict (see WithStrict); tls_ca,
-// tls_cert, tls_key, tls_server_name (rediss only); every go-redis URL option
-// (dial_timeout, pool_size, ...); and the core's ttl, renew, drift, owner. Unknown
-// parameters are an error.
+// tls_cert, tls_key, tls_server_name (rediss only); the go-redis URL options db,
+// protocol, client_name, max_retries, min_retry_backoff, max_retry_backoff,
+// dial_timeout, read_timeout, write_timeout, pool_fifo, pool_size, pool_timeout,
+// min_idle_conns, max_idle_conns, max_active_conns, max_concurrent_dials,
+// pipeline_pool_size, pipeline_read_buffer_size, pipeline_write_buffer_size,
+// conn_max_idle_time, conn_max_lifetime, conn_max_lifetime_jitter and skip_verify
+// (rediss only), each checked before go-redis sees it; and the core's ttl, renew,
+// drift, owner. Unknown, repeated or malformed parameters are an error, as is db=
+// beside a database in the path. A refused password is an error matching
+// driver.ErrAuth.
 //
 // # Algorithm
 //
@@ -250,13 +257,19 @@ func (t *tryScripts) get(ms int64) *redis.Script {
 // documentation for its parameters. Options given here apply after the URL's. It
 // checks that the server answers and runs Verify before returning.
 func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
-	p := driver.NewParams(u.Query())
+	if u.Scheme != "redis" && u.Scheme != "rediss" && u.Scheme != "unix" {
+		return nil, fmt.Errorf("%w: redislock: scheme %q is not redis, rediss or unix", driver.ErrInvalid, u.Scheme)
+	}
+	p, err := driver.ParseParams(u)
+	if err != nil {
+		return nil, fmt.Errorf("redislock: %w", err)
+	}
 	prefix, err := p.String("prefix", DefaultPrefix)
 	if err != nil {
 		return nil, err
 	}
 	tlsFiles := map[string]string{}
-	for _, name := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name"} {
+	for _, name := range driver.TLSParams {
 		if tlsFiles[name], err = p.String(name, ""); err != nil {
 			return nil, err
 		}
@@ -265,11 +278,12 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	ours := []string{"prefix", "tls_ca", "tls_cert", "tls_key", "tls_server_name", "replicas", "replica_timeout", "strict"}
-	opt, err := redis.ParseURL(driver.Without(u, ours...).String())
+	opt, err := redisOptions(u, p)
 	if err != nil {
-		// go-redis errors name the parameter, not the password.
-		return nil, fmt.Errorf("%w: %v", driver.ErrInvalid, err)
+		return nil, err
+	}
+	if err := p.Unknown(); err != nil {
+		return nil, fmt.Errorf("redislock: %w", err)
 	}
 	if err := configureTLS(opt, u.Scheme, tlsFiles); err != nil {
 		return nil, err
@@ -282,11 +296,16 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		return nil, err
 	}
 	b.own = true
-	if err := rdb.Ping(ctx).Err(); err != nil {
+	octx, cancel := driver.OpenContext(ctx)
+	defer cancel()
+	if err := rdb.Ping(octx).Err(); err != nil {
 		rdb.Close()
+		if authError(err) {
+			err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
+		}
 		return nil, fmt.Errorf("redislock: connect to %s: %w", driver.Redact(u), err)
 	}
-	if err := b.Verify(ctx); err != nil {
+	if err := b.Verify(octx); err != nil {
 		rdb.Close()
 		return nil, err
 	}

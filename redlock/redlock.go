@@ -13,9 +13,11 @@
 //
 // Parameters: prefix (key namespace, default "redlock"); node_timeout (the bound on
 // one call to one node, default 10ms); dial_timeout (connecting and the checks made
-// by Open, default 2s); tls=true with optional tls_ca, tls_cert, tls_key,
-// tls_server_name; allow_few_nodes=true to accept 1 or 2 nodes; and the core's ttl,
-// renew, drift, owner. Unknown parameters are an error.
+// by Open, default 2s); tls (true: TLS with the system roots), tls_ca, tls_cert,
+// tls_key, tls_server_name (any of them turns TLS on; see driver.ReadTLS);
+// allow_few_nodes=true to accept 1 or 2 nodes; and the core's ttl, renew, drift,
+// owner. Unknown, repeated or malformed parameters are an error. A node refusing
+// the credentials is an error matching driver.ErrAuth.
 //
 // # Nodes
 //
@@ -124,7 +126,6 @@ package redlock
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -404,7 +405,10 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	if u.Scheme != "redlock" {
 		return nil, fmt.Errorf("%w: redlock URL must use the redlock:// scheme", driver.ErrInvalid)
 	}
-	p := driver.NewParams(u.Query())
+	p, err := driver.ParseParams(u)
+	if err != nil {
+		return nil, fmt.Errorf("redlock: %w", err)
+	}
 	var opts []Option
 	prefix, err := p.String("prefix", DefaultPrefix)
 	if err != nil {
@@ -427,18 +431,9 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	if allowFew {
 		opts = append(opts, WithAllowFewNodes())
 	}
-	tlsOn, err := p.Bool("tls", false)
+	tlsBase, err := driver.ReadTLS(p)
 	if err != nil {
-		return nil, err
-	}
-	tlsFiles := map[string]string{}
-	for _, name := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name"} {
-		if tlsFiles[name], err = p.String(name, ""); err != nil {
-			return nil, err
-		}
-		if tlsFiles[name] != "" && !tlsOn {
-			return nil, fmt.Errorf("%w: %s needs tls=true", driver.ErrInvalid, name)
-		}
+		return nil, fmt.Errorf("redlock: %w", err)
 	}
 	if err := p.Unknown(); err != nil {
 		return nil, err
@@ -452,12 +447,6 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	addrs, err := parseHosts(u.Host)
 	if err != nil {
 		return nil, err
-	}
-	var tlsBase *tls.Config
-	if tlsOn {
-		if tlsBase, err = driver.TLSConfig(tlsFiles); err != nil {
-			return nil, err
-		}
 	}
 	if err := checkCount(len(addrs), allowFew); err != nil {
 		return nil, err
@@ -568,6 +557,9 @@ func (b *Backend) check(ctx context.Context) error {
 			if errors.As(err, &rerr) && !strings.HasPrefix(err.Error(), "LOADING") {
 				// The server answered with an error: credentials, ACL or
 				// configuration. Waiting will not fix it.
+				if authError(err) {
+					err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
+				}
 				fatal = append(fatal, &NodeError{n.addr, err})
 			} else {
 				down = append(down, &NodeError{n.addr, err})
@@ -591,6 +583,18 @@ func (b *Backend) check(ctx context.Context) error {
 		return fmt.Errorf("only %d of %d nodes answered, a majority is %d: %w", up, len(b.nodes), b.quorum, errors.Join(down...))
 	}
 	return nil
+}
+
+// authError reports whether err is a node refusing the credentials or the ACL
+// permission for a command.
+func authError(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "NOPERM", "ERR AUTH", "ERR invalid password", "ERR Client sent AUTH"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // Ping checks every node and returns the failures joined (*NodeError values), or nil

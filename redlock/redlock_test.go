@@ -384,21 +384,23 @@ func TestBadInput(t *testing.T) {
 	a0, a1, a2 := nodes[0].Addr(), nodes[1].Addr(), nodes[2].Addr()
 	three := "redlock://" + a0 + "," + a1 + "," + a2
 	for _, u := range []string{
-		"redlock://" + a0 + "," + a1 + "," + a0,              // duplicate
-		"redlock://" + a0 + "," + a1,                         // too few
-		"redlock://" + a0,                                    // too few
-		"redlock://" + a0 + ",," + a1 + "," + a2,             // empty entry
-		"redlock://" + a0 + "," + a1 + ",:6379",              // empty host
-		"redlock:///0",                                       // no nodes
-		three + "?bogus=1",                                   // unknown parameter
-		three + "?node_timeout=0s",                           // bad duration
-		three + "?node_timeout=fast",                         // bad duration
-		three + "?prefix=",                                   // empty prefix
-		three + "?tls_ca=/etc/ssl/certs/ca-certificates.crt", // tls_* without tls
-		three + "?tls=true&tls_ca=/nonexistent",              // unreadable CA
-		three + "?tls=true&tls_cert=c.pem",                   // cert without key
-		three + "?allow_few_nodes=maybe",                     // bad bool
-		three + "/notadb",                                    // bad database
+		"redlock://" + a0 + "," + a1 + "," + a0,                        // duplicate
+		"redlock://" + a0 + "," + a1,                                   // too few
+		"redlock://" + a0,                                              // too few
+		"redlock://" + a0 + ",," + a1 + "," + a2,                       // empty entry
+		"redlock://" + a0 + "," + a1 + ",:6379",                        // empty host
+		"redlock:///0",                                                 // no nodes
+		three + "?bogus=1",                                             // unknown parameter
+		three + "?node_timeout=0s",                                     // bad duration
+		three + "?node_timeout=fast",                                   // bad duration
+		three + "?prefix=",                                             // empty prefix
+		three + "?tls=false&tls_ca=/etc/ssl/certs/ca-certificates.crt", // tls_* with tls=false
+		three + "?prefix=a%zz",                                         // malformed escape
+		three + "?prefix=a;b",                                          // semicolon
+		three + "?tls=true&tls_ca=/nonexistent",                        // unreadable CA
+		three + "?tls=true&tls_cert=c.pem",                             // cert without key
+		three + "?allow_few_nodes=maybe",                               // bad bool
+		three + "/notadb",                                              // bad database
 		"redlock://localhost:" + strconv.Itoa(nodes[0].Port) + "," + a1 + "," + a2 + "," + strings.ToUpper("LOCALHOST:") + strconv.Itoa(nodes[0].Port), // same address, other case
 	} {
 		c, err := dlock.Open(ctx, u)

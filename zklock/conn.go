@@ -22,6 +22,8 @@ type wireHooks struct {
 	wrote func(xid int32, path string)
 	// replied is called for every reply, with its xid, zxid and error code.
 	replied func(xid int32, zxid int64, code int32)
+	// dialed, if set, is called with every connection made (below the sniffer).
+	dialed func(net.Conn)
 }
 
 // sniffConn wraps a connection to a server. The library writes one whole frame per
@@ -139,6 +141,9 @@ func dialer(tlsConfig *tls.Config, hooks *wireHooks, onErr func(error)) func(net
 				return nil, err
 			}
 			c = tc
+		}
+		if hooks.dialed != nil {
+			hooks.dialed(c)
 		}
 		return &sniffConn{Conn: c, hooks: hooks}, nil
 	}

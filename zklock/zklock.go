@@ -7,11 +7,15 @@
 // The URL names the ensemble (port 2181 when omitted) and the root path under which
 // locks live ("/dlock" when the URL has no path; "/" uses the ZooKeeper root). The
 // root is created as persistent nodes unless create_root=false. Parameters:
-// session_timeout (default 10s; the server may grant another value within its
-// minSessionTimeout..maxSessionTimeout, and the backend uses what it grants),
-// create_root, tls (true: TLS with the system roots), tls_ca, tls_cert, tls_key,
-// tls_server_name; and the core's ttl, renew, drift, owner. Unknown parameters are an
-// error. A user:password in the URL (or WithDigestAuth) authenticates with the digest
+// session_timeout (default 10s, at most 24h; the server may grant another value
+// within its minSessionTimeout..maxSessionTimeout, and the backend uses what it
+// grants), create_root, tls (true: TLS with the system roots), tls_ca, tls_cert,
+// tls_key, tls_server_name (any of them turns TLS on; see driver.ReadTLS); and the
+// core's ttl, renew, drift, owner. Unknown, repeated or malformed parameters are an
+// error. Open gives up when ctx ends, when the session timeout passes without a
+// session, and after driver.DefaultOpenTimeout when ctx has no deadline; a name that
+// does not resolve is reported as the ensemble being unreachable, refused
+// credentials or permissions as driver.ErrAuth. A user:password in the URL (or WithDigestAuth) authenticates with the digest
 // scheme, and the nodes the backend creates are then readable and writable only by
 // that identity (the "auth" ACL scheme); without credentials they are open to
 // everyone (world:anyone), like most ZooKeeper data. WithACL overrides both.
@@ -129,6 +133,10 @@ const (
 	DefaultRoot = "/dlock"
 	// DefaultSessionTimeout is the session timeout asked of the server.
 	DefaultSessionTimeout = 10 * time.Second
+	// MaxSessionTimeout is the longest session timeout WithSessionTimeout accepts
+	// (the protocol counts it in int32 milliseconds; servers grant 40s at most
+	// unless configured otherwise).
+	MaxSessionTimeout = 24 * time.Hour
 )
 
 // Option configures a Backend made by Open or Dial. Options given to Open override
@@ -169,8 +177,8 @@ func WithRoot(p string) Option {
 // about a third of it ends the leases (see the package documentation).
 func WithSessionTimeout(d time.Duration) Option {
 	return func(c *config) error {
-		if d < 100*time.Millisecond {
-			return invalid("session timeout %v is below 100ms", d)
+		if d < 100*time.Millisecond || d > MaxSessionTimeout {
+			return invalid("session timeout %v is not between 100ms and %v", d, MaxSessionTimeout)
 		}
 		c.sessionTimeout = d
 		return nil
@@ -273,12 +281,25 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		if h == "" {
 			return nil, invalid("URL %s has an empty server in its list", driver.Redact(u))
 		}
-		if _, _, err := net.SplitHostPort(h); err != nil {
-			h = net.JoinHostPort(strings.Trim(h, "[]"), "2181")
+		host, port, err := net.SplitHostPort(h)
+		if err != nil {
+			host, port = strings.Trim(h, "[]"), "2181"
+			if strings.Contains(host, ":") && !strings.HasPrefix(h, "[") {
+				return nil, invalid("server %q is not host:port", h)
+			}
 		}
-		servers = append(servers, h)
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, invalid("server %q has a bad port", h)
+		}
+		if host == "" {
+			return nil, invalid("server %q has no host", h)
+		}
+		servers = append(servers, net.JoinHostPort(host, port))
 	}
-	p := driver.NewParams(u.Query())
+	p, err := driver.ParseParams(u)
+	if err != nil {
+		return nil, fmt.Errorf("zklock: %w", err)
+	}
 	var uopts []Option
 	root := u.Path
 	if root == "" {
@@ -294,29 +315,21 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		return nil, err
 	}
 	uopts = append(uopts, WithSessionTimeout(timeout), WithCreateRoot(createRoot))
-	useTLS, err := p.Bool("tls", false)
+	tlsCfg, err := driver.ReadTLS(p)
 	if err != nil {
-		return nil, err
-	}
-	files := map[string]string{}
-	for _, name := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name"} {
-		if files[name], err = p.String(name, ""); err != nil {
-			return nil, err
-		}
-		useTLS = useTLS || files[name] != ""
+		return nil, fmt.Errorf("zklock: %w", err)
 	}
 	if err := p.Unknown(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("zklock: %w", err)
 	}
-	if useTLS {
-		cfg, err := driver.TLSConfig(files)
-		if err != nil {
-			return nil, err
-		}
-		uopts = append(uopts, WithTLS(cfg))
+	if tlsCfg != nil {
+		uopts = append(uopts, WithTLS(tlsCfg))
 	}
 	if u.User != nil {
-		pw, _ := u.User.Password()
+		pw, ok := u.User.Password()
+		if !ok {
+			return nil, invalid("URL user info needs both a user name and a password (user:password@)")
+		}
 		uopts = append(uopts, WithDigestAuth(u.User.Username(), pw))
 	}
 	return dial(ctx, servers, driver.Redact(u), append(uopts, opts...))
@@ -359,21 +372,35 @@ func dial(ctx context.Context, servers []string, name string, opts []Option) (*B
 		doomed:  make(map[string]bool),
 		creates: make(map[string]*createWait), createXid: make(map[int32]*createWait),
 	}
+	// Open's bound: ctx, the session timeout, and driver.DefaultOpenTimeout when ctx
+	// has no deadline.
+	octx, ocancel := driver.OpenContext(ctx)
+	defer ocancel()
+	wctx, cancel := context.WithTimeout(octx, cfg.sessionTimeout)
+	defer cancel()
+	// The client library resolves the names without a context and calls a failure
+	// an error of its arguments; resolving them here first bounds it by ctx and
+	// reports it as the servers being unreachable.
+	if err := resolve(wctx, servers); err != nil {
+		return nil, fmt.Errorf("zklock: connect to %s: %w", name, err)
+	}
+	var rawMu sync.Mutex
+	var raw net.Conn // the latest connection dialed
+	hooks := &wireHooks{connect: b.onConnectResponse, wrote: b.onCreateWritten, replied: b.onReply,
+		dialed: func(c net.Conn) { rawMu.Lock(); raw = c; rawMu.Unlock() }}
 	conn, events, err := zk.Connect(servers, cfg.sessionTimeout,
-		zk.WithDialer(dialer(cfg.tls, &wireHooks{connect: b.onConnectResponse, wrote: b.onCreateWritten, replied: b.onReply}, b.onDialError)),
+		zk.WithDialer(dialer(cfg.tls, hooks, b.onDialError)),
 		zk.WithLogger(zkLogger{cfg.logger}), zk.WithLogInfo(false),
 		zk.WithEventCallback(b.onEvent))
 	if err != nil {
-		return nil, invalid("%s: %v", name, err)
+		return nil, fmt.Errorf("zklock: connect to %s: %w", name, err)
 	}
 	b.conn, b.events = conn, events
 	fail := func(err error) (*Backend, error) {
 		b.shutdown()
 		return nil, err
 	}
-	// Wait for the first session, within ctx and the session timeout.
-	wctx, cancel := context.WithTimeout(ctx, cfg.sessionTimeout)
-	defer cancel()
+	// Wait for the first session.
 	select {
 	case <-b.ready:
 	case <-wctx.Done():
@@ -387,20 +414,52 @@ func dial(ctx context.Context, servers []string, name string, opts []Option) (*B
 		if ctx.Err() != nil {
 			err = context.Cause(ctx)
 		}
+		if errors.Is(why, zk.ErrAuthFailed) {
+			why = fmt.Errorf("%w: %w", driver.ErrAuth, why)
+		}
+		// A server that accepted the connection but does not answer holds the
+		// library in a read with a deadline of its own (ten times two thirds of the
+		// session timeout): end it now.
+		rawMu.Lock()
+		if raw != nil {
+			raw.Close()
+		}
+		rawMu.Unlock()
 		return fail(fmt.Errorf("zklock: connect to %s: %w (%w)", name, why, err))
 	}
 	if cfg.hasAuth {
-		err := b.call(ctx, func() error { return conn.AddAuth("digest", []byte(cfg.user+":"+cfg.password)) })
+		err := b.call(octx, func() error { return conn.AddAuth("digest", []byte(cfg.user+":"+cfg.password)) })
 		if err != nil {
+			if errors.Is(err, zk.ErrAuthFailed) || errors.Is(err, zk.ErrNoAuth) {
+				err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
+			}
 			return fail(fmt.Errorf("zklock: authenticate as %q on %s: %w", cfg.user, name, err))
 		}
 	}
-	if err := b.prepareRoot(ctx, cfg.createRoot); err != nil {
+	if err := b.prepareRoot(octx, cfg.createRoot); err != nil {
 		return fail(fmt.Errorf("zklock: root %q on %s: %w", b.rootPath(), name, err))
 	}
 	b.wg.Add(1)
 	go b.monitor()
 	return b, nil
+}
+
+// resolve looks the servers' names up within ctx. It fails when none resolves, with
+// the lookup errors joined; an address that is an IP literal needs no lookup.
+func resolve(ctx context.Context, servers []string) error {
+	var errs []error
+	for _, s := range servers {
+		host, _, _ := net.SplitHostPort(s)
+		if net.ParseIP(host) != nil {
+			return nil
+		}
+		if _, err := net.DefaultResolver.LookupHost(ctx, host); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return nil
+	}
+	return fmt.Errorf("no server name resolves: %w", errors.Join(errs...))
 }
 
 // prepareRoot creates the missing parts of the root if asked to (the existing ones
@@ -447,8 +506,8 @@ func (b *Backend) prepareRoot(ctx context.Context, create bool) error {
 
 // explain adds a hint to errors whose cause is not obvious.
 func explain(err error) error {
-	if errors.Is(err, zk.ErrNoAuth) {
-		return fmt.Errorf("%w (the session's credentials lack permission: check the user:password or the ACL)", err)
+	if errors.Is(err, zk.ErrNoAuth) || errors.Is(err, zk.ErrAuthFailed) {
+		return fmt.Errorf("%w: %w (the session's credentials lack permission: check the user:password or the ACL)", driver.ErrAuth, err)
 	}
 	return err
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/runner"
 )
 
@@ -33,7 +34,8 @@ func backendFlag(cmd *cobra.Command) *string {
 
 // openBackend opens a client for the --backend URL or $DLOCK_URL, with the password
 // from --password-file or $DLOCK_PASSWORD if given. A bad URL is a usage error (64);
-// an unreachable backend exits 69. Errors never show a password.
+// refused credentials or permission exit 77 (EX_NOPERM); an unreachable backend
+// exits 69. Errors never show a password.
 func openBackend(cmd *cobra.Command, rawURL string, opts ...dlock.Option) (*dlock.Client, error) {
 	if rawURL == "" {
 		rawURL = os.Getenv("DLOCK_URL")
@@ -54,6 +56,8 @@ func openBackend(cmd *cobra.Command, rawURL string, opts ...dlock.Option) (*dloc
 		return c, nil
 	case errors.Is(err, dlock.ErrInvalid):
 		return nil, usageError{err}
+	case errors.Is(err, dlock.ErrAuth):
+		return nil, exitCodeError{code: exitNoPerm, err: fmt.Errorf("backend refused access: %w", err)}
 	default:
 		return nil, exitCodeError{code: runner.ExitUnavailable, err: fmt.Errorf("backend unreachable: %w", err)}
 	}
@@ -79,10 +83,9 @@ func withPassword(rawURL, file, env string) (string, error) {
 	default:
 		return rawURL, nil
 	}
-	u, err := url.Parse(rawURL)
+	u, err := driver.ParseURL(rawURL)
 	if err != nil {
-		// url.Error repeats the input, which may hold a password: do not wrap it.
-		return "", usagef("backend URL does not parse (special characters in a password must be %%-escaped)")
+		return "", usageError{err} // never repeats the user info
 	}
 	user := ""
 	if u.User != nil {

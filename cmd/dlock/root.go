@@ -17,6 +17,8 @@ const (
 	exitOK    = 0
 	exitError = 1  // the command failed
 	exitUsage = 64 // bad command line (EX_USAGE from sysexits.h)
+	// exitNoPerm: the backend refused the credentials or a permission (EX_NOPERM).
+	exitNoPerm = 77
 )
 
 // env is what a command may use of the outside world; tests give their own.

@@ -52,6 +52,7 @@ Exit codes:
   69                   backend unreachable or failing
   75                   lock not acquired within --wait
   76                   lease lost while the command ran
+  77                   the backend refused the credentials or a permission
   126                  the command could not be executed (not executable)
   127                  the command was not found
   128+N                dlock was interrupted by signal N while waiting`,
