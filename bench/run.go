@@ -175,15 +175,20 @@ func schemeOf(raw string) string {
 // parseTarget splits a backend URL into its opener, the URL the opener sees (without
 // the core's parameters) and the core options those parameters set.
 func parseTarget(raw string) (*url.URL, []dlock.Option, error) {
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme == "" {
-		// url.Error repeats the input, which may hold a password.
-		return nil, nil, fmt.Errorf("%w: bench: backend URL does not parse (it needs a scheme such as redis://; special characters in a password must be %%-escaped)", driver.ErrInvalid)
+	u, err := driver.ParseURL(raw) // host lists too; errors never repeat the user info
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench: %w", err)
+	}
+	if u.Scheme == "" {
+		return nil, nil, fmt.Errorf("%w: bench: backend URL needs a scheme such as redis://", driver.ErrInvalid)
 	}
 	if _, ok := driver.Lookup(u.Scheme); !ok {
 		return nil, nil, fmt.Errorf("%w: bench: unknown backend scheme %q; registered: %s", driver.ErrInvalid, u.Scheme, strings.Join(driver.Schemes(), ", "))
 	}
-	p := driver.NewParams(u.Query())
+	p, err := driver.ParseParams(u) // a malformed pair is an error, never dropped
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench: %w", err)
+	}
 	var opts []dlock.Option
 	if d, err := p.Duration("ttl", 0); err != nil {
 		return nil, nil, err
@@ -200,7 +205,7 @@ func parseTarget(raw string) (*url.URL, []dlock.Option, error) {
 	} else if f >= 0 {
 		opts = append(opts, dlock.WithDrift(f, dlock.DefaultDriftFixed))
 	}
-	if u.Query().Has("owner") {
+	if p.Has("owner") {
 		return nil, nil, fmt.Errorf("%w: bench: the owner URL parameter would make every waiter the same owner; remove it", driver.ErrInvalid)
 	}
 	return driver.Without(u, "ttl", "renew", "drift"), opts, nil
@@ -664,7 +669,7 @@ func (e *targetEnv) finish() {
 }
 
 func redact(raw string) string {
-	u, err := url.Parse(raw)
+	u, err := driver.ParseURL(raw)
 	if err != nil {
 		return "(unparsable URL)"
 	}

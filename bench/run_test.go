@@ -230,6 +230,8 @@ func TestConfigValidate(t *testing.T) {
 		"bad ttl":        func(c *Config) { c.Targets = []Target{{URL: "mem://x?ttl=-1s"}} },
 		"owner":          func(c *Config) { c.Targets = []Target{{URL: "mem://x?owner=me"}} },
 		"duplicate name": func(c *Config) { c.Targets = []Target{{URL: "mem://x"}, {URL: "mem://y"}} },
+		"malformed ttl":  func(c *Config) { c.Targets = []Target{{URL: "mem://x?ttl=1s%"}} },
+		"semicolon":      func(c *Config) { c.Targets = []Target{{URL: "mem://x?ttl=1s;owner=me"}} },
 	} {
 		c := good
 		mod(&c)
