@@ -320,9 +320,26 @@ func (c *Client) dropLocked(sk slotKey, s *slot) {
 
 func ctxErr(ctx context.Context, wait bool) error {
 	if wait {
-		return errors.Join(ErrLocked, context.Cause(ctx))
+		return waitEnded(ctx, nil)
 	}
 	return context.Cause(ctx)
+}
+
+// waitEnded is a waiting Lock's error when its ctx ended: it matches ErrLocked,
+// ctx.Err() and context.Cause(ctx), whatever the request in flight returned; last,
+// if not nil, is that request's error, kept for its text only (it may be anything
+// that the end of ctx caused: a cancelled dial, a closed stream).
+func waitEnded(ctx context.Context, last error) error {
+	errs := []error{ErrLocked, ctx.Err()}
+	if cause := context.Cause(ctx); cause != ctx.Err() {
+		errs = append(errs, cause)
+	}
+	if last != nil && !errors.Is(last, ErrLocked) {
+		errs = append(errs, errors.New(last.Error()))
+	} else if last != nil {
+		errs[0] = last
+	}
+	return errors.Join(errs...)
 }
 
 // obtain runs the attempt loop against the backend. It returns the grant and the
@@ -330,7 +347,7 @@ func ctxErr(ctx context.Context, wait bool) error {
 func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wait, generated bool) (g *grant, now time.Time, err error) {
 	var st obtainState
 	defer func() { c.afterObtain(ctx, key, owner, cfg, generated, &st, g != nil) }()
-	return c.attempts(ctx, key, owner, cfg, wait, &st)
+	return c.attempts(ctx, key, owner, cfg, wait, generated, &st)
 }
 
 // obtainState is what obtain's clean-up needs to know of its attempts.
@@ -360,9 +377,15 @@ func (c *Client) afterObtain(ctx context.Context, key, owner string, cfg *config
 }
 
 // attempts is obtain's loop; st records what its clean-up needs.
-func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, wait bool, st *obtainState) (*grant, time.Time, error) {
+//
+// A stable owner id may be in use by another Client or process at the same time, so
+// an attempt of this call must not take over a grant that owner id already holds on
+// the server: the request says Reenter only for a generated owner id (this call's
+// alone), when the caller resumes explicitly (WithResume), and, once an attempt of
+// this very call has been granted the key, for the attempts that ask again.
+func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, wait, generated bool, st *obtainState) (*grant, time.Time, error) {
 	clk := cfg.clock
-	req := driver.Request{Key: key, Owner: owner, TTL: cfg.ttl}
+	req := driver.Request{Key: key, Owner: owner, TTL: cfg.ttl, Reenter: generated || cfg.resume}
 	// A notified waiter attempts again, in case its wake-up was lost, after a
 	// fallback interval jittered in [hi/2, hi], where hi grows with its place in
 	// the queue (driver.HeldError.Ahead): retryMax times 1+log2(1+ahead) rounded
@@ -387,6 +410,9 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 		var err error
 		if st.w, err = c.notifier.Watch(ctx, key, owner); err != nil {
 			st.w = nil
+			if ctx.Err() != nil {
+				return waitEnded(ctx, fmt.Errorf("wait for %q: %w", key, err))
+			}
 			return fmt.Errorf("dlock: wait for %q: %w", key, err)
 		}
 		req.Wait = true
@@ -409,23 +435,38 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 			start, now := sent.Add(-gr.Age), clk.Now()
 			if gr.Age > 0 && now.Sub(start) >= cfg.renewEvery() && !reasked {
 				// Handed over long ago (the waiter's last attempt was old): ask the
-				// server at once. The owner holds the key, so the attempt re-enters
-				// it and the validity restarts from now.
+				// server at once. The owner holds the key by this call's grant, so
+				// the attempt re-enters it and the validity restarts from now.
 				reasked = true
+				req.Reenter = true
 				continue
 			}
 			deadline, cut := c.bound(key, owner, start.Add(cfg.validity()), now)
 			if !deadline.After(now) {
 				// Granted too late to be trusted (the reply took about the
-				// validity): the owner holds the key, so attempt again at once,
-				// which re-enters it with a fresh TTL and a validity counted from
-				// then; after a second late grant, wait as if held first.
+				// validity): the owner holds the key by this call's grant, so
+				// attempt again at once, which re-enters it with a fresh TTL and a
+				// validity counted from then. A second late grant in a row says
+				// that the TTL is too short for a request: a clear error of its
+				// own, not "locked" (nobody else holds the key). A generated
+				// owner's grant is given back when the call returns; a stable
+				// owner's expires after its TTL (releasing it could delete a
+				// grant another process of that owner id took meanwhile).
 				st.mayHold = true
+				req.Reenter = true
 				if !lateAgain && ctx.Err() == nil {
 					lateAgain = true
 					continue
 				}
-				err = &driver.HeldError{}
+				err = fmt.Errorf("%w: %q granted %v after the attempt was sent, the lease validity is %v (TTL %v); raise the TTL",
+					ErrValidityTooShort, key, now.Sub(sent).Round(time.Microsecond), deadline.Sub(start), cfg.ttl)
+				if ctx.Err() != nil {
+					if wait {
+						return nil, time.Time{}, errors.Join(waitEnded(ctx, nil), err)
+					}
+					return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
+				}
+				return nil, time.Time{}, err
 			} else {
 				return newGrant(key, owner, cfg, gr, start, deadline, cut), now, nil
 			}
@@ -436,7 +477,14 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 			// returns cannot hurt anyone.
 			st.mayHold = true
 			// Backends name themselves and the key in their errors.
-			if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			switch {
+			case ctx.Err() == nil:
+				return nil, time.Time{}, err
+			case wait:
+				// The request was cut short by the end of a waiting Lock's
+				// ctx: that is giving up the wait, as documented.
+				return nil, time.Time{}, waitEnded(ctx, err)
+			case !errors.Is(err, ctx.Err()):
 				return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
 			}
 			return nil, time.Time{}, err
@@ -445,6 +493,9 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 			return nil, time.Time{}, err
 		}
 		if st.w == nil && c.notifier != nil && ctx.Err() == nil {
+			// A waiter refused because its owner id holds the key elsewhere
+			// registers too; nothing hands it that grant, its fallback timer
+			// attempts again.
 			if err := watch(); err != nil {
 				return nil, time.Time{}, err
 			}
@@ -481,7 +532,7 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 			t.Stop()
 			// The last attempt's error matches ErrLocked and says why (the
 			// holder's expiry, or which nodes refused).
-			return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
+			return nil, time.Time{}, waitEnded(ctx, err)
 		case <-c.closing:
 			t.Stop()
 			return nil, time.Time{}, ErrClosed

@@ -20,6 +20,14 @@ var (
 	ErrUnsupported = driver.ErrUnsupported
 	// ErrClosed: the client was closed.
 	ErrClosed = driver.ErrClosed
+	// ErrValidityTooShort: the backend granted the key, twice in a row, only after
+	// the lease's local validity (TTL minus the drift allowance, counted from when
+	// the attempt was sent) had already passed, so the grant could not be used. The
+	// TTL is too short for the time a request takes (or a Bounder's session was
+	// about to end). The key is not held by anyone else because of it; a grant of a
+	// generated owner id is given back, one of a stable owner id expires after its
+	// TTL.
+	ErrValidityTooShort = errors.New("dlock: lease validity too short: granted only after it had passed")
 	// ErrLeaseLost is the cause of a lease context cancelled because the lock may
 	// no longer be held: a renewal was refused, or the local validity deadline
 	// passed without a successful renewal.
