@@ -388,14 +388,24 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string
 		arg = strconv.AppendUint(arg, seq, 10)
 		arg = append(arg, ' ')
 		arg = append(arg, b.wakeCh...)
-		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), arg)
+		if req.Reenter {
+			cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), arg)
+		} else {
+			cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), arg, noReenter)
+		}
 		if n, _ := cmd.Int64(); n < 0 && w != nil {
 			w.queued.Store(true)
 		}
 	} else if s := b.tries.get(ttl); s != nil {
-		cmd, err = b.runScript(ctx, s, keys, req.Owner)
-	} else {
+		if req.Reenter {
+			cmd, err = b.runScript(ctx, s, keys, req.Owner)
+		} else {
+			cmd, err = b.runScript(ctx, s, keys, req.Owner, noReenter)
+		}
+	} else if req.Reenter {
 		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl))
+	} else {
+		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), "", noReenter)
 	}
 	n, cerr := cmd.Int64()
 	if errors.Is(err, ErrNotReplicated) && cerr == nil && n > 0 {
@@ -418,6 +428,10 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string
 	}
 	return driver.Grant{}, &driver.HeldError{RetryAfter: time.Duration(-n-1) * time.Millisecond}
 }
+
+// noReenter is the scripts' last argument for an attempt whose request does not say
+// Reenter (see luaReenter).
+const noReenter = "x"
 
 // Refresh implements driver.Backend.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
