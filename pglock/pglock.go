@@ -557,7 +557,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		var token, left *int64
 		var ahead int64
 		err := retry(ctx, func() error {
-			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience)))
+			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), req.Reenter))
 			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead)
 			if err == nil && granted && wrote && token != nil && *token == 0 {
 				err = br.QueryRow().Scan(token) // the row was inserted: its token

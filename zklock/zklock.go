@@ -995,10 +995,15 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		e.czxid, e.session, e.watched = st.Czxid, st.EphemeralOwner, true
 		b.byPath[ownPath] = e
 	}
+	// The owner's children: with Reenter (driver.Request) every child of the owner
+	// id, since the caller may hold the grant under any of them (a restarted
+	// process resuming); without it only this entry's own (its GUID: a create
+	// whose reply was lost), since another client or process may use the same
+	// owner id and its child is another contender's.
 	var mine []child
 	found := false
 	for _, c := range q {
-		if c.owner == req.Owner && !b.doomed[e.parent+"/"+c.name] {
+		if c.owner == req.Owner && !b.doomed[e.parent+"/"+c.name] && (req.Reenter || c.guid == e.guid) {
 			mine = append(mine, c)
 			found = found || c.name == own
 		}
@@ -1010,8 +1015,8 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		return g, nil, true
 	}
 
-	// One child per owner: keep the oldest (an earlier grant being resumed or
-	// re-entered, or a create whose reply was lost) and delete the others.
+	// One child per owner (of those above): keep the oldest (an earlier grant being
+	// resumed or re-entered, or a create whose reply was lost) and delete the others.
 	keep := mine[0]
 	if keep.name != own {
 		// Our own child is about to be deleted as an extra: its deletion is not a loss.
