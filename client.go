@@ -325,6 +325,20 @@ func ctxErr(ctx context.Context, wait bool) error {
 	return context.Cause(ctx)
 }
 
+// ended reports whether ctx has ended. A request cut short by ctx's deadline (a dial
+// or read given that deadline fails with "i/o timeout") may return a moment before
+// ctx's own timer marks it done: past the deadline, it waits for that.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		<-ctx.Done()
+		return true
+	}
+	return false
+}
+
 // waitEnded is a waiting Lock's error when its ctx ended: it matches ErrLocked,
 // ctx.Err() and context.Cause(ctx), whatever the request in flight returned; last,
 // if not nil, is that request's error, kept for its text only (it may be anything
@@ -410,7 +424,7 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 		var err error
 		if st.w, err = c.notifier.Watch(ctx, key, owner); err != nil {
 			st.w = nil
-			if ctx.Err() != nil {
+			if ended(ctx) {
 				return waitEnded(ctx, fmt.Errorf("wait for %q: %w", key, err))
 			}
 			return fmt.Errorf("dlock: wait for %q: %w", key, err)
@@ -478,7 +492,7 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 			st.mayHold = true
 			// Backends name themselves and the key in their errors.
 			switch {
-			case ctx.Err() == nil:
+			case !ended(ctx):
 				return nil, time.Time{}, err
 			case wait:
 				// The request was cut short by the end of a waiting Lock's

@@ -174,12 +174,17 @@ func TestValidityTooShort(t *testing.T) {
 // Watch fails the same way once ctx has ended.
 type hangingHeld struct {
 	*memlock.Backend
-	wrapCtx bool
-	watchN  atomic.Int64
+	wrapCtx    bool
+	atDeadline bool // fail at the deadline, maybe before ctx is marked done (a dial's i/o timeout)
+	watchN     atomic.Int64
 }
 
 func (b *hangingHeld) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	if req.Key == "held" {
+		if dl, ok := ctx.Deadline(); ok && b.atDeadline {
+			time.Sleep(time.Until(dl))
+			return driver.Grant{}, fmt.Errorf("backend: acquire %q: dial tcp: i/o timeout", req.Key)
+		}
 		<-ctx.Done()
 		if b.wrapCtx {
 			return driver.Grant{}, fmt.Errorf("backend: acquire %q: %w", req.Key, ctx.Err())
@@ -201,8 +206,9 @@ func (b *hangingHeld) Watch(ctx context.Context, key, owner string) (driver.Wait
 // registers its wait) returns an error matching ErrLocked and ctx.Err(), whatever
 // the request returned; a TryLock's matches ctx.Err().
 func TestWaitEndsDuringRequest(t *testing.T) {
-	for _, wrapCtx := range []bool{true, false} {
-		b := &hangingHeld{Backend: memlock.NewStore(clock.Real).Backend(), wrapCtx: wrapCtx}
+	for mode := range 3 {
+		wrapCtx := mode == 0
+		b := &hangingHeld{Backend: memlock.NewStore(clock.Real).Backend(), wrapCtx: wrapCtx, atDeadline: mode == 2}
 		c, err := dlock.New(b)
 		if err != nil {
 			t.Fatal(err)
