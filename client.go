@@ -179,7 +179,8 @@ func (c *Client) Lock(ctx context.Context, key string, opts ...Option) (*Lease, 
 }
 
 // TryLock makes one attempt to acquire key; it returns an error matching ErrLocked
-// when another owner holds it.
+// when another owner holds it, or this owner id holds it through another Client or
+// process (see WithOwner and WithResume).
 func (c *Client) TryLock(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return c.lock(ctx, key, opts, false)
 }

@@ -9,8 +9,9 @@ import (
 // Errors returned by the package; compare with errors.Is. Errors from a cancelled or
 // expired context also match ctx.Err().
 var (
-	// ErrLocked: the key is held by another owner (TryLock, or Lock whose ctx ended
-	// while waiting).
+	// ErrLocked: the key is held by another owner, or by this owner id through
+	// another Client or process (TryLock, or Lock whose ctx ended while waiting,
+	// whether between attempts or during one).
 	ErrLocked = driver.ErrLocked
 	// ErrNotHeld: the caller does not hold the key on the server.
 	ErrNotHeld = driver.ErrNotHeld

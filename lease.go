@@ -317,7 +317,8 @@ type Lease struct {
 func (l *Lease) Key() string { return l.g.key }
 
 // Owner returns the owner id of the grant. Pass it to WithOwner to re-enter the lock
-// from elsewhere, or after a restart to resume it.
+// through the same Client, or, with WithResume, to take the grant over after a
+// restart (from another Client, the owner id alone is refused while the key is held).
 func (l *Lease) Owner() string { return l.g.owner }
 
 // Token returns the fencing token of the grant (0 if the backend cannot fence). Leases

@@ -50,8 +50,9 @@
 // A key has a row while it is held, reserved or waited for. Acquire first tries a
 // plain INSERT ... ON CONFLICT DO NOTHING with a new token: a free key costs one
 // insert. If a row exists, one statement reads it and decides in SQL: a live row of
-// the caller's own is re-entered (same token, TTL extended); a row the lock is
-// reserved for the caller, or an expired row with no live waiter queued ahead, is
+// the caller's own is re-entered (same token, TTL extended) when the request says
+// Reenter (driver.Request), and otherwise refused with nothing written (another
+// process may use the same owner id); a row the lock is reserved for the caller, or an expired row with no live waiter queued ahead, is
 // taken with a new token. Otherwise a caller that will wait takes (or renews) its
 // place at the end of the row's queue. (A waiter already queued skips the INSERT.)
 // A token is drawn from the sequence only once the row is the caller's: an update

@@ -116,8 +116,12 @@
 // (a newcomer can still take a key that happens to be free). Lost wake-ups are
 // covered by the core's fallback timer, bounded by the holder's remaining TTL.
 //
-// What is NOT promised: FIFO order; re-entry from another process returning the
-// same token after nodes lost data (it gets a larger one); any guarantee when the
+// An owner that holds the key on a node is refused there like another owner unless
+// the request says Reenter (driver.Request), so another process with the same owner
+// id neither takes over nor extends the grant.
+//
+// What is NOT promised: FIFO order; a resume (Reenter) from another process returning
+// the same token after nodes lost data (it gets a larger one); any guarantee when the
 // assumptions above fail, beyond what fencing tokens give.
 package redlock
 

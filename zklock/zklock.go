@@ -38,9 +38,11 @@
 // exactly one waiter and no herd forms. A waiter that gives up deletes its child.
 // Release deletes the child. Refresh writes the child's data (the TTL), a write that
 // goes through the leader and fails if the child is gone. An owner that already has a
-// child reuses it (re-entry, or a restarted process resuming with a stable owner id):
-// same place in the queue, same token. An owner never keeps more than one child:
-// extra ones are deleted when seen.
+// child reuses it (re-entry, or a restarted process resuming with a stable owner id,
+// only when the request says Reenter, see driver.Request; otherwise only a child of
+// this client's own create, by its GUID, and another client's child of the same owner
+// id is a contender like any other): same place in the queue, same token. An owner
+// never keeps more than one child of those: extra ones are deleted when seen.
 //
 // A create whose reply is lost (the connection dropped with the request in flight)
 // may or may not have happened. The backend then lists the children and adopts the
