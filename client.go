@@ -440,7 +440,15 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 		}
 	}
 	backoff := cfg.retryMin
+	// own: the owner id is this call's alone, or the caller vouches for it (resume),
+	// so re-entering whatever grant it holds is safe. A stable owner id's grant
+	// made for this call is re-entered only by a re-ask whose reply comes while
+	// that grant is certainly still live on the server (before trustUntil, its
+	// validity deadline): a later reply may have re-entered a grant that another
+	// process of the same owner id took after this call's expired.
+	own := req.Reenter
 	reasked, lateAgain := false, false
+	var trustUntil time.Time
 	for {
 		sent := clk.Now()
 		gr, err := c.b.Acquire(ctx, req)
@@ -448,40 +456,56 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 			// The server started the grant's TTL no earlier than start: when this
 			// attempt was sent, or, for a grant handed over at release, Age before.
 			start, now := sent.Add(-gr.Age), clk.Now()
+			untrusted := false
+			if req.Reenter && !own {
+				req.Reenter = false
+				untrusted = now.After(trustUntil)
+			}
 			if gr.Age > 0 && now.Sub(start) >= cfg.renewEvery() && !reasked {
 				// Handed over long ago (the waiter's last attempt was old): ask the
 				// server at once. The owner holds the key by this call's grant, so
 				// the attempt re-enters it and the validity restarts from now.
 				reasked = true
-				req.Reenter = true
+				req.Reenter, trustUntil = true, start.Add(cfg.validity())
 				continue
 			}
 			deadline, cut := c.bound(key, owner, start.Add(cfg.validity()), now)
+			if untrusted {
+				deadline = now
+			}
 			if !deadline.After(now) {
 				// Granted too late to be trusted (the reply took about the
-				// validity): the owner holds the key by this call's grant, so
-				// attempt again at once, which re-enters it with a fresh TTL and a
-				// validity counted from then. A second late grant in a row says
-				// that the TTL is too short for a request: a clear error of its
-				// own, not "locked" (nobody else holds the key). A generated
-				// owner's grant is given back when the call returns; a stable
-				// owner's expires after its TTL (releasing it could delete a
-				// grant another process of that owner id took meanwhile).
+				// validity). The owner holds the key by this call's grant: a
+				// generated (or resumed) owner attempts again at once, which
+				// re-enters it with a fresh TTL and a validity counted from then.
+				// A stable owner id does not (by then the grant may have expired
+				// and been taken by another process of that owner id): a waiting
+				// Lock waits as if the key were held, until its grant expires.
+				// A second late grant in a row says that the TTL is too short for
+				// a request: a clear error of its own, not "locked" (nobody else
+				// holds the key). A generated owner's grant is given back when
+				// the call returns; a stable owner's expires after its TTL
+				// (releasing it could delete a grant another process of that
+				// owner id took meanwhile).
 				st.mayHold = true
-				req.Reenter = true
-				if !lateAgain && ctx.Err() == nil {
+				switch {
+				case !lateAgain && ctx.Err() == nil && own:
 					lateAgain = true
 					continue
-				}
-				err = fmt.Errorf("%w: %q granted %v after the attempt was sent, the lease validity is %v (TTL %v); raise the TTL",
-					ErrValidityTooShort, key, now.Sub(sent).Round(time.Microsecond), deadline.Sub(start), cfg.ttl)
-				if ctx.Err() != nil {
-					if wait {
-						return nil, time.Time{}, errors.Join(waitEnded(ctx, nil), err)
+				case !lateAgain && ctx.Err() == nil && wait:
+					lateAgain = true
+					err = &driver.HeldError{RetryAfter: cfg.ttl}
+				default:
+					err = fmt.Errorf("%w: %q granted %v after the attempt was sent, the lease validity is %v (TTL %v); raise the TTL",
+						ErrValidityTooShort, key, now.Sub(sent).Round(time.Microsecond), cfg.validity(), cfg.ttl)
+					if ctx.Err() != nil {
+						if wait {
+							return nil, time.Time{}, errors.Join(waitEnded(ctx, nil), err)
+						}
+						return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
 					}
-					return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
+					return nil, time.Time{}, err
 				}
-				return nil, time.Time{}, err
 			} else {
 				return newGrant(key, owner, cfg, gr, start, deadline, cut), now, nil
 			}

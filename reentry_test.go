@@ -93,37 +93,74 @@ func TestSameOwnerOtherClient(t *testing.T) {
 	}
 }
 
-// A generated owner id says Reenter (it is the call's alone); a stable one says it
-// only for the attempt that asks again after this call's own late grant.
+// A generated owner id says Reenter (it is the call's alone), and re-asks at once
+// after a late grant. A stable one never says it on its own: after its late grant a
+// TryLock fails with ErrValidityTooShort and a Lock waits as if the key were held
+// (the re-ask could re-enter a grant another process of that owner id took after
+// this call's expired); a resume says it.
 func TestReenterOnlyWhenSafe(t *testing.T) {
-	clk := clock.NewFake(t0)
-	fb := &lateFirst{Backend: memlock.NewStore(clk).Backend(), clk: clk}
-	rb := &recordingLate{lateFirst: fb}
-	c, err := dlock.New(rb, dlock.WithClock(clk), dlock.WithTTL(9*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := context.Background()
-	l, err := c.TryLock(ctx, "k", dlock.WithOwner("stable"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := fmt.Sprint(rb.reenter); got != "[false true]" {
-		t.Fatalf("Reenter of a stable owner's attempts = %s, want [false true] (the late grant, then its re-entry)", got)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l, err = c.TryLock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := fmt.Sprint(rb.reenter[2:]); got != "[true]" {
-		t.Fatalf("Reenter of a generated owner's attempt = %s, want [true]", got)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name string
+		opts []dlock.Option
+		try  bool
+		want string
+	}{
+		{"generated TryLock", nil, true, "[true true]"},
+		{"generated Lock", nil, false, "[true true]"},
+		{"stable TryLock", []dlock.Option{dlock.WithOwner("stable")}, true, "[false]"},
+		{"stable Lock", []dlock.Option{dlock.WithOwner("stable")}, false, "[false false]"},
+		{"resume TryLock", []dlock.Option{dlock.WithOwner("stable"), dlock.WithResume()}, true, "[true true]"},
+	} {
+		clk := clock.NewFake(t0)
+		rb := &recordingLate{lateFirst: &lateFirst{Backend: memlock.NewStore(clk).Backend(), clk: clk}}
+		c, err := dlock.New(rb, dlock.WithClock(clk), dlock.WithTTL(9*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		lock := c.Lock
+		if tc.try {
+			lock = c.TryLock
+		}
+		type result struct {
+			l   *dlock.Lease
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			l, err := lock(ctx, "k", tc.opts...)
+			done <- result{l, err}
+		}()
+		var r result
+	wait:
+		for {
+			select {
+			case r = <-done:
+				break wait
+			case <-time.After(time.Millisecond):
+				// A waiting Lock waits on the fake clock's fallback timer.
+				if clk.Pending() > 0 {
+					clk.Advance(time.Second)
+				}
+			}
+		}
+		l, err := r.l, r.err
+		if got := fmt.Sprint(rb.reenter); got != tc.want {
+			t.Errorf("%s: Reenter of the attempts = %s, want %s", tc.name, got, tc.want)
+		}
+		switch {
+		case tc.name == "stable TryLock":
+			if !errors.Is(err, dlock.ErrValidityTooShort) {
+				t.Errorf("%s: %v, want ErrValidityTooShort", tc.name, err)
+			}
+		case err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		default:
+			if err := l.Release(ctx); err != nil {
+				t.Errorf("%s: Release: %v", tc.name, err)
+			}
+		}
+		c.Close()
 	}
 }
 
@@ -236,6 +273,71 @@ func TestWaitEndsDuringRequest(t *testing.T) {
 		}
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// handingLate is handing whose re-ask's reply comes after the handed grant's
+// validity (the fake clock jumps during it), recording Reenter.
+type handingLate struct {
+	*handing
+	clk     *clock.Fake
+	reenter []bool
+}
+
+func (b *handingLate) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	b.reenter = append(b.reenter, req.Reenter)
+	g, err := b.handing.Acquire(ctx, req)
+	if len(b.reenter) == 2 {
+		b.clk.Advance(7 * time.Second)
+	}
+	return g, err
+}
+
+// A stable owner id re-asks a grant handed over long ago with Reenter (it is this
+// call's), but does not trust the reply when it comes after that grant's validity:
+// by then the grant may have expired and been taken by another process of the same
+// owner id. The Lock waits instead and takes the key afresh.
+func TestStableOwnerLateReaskNotTrusted(t *testing.T) {
+	clk := clock.NewFake(t0)
+	b := &handingLate{handing: &handing{Backend: memlock.NewStore(clk).Backend(), age: 3 * time.Second}, clk: clk}
+	c, err := dlock.New(b, dlock.WithClock(clk), dlock.WithTTL(9*time.Second), dlock.WithOwner("stable"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	var l *dlock.Lease
+	go func() {
+		var err error
+		l, err = c.Lock(context.Background(), "k")
+		done <- err
+	}()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fmt.Sprint(b.reenter[:2]); got != "[false true]" {
+				t.Fatalf("Reenter of the attempts = %v, want [false true ...]", b.reenter)
+			}
+			for i, r := range b.reenter[2:] {
+				if r {
+					t.Fatalf("attempt %d after the untrusted re-ask said Reenter: %v", i+2, b.reenter)
+				}
+			}
+			if len(b.reenter) < 3 {
+				t.Fatalf("the untrusted re-ask's grant was used: attempts %v", b.reenter)
+			}
+			if err := l.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			return
+		case <-time.After(time.Millisecond):
+			if clk.Pending() > 0 {
+				clk.Advance(time.Second)
+			}
 		}
 	}
 }
