@@ -194,6 +194,8 @@ func (s *Store) handOffLocked(key string, now time.Time) {
 type Backend struct {
 	s *Store
 
+	waiters map[watchKey]*waiter // this connection's own; guarded by Store.mu
+
 	mu     sync.Mutex
 	closed bool
 }
@@ -231,8 +233,9 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	e := s.heldLocked(req.Key, now)
 	if req.Wait {
 		// Only this connection's own waiter: another client of the same owner id
-		// must not claim it.
-		if w := s.watchers[watchKey{req.Key, req.Owner}]; w != nil && w.b == b && w.handed != nil {
+		// must not claim it, and a grant handed to this one stays claimable even
+		// if another client's Watch of the same owner id replaced it in the store.
+		if w := b.waiters[watchKey{req.Key, req.Owner}]; w != nil && w.handed != nil {
 			h := w.handed
 			w.handed = nil
 			if e != nil && e.owner == req.Owner && e.token == h.token {
@@ -322,6 +325,10 @@ func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, 
 	w := &waiter{s: b.s, b: b, key: key, owner: owner, c: make(chan struct{}, 1)}
 	b.s.mu.Lock()
 	b.s.watchers[watchKey{key, owner}] = w
+	if b.waiters == nil {
+		b.waiters = make(map[watchKey]*waiter)
+	}
+	b.waiters[watchKey{key, owner}] = w
 	b.s.mu.Unlock()
 	return w, nil
 }
@@ -355,6 +362,9 @@ func (w *waiter) Stop(_ context.Context, acquired bool) error {
 	defer s.mu.Unlock()
 	if s.watchers[watchKey{w.key, w.owner}] == w {
 		delete(s.watchers, watchKey{w.key, w.owner})
+	}
+	if w.b.waiters[watchKey{w.key, w.owner}] == w {
+		delete(w.b.waiters, watchKey{w.key, w.owner})
 	}
 	if !acquired {
 		s.dequeueLocked(w.key, w.owner)
