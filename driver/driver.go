@@ -4,7 +4,7 @@
 // grant, Release gives it back. Everything that is the same for every engine lives
 // once in the core package dlock and is not repeated here: waiting and retry with
 // jitter, renewal in the background, the local validity deadline, reentrancy
-// counting within a process, and the lease context. A backend states what its engine
+// counting within a Client, and the lease context. A backend states what its engine
 // guarantees in its package documentation; the core never claims more.
 //
 // Optional capabilities are separate interfaces discovered with a type assertion:
