@@ -395,9 +395,11 @@ func (c *Client) afterObtain(ctx context.Context, key, owner string, cfg *config
 //
 // A stable owner id may be in use by another Client or process at the same time, so
 // an attempt of this call must not take over a grant that owner id already holds on
-// the server: the request says Reenter only for a generated owner id (this call's
-// alone), when the caller resumes explicitly (WithResume), and, once an attempt of
-// this very call has been granted the key, for the attempts that ask again.
+// the server: the request says Reenter for every attempt of a generated owner id
+// (this call's alone) or of a caller that resumes explicitly (WithResume); for a
+// stable owner id, only on the one attempt that asks again for a grant handed to
+// this call long ago, and its grant is used only if the reply comes while the
+// handed grant was certainly still live.
 func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, wait, generated bool, st *obtainState) (*grant, time.Time, error) {
 	clk := cfg.clock
 	req := driver.Request{Key: key, Owner: owner, TTL: cfg.ttl, Reenter: generated || cfg.resume}
@@ -452,15 +454,17 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 	for {
 		sent := clk.Now()
 		gr, err := c.b.Acquire(ctx, req)
+		untrusted := false
+		if req.Reenter && !own {
+			// A stable owner id's re-ask, whatever its answer, is the last
+			// attempt of this call that says Reenter.
+			req.Reenter = false
+			untrusted = clk.Now().After(trustUntil)
+		}
 		if err == nil {
 			// The server started the grant's TTL no earlier than start: when this
 			// attempt was sent, or, for a grant handed over at release, Age before.
 			start, now := sent.Add(-gr.Age), clk.Now()
-			untrusted := false
-			if req.Reenter && !own {
-				req.Reenter = false
-				untrusted = now.After(trustUntil)
-			}
 			if gr.Age > 0 && now.Sub(start) >= cfg.renewEvery() && !reasked {
 				// Handed over long ago (the waiter's last attempt was old): ask the
 				// server at once. The owner holds the key by this call's grant, so
