@@ -184,7 +184,8 @@ func (c *Client) Lock(ctx context.Context, key string, opts ...Option) (*Lease, 
 }
 
 // TryLock makes one attempt to acquire key; it returns an error matching ErrLocked
-// when another owner holds it.
+// when another owner holds it, or this owner id holds it through another Client or
+// process (see WithOwner and WithResume).
 func (c *Client) TryLock(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return c.lock(ctx, key, opts, false)
 }
@@ -325,9 +326,40 @@ func (c *Client) dropLocked(sk slotKey, s *slot) {
 
 func ctxErr(ctx context.Context, wait bool) error {
 	if wait {
-		return errors.Join(ErrLocked, context.Cause(ctx))
+		return waitEnded(ctx, nil)
 	}
 	return context.Cause(ctx)
+}
+
+// ended reports whether ctx has ended. A request cut short by ctx's deadline (a dial
+// or read given that deadline fails with "i/o timeout") may return a moment before
+// ctx's own timer marks it done: past the deadline, it waits for that.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		<-ctx.Done()
+		return true
+	}
+	return false
+}
+
+// waitEnded is a waiting Lock's error when its ctx ended: it matches ErrLocked,
+// ctx.Err() and context.Cause(ctx), whatever the request in flight returned; last,
+// if not nil, is that request's error, kept for its text only (it may be anything
+// that the end of ctx caused: a cancelled dial, a closed stream).
+func waitEnded(ctx context.Context, last error) error {
+	errs := []error{ErrLocked, ctx.Err()}
+	if cause := context.Cause(ctx); cause != ctx.Err() {
+		errs = append(errs, cause)
+	}
+	if last != nil && !errors.Is(last, ErrLocked) {
+		errs = append(errs, errors.New(last.Error()))
+	} else if last != nil {
+		errs[0] = last
+	}
+	return errors.Join(errs...)
 }
 
 // obtain runs the attempt loop against the backend. It returns the grant and the
@@ -335,7 +367,7 @@ func ctxErr(ctx context.Context, wait bool) error {
 func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wait, generated bool) (g *grant, now time.Time, err error) {
 	var st obtainState
 	defer func() { c.afterObtain(ctx, key, owner, cfg, generated, &st, g != nil) }()
-	return c.attempts(ctx, key, owner, cfg, wait, &st)
+	return c.attempts(ctx, key, owner, cfg, wait, generated, &st)
 }
 
 // obtainState is what obtain's clean-up needs to know of its attempts.
@@ -365,9 +397,17 @@ func (c *Client) afterObtain(ctx context.Context, key, owner string, cfg *config
 }
 
 // attempts is obtain's loop; st records what its clean-up needs.
-func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, wait bool, st *obtainState) (*grant, time.Time, error) {
+//
+// A stable owner id may be in use by another Client or process at the same time, so
+// an attempt of this call must not take over a grant that owner id already holds on
+// the server: the request says Reenter for every attempt of a generated owner id
+// (this call's alone) or of a caller that resumes explicitly (WithResume); for a
+// stable owner id, only on the one attempt that asks again for a grant handed to
+// this call long ago, and its grant is used only if the reply comes while the
+// handed grant was certainly still live.
+func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, wait, generated bool, st *obtainState) (*grant, time.Time, error) {
 	clk := cfg.clock
-	req := driver.Request{Key: key, Owner: owner, TTL: cfg.ttl}
+	req := driver.Request{Key: key, Owner: owner, TTL: cfg.ttl, Reenter: generated || cfg.resume}
 	// A notified waiter attempts again, in case its wake-up was lost, after a
 	// fallback interval jittered in [hi/2, hi], where hi grows with its place in
 	// the queue (driver.HeldError.Ahead): retryMax times 1+log2(1+ahead) rounded
@@ -392,6 +432,9 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 		var err error
 		if st.w, err = c.notifier.Watch(ctx, key, owner); err != nil {
 			st.w = nil
+			if ended(ctx) {
+				return waitEnded(ctx, fmt.Errorf("wait for %q: %w", key, err))
+			}
 			return fmt.Errorf("dlock: wait for %q: %w", key, err)
 		}
 		req.Wait = true
@@ -404,33 +447,74 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 		}
 	}
 	backoff := cfg.retryMin
+	// own: the owner id is this call's alone, or the caller vouches for it (resume),
+	// so re-entering whatever grant it holds is safe. A stable owner id's grant
+	// made for this call is re-entered only by a re-ask whose reply comes while
+	// that grant is certainly still live on the server (before trustUntil, its
+	// validity deadline): a later reply may have re-entered a grant that another
+	// process of the same owner id took after this call's expired.
+	own := req.Reenter
 	reasked, lateAgain := false, false
+	var trustUntil time.Time
 	for {
 		sent := clk.Now()
 		gr, err := c.b.Acquire(ctx, req)
+		untrusted := false
+		if req.Reenter && !own {
+			// A stable owner id's re-ask, whatever its answer, is the last
+			// attempt of this call that says Reenter.
+			req.Reenter = false
+			untrusted = clk.Now().After(trustUntil)
+		}
 		if err == nil {
 			// The server started the grant's TTL no earlier than start: when this
 			// attempt was sent, or, for a grant handed over at release, Age before.
 			start, now := sent.Add(-gr.Age), clk.Now()
 			if gr.Age > 0 && now.Sub(start) >= cfg.renewEvery() && !reasked {
 				// Handed over long ago (the waiter's last attempt was old): ask the
-				// server at once. The owner holds the key, so the attempt re-enters
-				// it and the validity restarts from now.
+				// server at once. The owner holds the key by this call's grant, so
+				// the attempt re-enters it and the validity restarts from now.
 				reasked = true
+				req.Reenter, trustUntil = true, start.Add(cfg.validity())
 				continue
 			}
 			deadline, cut := c.bound(key, owner, start.Add(cfg.validity()), now)
+			if untrusted {
+				deadline = now
+			}
 			if !deadline.After(now) {
 				// Granted too late to be trusted (the reply took about the
-				// validity): the owner holds the key, so attempt again at once,
-				// which re-enters it with a fresh TTL and a validity counted from
-				// then; after a second late grant, wait as if held first.
+				// validity). The owner holds the key by this call's grant: a
+				// generated (or resumed) owner attempts again at once, which
+				// re-enters it with a fresh TTL and a validity counted from then.
+				// A stable owner id does not (by then the grant may have expired
+				// and been taken by another process of that owner id): a waiting
+				// Lock waits as if the key were held, until its grant expires.
+				// A second late grant in a row says that the TTL is too short for
+				// a request: a clear error of its own, not "locked" (nobody else
+				// holds the key). A generated owner's grant is given back when
+				// the call returns; a stable owner's expires after its TTL
+				// (releasing it could delete a grant another process of that
+				// owner id took meanwhile).
 				st.mayHold = true
-				if !lateAgain && ctx.Err() == nil {
+				switch {
+				case !lateAgain && ctx.Err() == nil && own:
 					lateAgain = true
 					continue
+				case !lateAgain && ctx.Err() == nil && wait:
+					lateAgain = true
+					err = &driver.HeldError{RetryAfter: cfg.ttl}
+				default:
+					err = fmt.Errorf("%w: %q granted %v after the attempt was sent, the lease validity is %v (TTL %v); raise the TTL",
+						ErrValidityTooShort, key, now.Sub(sent).Round(time.Microsecond), cfg.validity(), cfg.ttl)
+					if ctx.Err() != nil {
+						if wait {
+							return nil, time.Time{}, errors.Join(waitEnded(ctx, nil), err)
+						}
+						return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
+					}
+					return nil, time.Time{}, err
 				}
-				err = &driver.HeldError{}
 			} else {
 				return newGrant(key, owner, cfg, gr, start, deadline, cut), now, nil
 			}
@@ -441,7 +525,14 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 			// returns cannot hurt anyone.
 			st.mayHold = true
 			// Backends name themselves and the key in their errors.
-			if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			switch {
+			case !ended(ctx):
+				return nil, time.Time{}, err
+			case wait:
+				// The request was cut short by the end of a waiting Lock's
+				// ctx: that is giving up the wait, as documented.
+				return nil, time.Time{}, waitEnded(ctx, err)
+			case !errors.Is(err, ctx.Err()):
 				return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
 			}
 			return nil, time.Time{}, err
@@ -450,6 +541,9 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 			return nil, time.Time{}, err
 		}
 		if st.w == nil && c.notifier != nil && ctx.Err() == nil {
+			// A waiter refused because its owner id holds the key elsewhere
+			// registers too; nothing hands it that grant, its fallback timer
+			// attempts again.
 			if err := watch(); err != nil {
 				return nil, time.Time{}, err
 			}
@@ -486,7 +580,7 @@ func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, w
 			t.Stop()
 			// The last attempt's error matches ErrLocked and says why (the
 			// holder's expiry, or which nodes refused).
-			return nil, time.Time{}, errors.Join(err, context.Cause(ctx))
+			return nil, time.Time{}, waitEnded(ctx, err)
 		case <-c.closing:
 			t.Stop()
 			return nil, time.Time{}, ErrClosed

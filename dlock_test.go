@@ -222,6 +222,7 @@ func TestInvalidOptions(t *testing.T) {
 		"nil logger":        {dlock.WithLogger(nil)},
 		"nil clock":         {dlock.WithClock(nil)},
 		"nil option":        {nil},
+		"resume, no owner":  {dlock.WithResume()},
 	}
 	for name, opts := range bad {
 		if _, err := dlock.New(b, opts...); !errors.Is(err, dlock.ErrInvalid) {

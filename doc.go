@@ -41,10 +41,25 @@
 //
 // Every grant has an owner id. By default each Lock call uses a new random 128-bit
 // owner, so two goroutines exclude each other like with sync.Mutex. Presenting the
-// owner id of the current holder (WithOwner, e.g. with Lease.Owner) re-enters the
-// lock: the call succeeds at once with the same token, and the lock is freed only
-// when every such lease has been released. A process restarted with a stable owner id
-// resumes its own grant if the server still has it.
+// owner id of the current holder (WithOwner, e.g. with Lease.Owner) to the same
+// Client re-enters the lock: the call succeeds at once with the same token, and the
+// lock is freed only when every such lease has been released. The count lives in the
+// Client and never reaches the server.
+//
+// Another Client or process that presents the same owner id is refused while the key
+// is held, like any other owner: TryLock returns ErrLocked, Lock waits (by its
+// fallback timer: nothing wakes a waiter refused this way), and the refused attempt
+// changes nothing on the server (no TTL extension, no token, no place in a queue), so
+// it can neither keep a crashed holder's grant alive nor free it. Two processes that
+// share an owner id therefore never hold the key at once. A process restarted with a
+// stable owner id takes over the grant its previous run still holds only with
+// WithResume; that asserts that no other live process uses the id, since if one does
+// both hold at once with one token and fencing cannot separate them.
+//
+// When the ctx of a waiting Lock ends, the error matches both ErrLocked and ctx.Err(),
+// whether it ended between attempts or during a request to the server. A TTL too
+// short for the time a request takes (grants that keep arriving after their validity)
+// is ErrValidityTooShort.
 //
 // # Waiting
 //

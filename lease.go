@@ -247,9 +247,15 @@ func (g *grant) tick() {
 		g.mu.Unlock()
 		return
 	}
+	now := clk.Now()
 	switch {
+	case err == nil && !now.Before(g.deadline):
+		// The reply came after the validity deadline: the lease counts as lost
+		// from then, whatever the server did with the refresh (its watchdog tick
+		// may not have run yet). A late reply never brings a lease back.
+		g.mu.Unlock()
+		g.lose(errDeadline)
 	case err == nil:
-		now := clk.Now()
 		g.deadline, g.cut = g.c.bound(g.key, g.owner, sent.Add(g.cfg.validity()), now)
 		g.c.ren.schedule(g, g.dueAt(now.Add(g.cfg.renewEvery()), now), now)
 		g.mu.Unlock()
@@ -258,7 +264,6 @@ func (g *grant) tick() {
 		g.lose(fmt.Errorf("%w: renewal refused: %w", ErrLeaseLost, err))
 	default:
 		// A transient error: retry soon, but not past the deadline.
-		now := clk.Now()
 		retry := min(max(g.cfg.renewEvery()/8, 10*time.Millisecond), time.Second, g.deadline.Sub(now))
 		g.c.ren.schedule(g, now.Add(retry), now)
 		g.mu.Unlock()
@@ -312,7 +317,8 @@ type Lease struct {
 func (l *Lease) Key() string { return l.g.key }
 
 // Owner returns the owner id of the grant. Pass it to WithOwner to re-enter the lock
-// from elsewhere, or after a restart to resume it.
+// through the same Client, or, with WithResume, to take the grant over after a
+// restart (from another Client, the owner id alone is refused while the key is held).
 func (l *Lease) Owner() string { return l.g.owner }
 
 // Token returns the fencing token of the grant (0 if the backend cannot fence). Leases

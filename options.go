@@ -33,6 +33,7 @@ type config struct {
 	retryMin   time.Duration
 	retryMax   time.Duration
 	owner      string
+	resume     bool
 	logger     *slog.Logger
 	clock      clock.Clock
 	perLock    bool
@@ -109,15 +110,43 @@ func WithRetry(min, max time.Duration) Option {
 	}
 }
 
-// WithOwner sets the owner id (1 to 128 bytes of [A-Za-z0-9._:-]). A lock call whose
-// owner id holds the key re-enters it; see the package documentation. Without it,
-// every lock call uses a fresh random 128-bit id from crypto/rand.
+// WithOwner sets the owner id (1 to 128 bytes of [A-Za-z0-9._:-]). Without it, every
+// lock call uses a fresh random 128-bit id from crypto/rand.
+//
+// Within one Client, a lock call whose owner id holds the key through a lease of
+// that Client re-enters it: it succeeds at once with the same token, and the key is
+// freed when every such lease has been released. Re-entry is counted in the Client
+// and never reaches the server. Elsewhere (another Client, another process) the same
+// owner id is refused like any other owner while the key is held: TryLock returns an
+// error matching ErrLocked, Lock waits until the key is free (polling on the
+// fallback timer, see WithRetry, since nothing wakes a waiter refused this way), and
+// its Release cannot free the holder's grant. So two processes that share an owner
+// id (two runs of one cron job) still exclude each other. To take over a grant this
+// owner id holds after a restart, use WithResume.
 func WithOwner(id string) Option {
 	return func(c *config) error {
 		if err := driver.ValidateOwner(id); err != nil {
 			return err
 		}
 		c.owner = id
+		return nil
+	}
+}
+
+// WithResume makes a lock call with a stable owner id (WithOwner, on the call or the
+// Client) take over the grant that owner id holds on the server, if it holds one,
+// with the same token and a fresh TTL: for a process restarted with a stable owner
+// id, to pick up the lease its previous run held instead of waiting for it to
+// expire. If the key is free or held by another owner, the call behaves as without
+// it.
+//
+// The caller asserts that no other live Client or process uses that owner id. If one
+// does and holds the key, both hold it at once with one token, and fencing cannot
+// tell them apart: use WithResume only where the owner id is unique to one running
+// process.
+func WithResume() Option {
+	return func(c *config) error {
+		c.resume = true
 		return nil
 	}
 }
@@ -180,6 +209,9 @@ func (c config) renewEvery() time.Duration {
 }
 
 func (c config) validate() error {
+	if c.resume && c.owner == "" {
+		return invalid("WithResume needs a stable owner id (WithOwner)")
+	}
 	v := c.validity()
 	if v <= 0 {
 		return invalid("TTL %v leaves no validity after the drift allowance %v", c.ttl, c.driftFor())

@@ -105,7 +105,9 @@ func Cycles(ctx context.Context, c *dlock.Client, key string, peers CyclePeers, 
 		steps = append(steps, func() error { return floorOnce(ctx, peers.Floor, peers.FloorKey, &run.Floor) })
 	}
 	if peers.Driver != nil {
-		req := driver.Request{Key: peers.DriverKey, TTL: dlock.DefaultTTL}
+		// Reenter as the core sets it for its generated owner ids (a fresh one
+		// per cycle here too), so the driver does what it does under the core.
+		req := driver.Request{Key: peers.DriverKey, TTL: dlock.DefaultTTL, Reenter: true}
 		steps = append(steps, func() error {
 			t0 := time.Now()
 			req.Owner = driver.RandomHex(16) // a fresh value per cycle, as the core and the floor

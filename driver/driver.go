@@ -4,7 +4,7 @@
 // grant, Release gives it back. Everything that is the same for every engine lives
 // once in the core package dlock and is not repeated here: waiting and retry with
 // jitter, renewal in the background, the local validity deadline, reentrancy
-// counting within a process, and the lease context. A backend states what its engine
+// counting within a Client, and the lease context. A backend states what its engine
 // guarantees in its package documentation; the core never claims more.
 //
 // Optional capabilities are separate interfaces discovered with a type assertion:
@@ -57,9 +57,25 @@ type Request struct {
 	// Key names the lock; it has passed ValidateKey.
 	Key string
 	// Owner identifies the holder; it has passed ValidateOwner. An attempt whose
-	// Owner already holds Key succeeds again (re-entry or resume): it extends the
-	// TTL and returns the existing grant's token.
+	// Owner already holds Key is refused like one of another owner (an error
+	// matching ErrLocked, preferably a *HeldError), changing nothing on the server:
+	// no TTL extension, no new token, no queued place, no taking of a grant handed
+	// to a queued place of that owner. The same owner id may be in use by another
+	// client or process, and two callers must never both hold the key. Only when
+	// Reenter is set does such an attempt succeed.
 	Owner string
+	// Reenter says that the caller may already hold Key under Owner and takes that
+	// grant over: an attempt whose Owner holds Key then succeeds again, extends the
+	// TTL and returns the existing grant's token (and drops any mark of a grant
+	// handed to a queued place, as a claim of it would). The core sets it only when
+	// that is safe: the owner id is a random one made for this lock call alone; the
+	// call has already been granted the key by an earlier attempt (a grant whose
+	// reply came too late, or one handed over long ago, asked again); or the caller
+	// resumes explicitly (dlock.WithResume), asserting that no other live process
+	// uses the owner id. A backend may also let an attempt with Wait set claim a
+	// grant a release handed to the caller's own queued place when it can tell that
+	// place from another client's of the same owner (redislock does, by channel).
+	Reenter bool
 	// TTL is how long the server keeps the grant without a Refresh.
 	TTL time.Duration
 	// Wait tells a queueing backend that the caller will wait if the key is held.
@@ -175,8 +191,9 @@ type WatchAdvisor interface {
 // and send the grant along with the wake-up. The waiter's next Acquire (with Wait
 // set, same key and owner) then returns that grant without asking the server, with
 // Grant.Age set, so a handoff costs one request (the release) instead of two. A
-// handed grant is returned at most once; the attempt after that asks the server,
-// where the owner already holds the key and re-enters it.
+// handed grant is returned at most once; an attempt after that asks the server,
+// where the owner already holds the key: the core sets Request.Reenter on such an
+// attempt only once this lock call has been granted the key.
 //
 // Grant.Age must bound how long before the Acquire call the server may have
 // started the grant's TTL. A backend can get that bound without trusting any

@@ -110,6 +110,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("TokensIncrease", h.testTokensIncrease)
 	t.Run("Reentrancy", h.testReentrancy)
 	t.Run("Resume", h.testResume)
+	t.Run("SameOwnerElsewhere", h.testSameOwnerElsewhere)
+	t.Run("WaiterDeadlines", h.testWaiterDeadlines)
 	t.Run("CancelledWaiter", h.testCancelledWaiter)
 	t.Run("CancelDuringHandoff", h.testCancelDuringHandoff)
 	t.Run("CancelRace", h.testCancelRace)
@@ -288,8 +290,8 @@ func (h Harness) testReentrancy(t *testing.T) {
 	mustRelease(t, ctx, l4)
 }
 
-// A process restarted with a stable owner id resumes its grant: same token, and
-// releasing it frees the key.
+// A process restarted with a stable owner id resumes its grant explicitly
+// (WithResume): same token, and releasing it frees the key.
 func (h Harness) testResume(t *testing.T) {
 	ctx := ctxT(t)
 	before := h.Client(t, dlock.WithOwner("stable-owner-1"))
@@ -297,7 +299,7 @@ func (h Harness) testResume(t *testing.T) {
 	l := mustLock(t, ctx, before, key)
 	// "Crash": stop renewing without releasing, by resuming from another client.
 	after := h.Client(t, dlock.WithOwner("stable-owner-1"))
-	l2, err := after.TryLock(ctx, key)
+	l2, err := after.TryLock(ctx, key, dlock.WithResume())
 	if err != nil {
 		t.Fatalf("resume with the same owner: %v", err)
 	}
@@ -316,6 +318,158 @@ func (h Harness) testResume(t *testing.T) {
 	if err := l.Release(ctx); err == nil {
 		t.Fatalf("releasing the pre-restart lease succeeded after the key was taken over")
 	}
+}
+
+// An owner id that holds the key through one client is refused through another
+// (another process of the same owner id) unless it resumes explicitly: a refused
+// attempt changes nothing on the server (the holder keeps the key and its token,
+// its TTL is not extended), the refused caller cannot free the holder's grant, and
+// two waiters of one owner id never hold at once.
+func (h Harness) testSameOwnerElsewhere(t *testing.T) {
+	ctx := ctxT(t)
+	const owner = "shared-owner-1"
+	// A long TTL, so that the holder's own renewal does not run during the test.
+	opts := []dlock.Option{dlock.WithOwner(owner), dlock.WithTTL(time.Minute)}
+	a, b, third := h.Client(t, opts...), h.Client(t, opts...), h.Client(t)
+	key := Key(t, "k")
+	l := mustLock(t, ctx, a, key)
+	in, inspect := a.Backend().(driver.Inspector)
+	var before driver.Info
+	if inspect {
+		var err error
+		if before, err = in.Inspect(ctx, key); err != nil {
+			t.Fatalf("Inspect: %v", err)
+		}
+	}
+	if _, err := b.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
+		t.Fatalf("TryLock with the holder's owner id from another client = %v, want ErrLocked", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err := b.Lock(wctx, key)
+	cancel()
+	if !errors.Is(err, dlock.ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock with the holder's owner id from another client = %v, want ErrLocked and DeadlineExceeded", err)
+	}
+	if inspect {
+		after, err := in.Inspect(ctx, key)
+		if err != nil {
+			t.Fatalf("Inspect after the refused attempts: %v (the holder's grant is gone)", err)
+		}
+		if after.Owner != owner || after.Token != before.Token {
+			t.Fatalf("after the refused attempts Inspect = %+v, before %+v", after, before)
+		}
+		if after.TTL > before.TTL {
+			t.Fatalf("a refused attempt extended the holder's TTL: %v, before %v", after.TTL, before.TTL)
+		}
+	}
+	if l.Err() != nil {
+		t.Fatalf("the holder's lease ended: %v", l.Err())
+	}
+	if _, err := third.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
+		t.Fatalf("a third client's TryLock = %v, want ErrLocked (the holder's grant must stay)", err)
+	}
+	// With WithResume, the second client takes the grant over, with its token.
+	r, err := b.TryLock(ctx, key, dlock.WithResume())
+	if err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if r.Token() != l.Token() {
+		t.Fatalf("resumed token %d, want %d", r.Token(), l.Token())
+	}
+	if err := r.Release(ctx); err != nil {
+		t.Fatalf("release of the resumed lease: %v", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("release of the taken-over lease = %v, want ErrLeaseLost", err)
+	}
+
+	// Two waiters of the owner id while it is free for one of them only.
+	holder := mustLock(t, ctx, third, key)
+	type result struct {
+		l   *dlock.Lease
+		err error
+	}
+	results := make(chan result, 2)
+	ctxs := make([]context.CancelFunc, 2)
+	for i, c := range []*dlock.Client{a, b} {
+		wctx, cancel := context.WithCancel(ctx)
+		ctxs[i] = cancel
+		go func() {
+			l, err := c.Lock(wctx, key)
+			results <- result{l, err}
+		}()
+	}
+	defer func() {
+		for _, cancel := range ctxs {
+			cancel()
+		}
+	}()
+	// Whether they queued yet or not, the key goes to one of them at most.
+	mustRelease(t, ctx, holder)
+	first := <-results
+	if first.err != nil {
+		t.Fatalf("waiter: %v", first.err)
+	}
+	// The other waiter must still be waiting: stop it, it must not hold.
+	for _, cancel := range ctxs {
+		cancel()
+	}
+	second := <-results
+	if second.err == nil {
+		t.Fatalf("two clients of one owner id hold the key at once, tokens %d and %d", first.l.Token(), second.l.Token())
+	}
+	if !errors.Is(second.err, dlock.ErrLocked) {
+		t.Fatalf("the other waiter = %v, want ErrLocked", second.err)
+	}
+	if first.l.Err() != nil {
+		t.Fatalf("the winner's lease ended: %v", first.l.Err())
+	}
+	// The winner is taken over by an explicit resume. (Its token is the same where
+	// every node holds the grant, as testResume checks; a Redlock grant that a
+	// majority made may get a larger one.)
+	r, err = third.TryLock(ctx, key, dlock.WithOwner(owner), dlock.WithResume())
+	if err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if r.Token() < first.l.Token() {
+		t.Fatalf("resumed token %d, below the grant's %d", r.Token(), first.l.Token())
+	}
+	mustRelease(t, ctx, r)
+	if err := first.l.Release(ctx); err == nil {
+		t.Fatalf("releasing the taken-over lease succeeded")
+	}
+}
+
+// A waiting Lock whose ctx ends, whether between attempts or during a request to
+// the server, returns an error matching both ErrLocked and ctx.Err(); TryLock's
+// matches ctx.Err().
+func (h Harness) testWaiterDeadlines(t *testing.T) {
+	ctx := ctxT(t)
+	holder, c := h.Client(t), h.Client(t)
+	key := Key(t, "k")
+	l := mustLock(t, ctx, holder, key)
+	const n = 60
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			// Deadlines from 0 to 30ms, so many end during a request.
+			wctx, cancel := context.WithTimeout(ctx, time.Duration(i)*time.Millisecond/2)
+			defer cancel()
+			_, err := c.Lock(wctx, key)
+			errs <- err
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; !errors.Is(err, dlock.ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Lock with a short deadline on a held key = %v, want ErrLocked and DeadlineExceeded", err)
+		}
+	}
+	tctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := c.TryLock(tctx, key); !errors.Is(err, context.Canceled) {
+		t.Errorf("TryLock with a cancelled ctx = %v, want context.Canceled", err)
+	}
+	mustRelease(t, ctx, l)
 }
 
 // A waiter that gives up leaves nothing behind: no queued place blocks the next taker.

@@ -27,9 +27,11 @@
 // (creates it too, and reads the first member and the one just ahead) and a TryLock
 // writes nothing. The transaction is guarded by "the own member key does not exist",
 // so a retry after a lost reply finds the first try's key instead of making another.
-// A first member whose value is the caller's owner id is the caller's grant (a
-// restarted process resuming it): it is moved onto the current session's lease,
-// which keeps its create revision and so its token.
+// A first member whose value is the caller's owner id, under another member key, is
+// taken over only by a request that says Reenter (a restarted process resuming it
+// with dlock.WithResume): it is moved onto the current session's lease, which keeps
+// its create revision and so its token. Without Reenter it is waited for like any
+// other holder (another live process may use the same owner id).
 //
 // Member keys are named after the client, the lock's range and <client id>.<n>, n
 // the smallest number not in use in that client, not after the owner: owner ids are

@@ -179,7 +179,7 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 			if nested.GetSucceeded() {
 				return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 			}
-			if first := firstKV(nested.GetResponses()[0]); first != nil && string(first.Value) == req.Owner {
+			if first := firstKV(nested.GetResponses()[0]); first != nil && string(first.Value) == req.Owner && req.Reenter {
 				return b.resume(ctx, ok, first, s, "")
 			}
 			return driver.Grant{}, &driver.HeldError{}
@@ -188,9 +188,11 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 		if first != nil && first.CreateRevision == rev {
 			return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 		}
-		if first != nil && string(first.Value) == req.Owner {
+		if first != nil && string(first.Value) == req.Owner && req.Reenter {
 			return b.resume(ctx, ok, first, s, member)
 		}
+		// Without Reenter, a holder of the same owner id (another client or
+		// process) is like any other: the own member key waits behind it.
 		lastResp := resp.Responses[2].GetResponseRange()
 		if last := lastResp.GetKvs(); w != nil && len(last) == 2 {
 			w.follow(string(last[1].Key), last[1].CreateRevision, rev, s, rev, member)
@@ -211,7 +213,7 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 		return driver.Grant{}, errNameTaken
 	}
 	if first.CreateRevision != mine.CreateRevision {
-		if string(first.Value) == req.Owner {
+		if string(first.Value) == req.Owner && req.Reenter {
 			return b.resume(ctx, ok, first, s, member)
 		}
 		if !req.Wait {
@@ -243,7 +245,9 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 }
 
 // resume takes over the grant first, which the owner holds under another member key
-// (written by a previous process with the same owner id): it moves the key onto
+// (written by a previous process with the same owner id), for a request that says
+// Reenter (driver.Request; without it the holder is waited for like any other, since
+// another live process may use the same owner id): it moves the key onto
 // session s, keeping its create revision and so its token, and deletes extra, a place
 // this attempt queued meanwhile.
 func (b *Backend) resume(ctx context.Context, ok ownerKey, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {

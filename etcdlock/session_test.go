@@ -103,8 +103,9 @@ func TestSessionLoss(t *testing.T) {
 	}
 }
 
-// A restarted process with the same owner id that calls Lock (a waiting lock) resumes
-// its grant at once, with the same token, instead of queueing behind itself.
+// A restarted process with the same owner id that calls Lock (a waiting lock) with
+// WithResume resumes its grant at once, with the same token, instead of queueing
+// behind itself.
 func TestResumeWaiting(t *testing.T) {
 	srv := testserver.StartEtcd(t)
 	h := harness(t, srv)
@@ -132,7 +133,7 @@ func TestResumeWaiting(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	after := h.Client(t, dlock.WithOwner("job-7"))
-	l2, err := after.Lock(ctx, "k")
+	l2, err := after.Lock(ctx, "k", dlock.WithResume())
 	if err != nil {
 		t.Fatal(err)
 	}

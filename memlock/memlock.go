@@ -2,7 +2,8 @@
 //
 // It keeps the same semantics as the network backends, in memory: leases with a TTL
 // on an injectable clock, fencing tokens that rise by one per grant of a key, owner
-// checks on refresh and release, re-entry by owner, and a FIFO queue of waiters to
+// checks on refresh and release, re-entry by owner only when the request says so
+// (driver.Request.Reenter), and a FIFO queue of waiters to
 // which a release hands the key directly, one at a time (no herd, no polling; see
 // driver.Waiter). It exists for unit tests of the core (with a fake clock), for tests
 // of programs that use dlock, and as the executable statement of what every backend
@@ -197,6 +198,8 @@ func (s *Store) handOffLocked(key string, now time.Time) {
 type Backend struct {
 	s *Store
 
+	waiters map[watchKey]*waiter // this connection's own; guarded by Store.mu
+
 	mu     sync.Mutex
 	closed bool
 }
@@ -233,7 +236,10 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	now := s.clk.Now()
 	e := s.heldLocked(req.Key, now)
 	if req.Wait {
-		if w := s.watchers[watchKey{req.Key, req.Owner}]; w != nil && w.handed != nil {
+		// Only this connection's own waiter: another client of the same owner id
+		// must not claim it, and a grant handed to this one stays claimable even
+		// if another client's Watch of the same owner id replaced it in the store.
+		if w := b.waiters[watchKey{req.Key, req.Owner}]; w != nil && w.handed != nil {
 			h := w.handed
 			w.handed = nil
 			if e != nil && e.owner == req.Owner && e.token == h.token {
@@ -243,10 +249,14 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		}
 	}
 	switch {
-	case e != nil && e.owner == req.Owner:
+	case e != nil && e.owner == req.Owner && req.Reenter:
 		e.expires = now.Add(req.TTL)
 		e.handedTo = nil
 		return driver.Grant{Token: e.token}, nil
+	case e != nil && e.owner == req.Owner:
+		// The owner id holds the key, maybe through another client: refused,
+		// changing nothing (no TTL, no place; see driver.Request).
+		return driver.Grant{}, &driver.HeldError{RetryAfter: e.expires.Sub(now)}
 	case e != nil:
 		if req.Wait {
 			s.enqueueLocked(req.Key, req, now)
@@ -316,15 +326,20 @@ func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, 
 	if err := b.check(ctx); err != nil {
 		return nil, err
 	}
-	w := &waiter{s: b.s, key: key, owner: owner, c: make(chan struct{}, 1)}
+	w := &waiter{s: b.s, b: b, key: key, owner: owner, c: make(chan struct{}, 1)}
 	b.s.mu.Lock()
 	b.s.watchers[watchKey{key, owner}] = w
+	if b.waiters == nil {
+		b.waiters = make(map[watchKey]*waiter)
+	}
+	b.waiters[watchKey{key, owner}] = w
 	b.s.mu.Unlock()
 	return w, nil
 }
 
 type waiter struct {
 	s          *Store
+	b          *Backend // whose Watch made it
 	key, owner string
 	c          chan struct{}
 	handed     *handed // guarded by Store.mu
@@ -351,6 +366,9 @@ func (w *waiter) Stop(_ context.Context, acquired bool) error {
 	defer s.mu.Unlock()
 	if s.watchers[watchKey{w.key, w.owner}] == w {
 		delete(s.watchers, watchKey{w.key, w.owner})
+	}
+	if w.b.waiters[watchKey{w.key, w.owner}] == w {
+		delete(w.b.waiters, watchKey{w.key, w.owner})
 	}
 	if !acquired {
 		s.dequeueLocked(w.key, w.owner)

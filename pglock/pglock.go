@@ -50,8 +50,9 @@
 // A key has a row while it is held, reserved or waited for. Acquire first tries a
 // plain INSERT ... ON CONFLICT DO NOTHING with a new token: a free key costs one
 // insert. If a row exists, one statement reads it and decides in SQL: a live row of
-// the caller's own is re-entered (same token, TTL extended); a row the lock is
-// reserved for the caller, or an expired row with no live waiter queued ahead, is
+// the caller's own is re-entered (same token, TTL extended) when the request says
+// Reenter (driver.Request), and otherwise refused with nothing written (another
+// process may use the same owner id); a row the lock is reserved for the caller, or an expired row with no live waiter queued ahead, is
 // taken with a new token. Otherwise a caller that will wait takes (or renews) its
 // place at the end of the row's queue. (A waiter already queued skips the INSERT.)
 // A token is drawn from the sequence only once the row is the caller's: an update
@@ -597,7 +598,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		var token, left *int64
 		var ahead int64
 		err := retry(ctx, func() error {
-			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience)))
+			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), req.Reenter))
 			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead)
 			if err == nil && granted && wrote && token != nil && *token == 0 {
 				err = br.QueryRow().Scan(token) // the row was inserted: its token

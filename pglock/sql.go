@@ -86,11 +86,14 @@ FROM t`
 
 func buildStatements(table, seq string) statements {
 	var s statements
-	// $1 key, $2 owner, $3 TTL µs, $4 will wait, $5 the client's channel, $6 patience µs.
+	// $1 key, $2 owner, $3 TTL µs, $4 will wait, $5 the client's channel, $6 patience µs,
+	// $7 the request says Reenter (driver.Request).
 	// The caller is granted the lock when there is no row; when the row is live and
-	// is its own (re-entry: same token) or reserved for it; or when the row expired
-	// and no live waiter is queued ahead of it. Otherwise a waiting caller takes or
-	// renews its place in the queue. Result: (granted, must write, wrote, token,
+	// reserved for its owner id, or is its own and $7 holds (re-entry: same token);
+	// or when the row expired and no live waiter is queued ahead of it. A live grant
+	// of its owner id without $7 (self) is refused and nothing is written: the same
+	// owner id may be in use by another client or process. Otherwise a waiting caller
+	// takes or renews its place in the queue. Result: (granted, must write, wrote, token,
 	// µs left on the holder's grant, live places ahead of the caller's: all of them
 	// for a caller not yet queued, who goes at the end).
 	// The uncontended paths, tried first: they cost what the plainest table lock
@@ -124,8 +127,9 @@ func buildStatements(table, seq string) statements {
 	SELECT cur.ver, cur.ver IS NULL AS absent, cur.token AS old_token,
 		coalesce(cur.expires_at > now(), false) AS live, cur.expires_at,
 		coalesce(cur.owner = $2::text AND cur.expires_at > now() AND NOT cur.reserved, false) AS reenter,
+		coalesce(cur.owner = $2::text AND cur.expires_at > now() AND NOT cur.reserved AND NOT $7::boolean, false) AS self,
 		CASE WHEN cur.ver IS NULL THEN true
-		     WHEN cur.expires_at > now() THEN cur.owner = $2::text
+		     WHEN cur.expires_at > now() THEN cur.owner = $2::text AND (cur.reserved OR $7::boolean)
 		     ELSE NOT EXISTS (SELECT FROM q WHERE me.i IS NULL OR q.i < me.i) END AS granted
 	FROM me LEFT JOIN cur ON true
 ), t AS (
@@ -136,7 +140,7 @@ func buildStatements(table, seq string) statements {
 	SELECT q.o, q.c, q.e, q.i FROM q
 	UNION ALL
 	SELECT $2::text, $5::text, now() + $6::bigint` + us + `, coalesce(me.i, 9223372036854775807)
-	FROM me, t WHERE NOT t.granted AND $4::boolean
+	FROM me, t WHERE NOT t.granted AND $4::boolean AND NOT t.self
 ), ins AS (
 	INSERT INTO {T} (key, owner, token, expires_at)
 	SELECT $1::text, $2::text, t.token, now() + $3::bigint` + us + ` FROM t WHERE t.absent
@@ -149,10 +153,10 @@ func buildStatements(table, seq string) statements {
 		expires_at = CASE WHEN t.granted THEN now() + $3::bigint` + us + ` ELSE r.expires_at END,
 		reserved = r.reserved AND NOT t.granted,
 		` + queueCols + `
-	FROM t WHERE r.key = $1::text AND NOT t.absent AND (t.granted OR $4::boolean)` + cas + `
+	FROM t WHERE r.key = $1::text AND NOT t.absent AND (t.granted OR $4::boolean AND NOT t.self)` + cas + `
 	RETURNING 1
 )
-SELECT t.granted, t.absent OR t.granted OR $4::boolean,
+SELECT t.granted, t.absent OR t.granted OR $4::boolean AND NOT t.self,
 	EXISTS (SELECT FROM ins) OR EXISTS (SELECT FROM upd), t.token,
 	CASE WHEN t.live THEN (extract(epoch FROM t.expires_at - now()) * 1000000)::bigint END,
 	(SELECT count(*) FROM q, me WHERE me.i IS NULL OR q.i < me.i)

@@ -21,9 +21,15 @@
 // # Algorithm
 //
 // Acquire is one Lua script: if the key is free, SET it to the owner id with PX ttl
-// and issue a fencing token; if the owner already holds it, extend it and return the
-// same token (re-entry, resume); otherwise report the holder's remaining TTL, and,
-// for a waiting Lock, keep the caller's place in a FIFO queue. Release compares the
+// and issue a fencing token; if the owner already holds it and the request says
+// Reenter (driver.Request: a generated owner id asking again, or an explicit
+// resume), extend it and return the same token; otherwise report the holder's
+// remaining TTL, and, for a waiting Lock held by another owner, keep the caller's
+// place in a FIFO queue. An owner id that holds the key is refused without Reenter
+// and changes nothing (no PEXPIRE, no place), since another client or process may
+// use the same id; the one exception is a grant a release handed to this client's
+// own queued place (its channel is in the lock's handed mark), which the client's
+// waiting attempt may claim. Release compares the
 // owner and deletes the key, or, when waiters queued, hands it over on the server:
 // it grants the key to the first live waiter (with the TTL that waiter asked for),
 // issues its token, and publishes the grant on the channel of that waiter's client
@@ -57,6 +63,19 @@
 // appendonly+fsync, a crash loses grants the same way. In those cases timing cannot
 // save you and fencing tokens (checked by the protected resource) must; they do, since
 // the second client's token is the higher.
+//
+// A renewal that reaches the server after the client has declared the lease lost (a
+// server paused with SIGSTOP, or a network that held the request, past the local
+// validity deadline) is not refused by the script: the server cannot tell when the
+// request was sent, and no condition on its own clock could say whether the client's
+// deadline has passed without trusting the two clocks to agree. What the core does
+// instead: it cancels a refresh at the validity deadline, and a reply that arrives
+// after the deadline never brings the lease back (Done stays closed, Err stays
+// ErrLeaseLost). Such a late renewal can only extend the grant of an owner that has
+// stopped working under it, for at most one TTL: the key stays unavailable that much
+// longer (as after a crash), and no one else is let in meanwhile, so exclusion is not
+// at stake. (Redis expires a key by its own clock as it resumes, so a renewal that
+// arrives after the server's expiry finds the key gone and is refused.)
 //
 // Two settings narrow those windows. WithReplicas (?replicas=N) follows every acquire
 // and refresh with WAIT N (WAITAOF on Redis 7.2+ with the AOF on) in the same round
@@ -412,14 +431,24 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string
 		arg = strconv.AppendUint(arg, seq, 10)
 		arg = append(arg, ' ')
 		arg = append(arg, b.wakeCh...)
-		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), arg)
+		if req.Reenter {
+			cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), arg)
+		} else {
+			cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), arg, noReenter)
+		}
 		if n, _ := cmd.Int64(); n < 0 && w != nil {
 			w.queued.Store(true)
 		}
 	} else if s := b.tries.get(ttl); s != nil {
-		cmd, err = b.runScript(ctx, s, keys, req.Owner)
-	} else {
+		if req.Reenter {
+			cmd, err = b.runScript(ctx, s, keys, req.Owner)
+		} else {
+			cmd, err = b.runScript(ctx, s, keys, req.Owner, noReenter)
+		}
+	} else if req.Reenter {
 		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl))
+	} else {
+		cmd, err = b.runScript(ctx, acquireScript, keys, req.Owner, b.ttlBox(ttl), "", noReenter)
 	}
 	n, cerr := cmd.Int64()
 	if errors.Is(err, ErrNotReplicated) && cerr == nil && n > 0 {
@@ -442,6 +471,10 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string
 	}
 	return driver.Grant{}, &driver.HeldError{RetryAfter: time.Duration(-n-1) * time.Millisecond}
 }
+
+// noReenter is the scripts' last argument for an attempt whose request does not say
+// Reenter (see luaReenter).
+const noReenter = "x"
 
 // Refresh implements driver.Backend.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {

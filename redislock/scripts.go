@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -157,11 +158,18 @@ end
 `
 }
 
-// luaReenter reads the holder into v and, if it is the owner, extends the grant to
-// ttl (a Lua expression) and returns its token.
-func luaReenter(ttl string) string {
+// luaReenter reads the holder into v and, if it is the owner, either refuses like
+// luaHeld, changing nothing, or, when the Lua condition may holds, extends the
+// grant to ttl (a Lua expression) and returns its token. may is true when the
+// request says Reenter (driver.Request: the caller may hold the grant, or resumes
+// it); the waiting attempt's adds a grant handed to this client's own queued place
+// (its channel in the handed mark). An owner id may be in use by another client or
+// process, which must not take over the holder's grant nor keep it alive.
+func luaReenter(ttl, may string) string {
 	return `local v = redis.call('GET', KEYS[1])
 if v and (v == owner or string.sub(v, 1, #owner + 1) == owner .. ' ') then
+  if not (` + may + `) then
+    ` + strings.ReplaceAll(luaHeld, "\n", "\n    ") + `  end
   -- Re-entry, resume, or a grant handed to this owner: once the server has seen
   -- the owner, the handed mark goes, so that a waiter of the same owner elsewhere
   -- that gives up does not release it.
@@ -182,14 +190,17 @@ return -1
 `
 
 // acquireScript makes one attempt.
-// KEYS: lock. ARGV: owner, ttl ms, and for a waiting attempt
-// "Q PATIENCE SEQ CHANNEL": Q is "q" when an earlier attempt of this wait queued (else
-// "-"), PATIENCE the place's lifetime in ms, SEQ the attempt's number.
+// KEYS: lock. ARGV: owner, ttl ms, for a waiting attempt "Q PATIENCE SEQ CHANNEL"
+// (else ""): Q is "q" when an earlier attempt of this wait queued (else "-"),
+// PATIENCE the place's lifetime in ms, SEQ the attempt's number; and "x" when the
+// request does not say Reenter (see luaReenter), absent when it does.
 // Returns the token (> 0) on success; when held, -(pttl+1) with the remaining TTL
 // in ms, or -1 when that is unknown; 0 when the owner holds the key but the token
 // counter is gone.
 var acquireScript = redis.NewScript(`local owner, w = ARGV[1], ARGV[3]
-` + luaTakeFree("(not w or string.byte(w, 1) ~= 113) and ", "ARGV[2]", "ARGV[2]") + luaToken + luaReenter("ARGV[2]") +
+if w == '' then w = nil end
+` + luaTakeFree("(not w or string.byte(w, 1) ~= 113) and ", "ARGV[2]", "ARGV[2]") + luaToken +
+	luaReenter("ARGV[2]", "not ARGV[4] or w and string.find(v .. ' ', ' h' .. string.match(w, '(%S+)$') .. ' ', 1, true)") +
 	`if w then
   local _, pat, seq, ch = string.match(w, '^(%S) (%d+) (%d+) (%S+)$')
   local prefix = string.sub(ch, 1, -31)
@@ -220,11 +231,13 @@ end
 // written into the script: acquireScript without a waiting attempt's argument and
 // with the TTL a constant rather than an argument, which costs the uncontended cycle
 // about 1% less (each argument of a script call is server work). Replies as
-// acquireScript; KEYS: lock; ARGV: owner.
+// acquireScript; KEYS: lock; ARGV: owner, and "x" when the request does not say
+// Reenter (absent when it does, as with the default generated owner ids, so the
+// usual attempt has no more arguments than before).
 func tryScriptSource(ttl int64) string {
 	n := strconv.FormatInt(ttl, 10)
 	return `local owner = ARGV[1]
-` + luaTakeFree("", "'"+n+"'", n) + luaReenter("'"+n+"'") + luaHeld
+` + luaTakeFree("", "'"+n+"'", n) + luaReenter("'"+n+"'", "not ARGV[2]") + luaHeld
 }
 
 // refreshScript extends the owner's grant. KEYS: lock. ARGV: owner, ttl ms.

@@ -118,8 +118,12 @@
 // (a newcomer can still take a key that happens to be free). Lost wake-ups are
 // covered by the core's fallback timer, bounded by the holder's remaining TTL.
 //
-// What is NOT promised: FIFO order; re-entry from another process returning the
-// same token after nodes lost data (it gets a larger one); any guarantee when the
+// An owner that holds the key on a node is refused there like another owner unless
+// the request says Reenter (driver.Request), so another process with the same owner
+// id neither takes over nor extends the grant.
+//
+// What is NOT promised: FIFO order; a resume (Reenter) from another process returning
+// the same token after nodes lost data (it gets a larger one); any guarantee when the
 // assumptions above fail, beyond what fencing tokens give.
 package redlock
 
@@ -803,9 +807,13 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	proposal := b.guess(req.Key)
 	wait, since := b.waitArgs(req)
 	ttl, patience, prefix := ms(req.TTL), ms(req.Patience), b.waiterPrefix(req.Key)
+	reenter := "0"
+	if req.Reenter {
+		reenter = "1"
+	}
 	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (acqReply, error) {
 		return parseAcq(acquireScript.Run(ctx, n.rdb, keys, req.Owner, ttl, proposal, wait, patience,
-			prefix, b.wakeCh, since).Result())
+			prefix, b.wakeCh, since, reenter).Result())
 	})
 
 	var granted, unknown []int
@@ -827,14 +835,18 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	fail := func(note string, nodeErrs []error) (driver.Grant, error) {
 		// Give back what this attempt may have taken: fresh grants and nodes whose
 		// reply was lost. A re-entered node held the owner's earlier grant before
-		// this attempt, so it is left as it was.
+		// this attempt, so it is left as it was. Without Reenter, a node whose
+		// reply was lost may hold a grant of the same owner id made by another
+		// client or process (which refused this attempt): it is left to expire.
 		var undo []int
 		for _, i := range granted {
 			if r.vals[i].status == 1 {
 				undo = append(undo, i)
 			}
 		}
-		undo = append(undo, unknown...)
+		if req.Reenter {
+			undo = append(undo, unknown...)
+		}
 		if len(undo) > 0 {
 			b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner)
 		}

@@ -670,7 +670,7 @@ func TestFencingGuessAndResume(t *testing.T) {
 	// Resume from another process: same token while every node records it...
 	b := open(t, u)
 	defer b.Close()
-	g3, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "alice", TTL: ttl})
+	g3, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "alice", TTL: ttl, Reenter: true})
 	if err != nil || g3.Token != g2.Token {
 		t.Fatalf("resume = %d, %v; want token %d", g3.Token, err, g2.Token)
 	}
@@ -678,7 +678,7 @@ func TestFencingGuessAndResume(t *testing.T) {
 	if err := raw[0].Del(ctx, a.LockKey(key)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	g4, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "alice", TTL: ttl})
+	g4, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "alice", TTL: ttl, Reenter: true})
 	if err != nil {
 		t.Fatal(err)
 	}

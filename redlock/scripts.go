@@ -78,14 +78,17 @@ end
 // KEYS: lock, fence, wait. ARGV: owner, ttl ms, proposal (a token to accept if it is
 // above this node's counter, or 0), wait (0: no; 1: record the owner as a waiter if
 // the key is held; 2: the same, and an earlier attempt may have recorded it, so a
-// grant removes it), patience ms, waiter key prefix, wake channel, waiting since (ms).
+// grant removes it), patience ms, waiter key prefix, wake channel, waiting since (ms),
+// reenter (1: the request says Reenter, see driver.Request; 0: an owner that holds
+// the key here is refused like another owner, and not recorded as a waiter, because
+// the same owner id may be in use by another client or process).
 // Returns {status, counter, x}:
 //
 //	{1, c, p}    the lock was free and is now the owner's; c is the counter before;
 //	             p is the proposal if it was accepted (counter and lock now carry
 //	             it), else 0
-//	{2, c, t}    the owner already held it here (re-entry): TTL extended; t is the
-//	             token recorded with it, 0 if none
+//	{2, c, t}    the owner already held it here and reenter is 1 (re-entry): TTL
+//	             extended; t is the token recorded with it, 0 if none
 //	{0, c, pttl} held by another owner; c is the counter (0 if missing); pttl its
 //	             remaining TTL in ms (-1 if unknown). With wait=1 the owner is
 //	             recorded as a waiter.
@@ -111,6 +114,9 @@ if not v then
   return {1, c, 0}
 end
 local h, t = holder(v)
+if h == owner and ARGV[9] ~= '1' then
+  return {0, tonumber(redis.call('GET', KEYS[2]) or '0'), redis.call('PTTL', KEYS[1])}
+end
 if h == owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   leave()

@@ -46,9 +46,11 @@
 // exactly one waiter and no herd forms. A waiter that gives up deletes its child.
 // Release deletes the child. Refresh writes the child's data (the TTL), a write that
 // goes through the leader and fails if the child is gone. An owner that already has a
-// child reuses it (re-entry, or a restarted process resuming with a stable owner id):
-// same place in the queue, same token. An owner never keeps more than one child:
-// extra ones are deleted when seen.
+// child reuses it (re-entry, or a restarted process resuming with a stable owner id,
+// only when the request says Reenter, see driver.Request; otherwise only a child of
+// this client's own create, by its GUID, and another client's child of the same owner
+// id is a contender like any other): same place in the queue, same token. An owner
+// never keeps more than one child of those: extra ones are deleted when seen.
 //
 // A create whose reply is lost (the connection dropped with the request in flight)
 // may or may not have happened. The backend then lists the children and adopts the
@@ -1058,10 +1060,15 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		e.czxid, e.session, e.watched = st.Czxid, st.EphemeralOwner, true
 		b.byPath[ownPath] = e
 	}
+	// The owner's children: with Reenter (driver.Request) every child of the owner
+	// id, since the caller may hold the grant under any of them (a restarted
+	// process resuming); without it only this entry's own (its GUID: a create
+	// whose reply was lost), since another client or process may use the same
+	// owner id and its child is another contender's.
 	var mine []child
 	found := false
 	for _, c := range q {
-		if c.owner == req.Owner && !b.doomed[e.parent+"/"+c.name] {
+		if c.owner == req.Owner && !b.doomed[e.parent+"/"+c.name] && (req.Reenter || c.guid == e.guid) {
 			mine = append(mine, c)
 			found = found || c.name == own
 		}
@@ -1073,8 +1080,8 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		return g, nil, true
 	}
 
-	// One child per owner: keep the oldest (an earlier grant being resumed or
-	// re-entered, or a create whose reply was lost) and delete the others.
+	// One child per owner (of those above): keep the oldest (an earlier grant being
+	// resumed or re-entered, or a create whose reply was lost) and delete the others.
 	keep := mine[0]
 	if keep.name != own {
 		// Our own child is about to be deleted as an extra: its deletion is not a loss.

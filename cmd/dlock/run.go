@@ -19,6 +19,7 @@ func newRunCommand(e *env) *cobra.Command {
 		wait    string
 		grace   time.Duration
 		owner   string
+		resume  bool
 		quiet   bool
 	)
 	cmd := &cobra.Command{
@@ -88,6 +89,12 @@ Exit codes:
 			if owner != "" {
 				opts = append(opts, dlock.WithOwner(owner))
 			}
+			if resume {
+				if owner == "" {
+					return usagef("--resume needs --owner")
+				}
+				opts = append(opts, dlock.WithResume())
+			}
 			c, err := openBackend(cmd, *backend, opts...)
 			if err != nil {
 				return err
@@ -112,7 +119,8 @@ Exit codes:
 	cmd.Flags().DurationVar(&ttl, "ttl", dlock.DefaultTTL, "lease TTL: how long a crashed dlock blocks others")
 	cmd.Flags().StringVar(&wait, "wait", "0", `how long to wait for the lock: 0 (fail at once if held), a duration such as 30s, or "forever"`)
 	cmd.Flags().DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL to the command's process group (lease lost, or processes left when the command exits)")
-	cmd.Flags().StringVar(&owner, "owner", "", "stable owner id ([A-Za-z0-9._:-]), to re-enter or resume a lock held under that id")
+	cmd.Flags().StringVar(&owner, "owner", "", "stable owner id ([A-Za-z0-9._:-]); another run with the same id is refused while this one holds the lock (see --resume)")
+	cmd.Flags().BoolVar(&resume, "resume", false, "with --owner: take over the lock if that owner id already holds it (a restarted job picking up its lease); only if no other live run uses that id, else both hold at once")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only errors")
 	return cmd
 }
