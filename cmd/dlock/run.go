@@ -51,7 +51,7 @@ Exit codes:
   the command's own    it ran to the end while holding the lease
   64                   usage error (bad flags, missing "--" or command, bad URL)
   69                   backend unreachable or failing
-  75                   lock not acquired within --wait
+  75                   lock not acquired within --wait (or the TTL is too short to use a grant)
   76                   lease lost while the command ran
   77                   the backend refused the credentials or a permission
   126                  the command could not be executed (not executable)

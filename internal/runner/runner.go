@@ -45,6 +45,7 @@ const (
 	ExitUsage       = 64  // bad flags or arguments
 	ExitUnavailable = 69  // backend unreachable or failing
 	ExitNotAcquired = 75  // the lock was not acquired within --wait
+	ExitNoPerm      = 77  // the backend refused the credentials or a permission
 	ExitLeaseLost   = 76  // the lease was lost while the child ran
 	ExitCannotRun   = 126 // the command exists but could not be executed
 	ExitNoCommand   = 127 // the command was not found
@@ -166,12 +167,19 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 			cfg.errorf("interrupted by %v while waiting for %q", interrupted, cfg.Key)
 			return Result{Code: 128 + signum(interrupted)}
 		case errors.Is(err, dlock.ErrLocked):
+			// "Another owner" includes this --owner id in another run or Client.
 			if cfg.Wait == 0 {
 				cfg.errorf("%q is held by another owner", cfg.Key)
 			} else {
 				cfg.errorf("%q still held by another owner after %v", cfg.Key, cfg.Wait)
 			}
 			return Result{Code: ExitNotAcquired}
+		case errors.Is(err, dlock.ErrValidityTooShort):
+			cfg.errorf("cannot use a grant of %q: %s (raise --ttl)", cfg.Key, errText(err))
+			return Result{Code: ExitNotAcquired}
+		case errors.Is(err, dlock.ErrAuth):
+			cfg.errorf("backend refused access: %s", errText(err))
+			return Result{Code: ExitNoPerm}
 		case errors.Is(err, dlock.ErrInvalid):
 			cfg.errorf("%s", errText(err))
 			return Result{Code: ExitUsage}
