@@ -364,7 +364,7 @@ func TestRunPassword(t *testing.T) {
 		{"DLOCK_URL with a password", []string{"DLOCK_URL=" + withPw}, nil, 0},
 		{"DLOCK_PASSWORD", []string{"DLOCK_URL=" + noPw, "DLOCK_PASSWORD=s3cret"}, nil, 0},
 		{"--password-file", []string{"DLOCK_URL="}, []string{"--backend", noPw, "--password-file", pwFile}, 0},
-		{"wrong password", []string{"DLOCK_URL=", "DLOCK_PASSWORD=wrong"}, []string{"--backend", noPw}, 69},
+		{"wrong password", []string{"DLOCK_URL=", "DLOCK_PASSWORD=wrong"}, []string{"--backend", noPw}, 77},
 		{"two passwords", []string{"DLOCK_URL=", "DLOCK_PASSWORD=s3cret"}, []string{"--backend", withPw}, 64},
 		{"missing file", []string{"DLOCK_URL="}, []string{"--backend", noPw, "--password-file", pwFile + ".nope"}, 64},
 	} {
