@@ -43,7 +43,18 @@ type listener struct {
 	failErr   error
 	interrupt context.CancelFunc // cancels the WaitForNotification in progress
 	openWait  bool               // the wait in progress has no linger timeout
+
+	// withdraw gives up owner's place in key's queue and passes on a reservation
+	// made for it (Backend.withdraw).
+	withdraw func(ctx context.Context, key, owner string) error
 }
+
+// attemptTimeout bounds a waiting attempt that runs on after its caller gave up, and
+// withdrawTimeout a withdrawal made in the background.
+const (
+	attemptTimeout  = 30 * time.Second
+	withdrawTimeout = 10 * time.Second
+)
 
 func newListener(cfg *pgx.ConnConfig, channel string, linger time.Duration) *listener {
 	l := &listener{cfg: cfg, channel: channel, linger: linger,
@@ -146,11 +157,39 @@ func (l *listener) dispatch(_ *pgconn.PgConn, n *pgconn.Notification) {
 		return
 	}
 	l.mu.Lock()
-	w := l.waiters[waitKey{key, owner}]
-	l.mu.Unlock()
-	if w != nil {
+	defer l.mu.Unlock()
+	if w := l.waiters[waitKey{key, owner}]; w != nil {
 		w.wake()
+		return
 	}
+	// No wait of this client is registered for it: a waiter that gave up, whose
+	// withdrawal failed or crossed this release. Pass the free lock on now rather
+	// than when the place lapses. (A waiter registers before its first waiting
+	// attempt, so a live one is never passed over; if it has taken the lock
+	// meanwhile, the lock is no longer reserved and the withdrawal changes nothing.)
+	l.background(func(ctx context.Context) { _ = l.withdraw(ctx, key, owner) })
+}
+
+// lookup returns the registered wait of owner for key, or nil.
+func (l *listener) lookup(key, owner string) *waiter {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiters[waitKey{key, owner}]
+}
+
+// background runs f on a goroutine of the listener's, with a context that ends
+// after withdrawTimeout or when the listener closes. Called with l.mu held.
+func (l *listener) background(f func(ctx context.Context)) {
+	if l.closed || l.withdraw == nil {
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		ctx, cancel := context.WithTimeout(l.closeCtx, withdrawTimeout)
+		defer cancel()
+		f(ctx)
+	}()
 }
 
 func (l *listener) close() {
@@ -312,7 +351,12 @@ type waiter struct {
 	b          *Backend
 	key, owner string
 	c          chan struct{}
-	queued     bool // an attempt took a place in the queue; guarded by l.mu
+	// Guarded by l.mu:
+	queued    bool          // an attempt took a place in the queue
+	sent      bool          // an attempt that may take a place was sent
+	inflight  chan struct{} // closed when the attempt in flight ends; nil if none
+	stopped   bool          // Stop was called
+	abandoned bool          // Stop gave up on the attempt in flight: it withdraws itself
 }
 
 func (w *waiter) C() <-chan struct{} { return w.c }
@@ -324,15 +368,92 @@ func (w *waiter) wake() {
 	}
 }
 
-// Stop unregisters the wait. A waiter that gives up after taking a place in the
-// queue withdraws from it, passing on a reservation the lock may have made for it.
+// attempt makes one waiting attempt for w. Its statements run on a context of their
+// own (bounded by attemptTimeout and the backend's life), not the caller's: when the
+// caller gives up while they are in flight, attempt returns at once, but the
+// statement runs to its end and its outcome is learned, so that Stop withdraws the
+// place it may have created. (Cancelled, pgx would drop the connection, and the
+// server could still commit the place after the withdrawal had run: a ghost place,
+// which the next release would reserve the lock for until the place lapsed.)
+func (w *waiter) attempt(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	l := w.l
+	l.mu.Lock()
+	for w.inflight != nil { // the core makes one attempt at a time; be safe anyway
+		prev := w.inflight
+		l.mu.Unlock()
+		select {
+		case <-prev:
+		case <-ctx.Done():
+			return driver.Grant{}, wrap("acquire", req.Key, ctx.Err())
+		}
+		l.mu.Lock()
+	}
+	if l.closed {
+		l.mu.Unlock()
+		return driver.Grant{}, driver.ErrClosed
+	}
+	done := make(chan struct{})
+	w.inflight, w.sent = done, true // a place may exist from the moment it is sent
+	l.wg.Add(1)
+	l.mu.Unlock()
+	var g driver.Grant
+	var err error
+	go func() {
+		defer l.wg.Done()
+		actx, cancel := context.WithTimeout(l.closeCtx, attemptTimeout)
+		g, err = w.b.acquire(actx, req)
+		cancel()
+		l.mu.Lock()
+		w.inflight = nil
+		if err == nil {
+			w.queued, w.sent = false, false // granted: the statement dropped the place
+		}
+		if w.abandoned && err != nil {
+			l.background(func(ctx context.Context) { _ = l.withdraw(ctx, w.key, w.owner) })
+		}
+		l.mu.Unlock()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return g, err
+	case <-ctx.Done():
+		return driver.Grant{}, wrap("acquire", req.Key, ctx.Err())
+	}
+}
+
+// Stop unregisters the wait. A waiter that gives up withdraws the place any of its
+// attempts may have taken in the queue, passing on a reservation the lock may have
+// made for it; it waits for an attempt still in flight to end first, so that a place
+// that attempt creates is withdrawn too (if ctx ends before, the attempt withdraws
+// it when it ends).
 func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	l := w.l
 	l.mu.Lock()
 	removed := l.removeLocked(w)
-	queued := w.queued
+	w.stopped = true
+	inflight := w.inflight
 	l.mu.Unlock()
-	if !removed || acquired || !queued {
+	if !removed || acquired {
+		return nil
+	}
+	if inflight != nil {
+		select {
+		case <-inflight:
+		case <-ctx.Done():
+			l.mu.Lock()
+			pending := w.inflight != nil
+			w.abandoned = pending
+			l.mu.Unlock()
+			if pending {
+				return wrap("withdraw waiter", w.key, fmt.Errorf("an attempt is still in flight (it withdraws its place when it ends): %w", ctx.Err()))
+			}
+		}
+	}
+	l.mu.Lock()
+	queued := w.queued || w.sent
+	l.mu.Unlock()
+	if !queued {
 		return nil
 	}
 	return w.b.withdraw(ctx, w.key, w.owner)

@@ -354,6 +354,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, opts []Option) (*Backen
 		return nil, err
 	}
 	b.lst = newListener(pool.Config().ConnConfig, b.channel, b.linger)
+	b.lst.withdraw = b.withdraw
 	return b, nil
 }
 
@@ -526,6 +527,16 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if b.closed.Load() {
 		return driver.Grant{}, driver.ErrClosed
 	}
+	if req.Wait {
+		if w := b.lst.lookup(req.Key, req.Owner); w != nil {
+			return w.attempt(ctx, req) // tracked, so that Stop can withdraw what it leaves
+		}
+	}
+	return b.acquire(ctx, req)
+}
+
+// acquire is one attempt of Acquire.
+func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	patience := req.Patience // how long a queued place lasts without another attempt
 	if patience <= 0 {
 		patience = req.TTL
