@@ -24,6 +24,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if b.isClosed() {
 		return driver.Grant{}, driver.ErrClosed
 	}
+	waitCtx := ctx
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
 	ok := ownerKey{req.Key, req.Owner}
@@ -36,6 +37,9 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	for range 4 {
 		s, err := b.session(ctx, req.TTL)
 		if err != nil {
+			if w != nil && ctx.Err() != nil && waitCtx.Err() == nil {
+				return driver.Grant{}, waitOn(req.Key, err) // the request timeout, as below
+			}
 			b.freeName(ok)
 			return driver.Grant{}, wrap("acquire", req.Key, err)
 		}
@@ -71,6 +75,15 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			return driver.Grant{}, err
 		case errors.Is(err, ErrSessionLost):
 			return driver.Grant{}, wrap("acquire", req.Key, err)
+		case w != nil && ctx.Err() != nil && waitCtx.Err() == nil:
+			// A waiting attempt ran out of the request timeout (the server is busy,
+			// or has no leader), not of the caller's patience. Its outcome is
+			// unknown, but the waiter answers for the member key it may have
+			// written (Stop deletes it) and the next attempt finds it: report the
+			// lock as taken, so the core waits and tries again, rather than end a
+			// wait that has no deadline with a timeout error.
+			b.untrackOrphan(ok)
+			return driver.Grant{}, waitOn(req.Key, err)
 		default:
 			// The outcome is unknown: a member key may have been written.
 			b.orphan(ok, s, req.TTL)
@@ -79,6 +92,13 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	}
 	b.freeName(ok)
 	return driver.Grant{}, wrap("acquire", req.Key, fmt.Errorf("%w: sessions keep ending", ErrSessionLost))
+}
+
+// waitOn is the error of a waiting attempt that got no answer within the request
+// timeout: it matches driver.ErrLocked, so the core waits and tries again (a Lock
+// whose context has no deadline never fails on a timeout of its own), and says why.
+func waitOn(key string, err error) error {
+	return wrap("acquire", key, fmt.Errorf("no answer within the request timeout (%w), so waiting on as if %w", err, driver.ErrLocked))
 }
 
 func firstKV(r *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
@@ -123,29 +143,27 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 				}
 			} else {
 				// A woken waiter: is the own key still there, and first (no member
-				// created before it)?
+				// created before it)? Both reads in one transaction, so at one
+				// revision; both read keys only. (A compare over the prefix would
+				// read every member's value: the cost of a handoff would grow with
+				// the queue.)
 				resp, err := b.cli.Txn(ctx).
-					If(clientv3.Compare(clientv3.CreateRevision(member), "=", rev),
-						clientv3.Compare(clientv3.CreateRevision(prefix), ">", rev-1).WithPrefix()).
-					Else(clientv3.OpGet(member, clientv3.WithKeysOnly()), predecessorOp(prefix, rev)).
+					Then(clientv3.OpGet(member, clientv3.WithKeysOnly()), predecessorOp(prefix, rev)).
 					Commit()
 				if err != nil {
 					return driver.Grant{}, leaseErr(err)
 				}
-				if resp.Succeeded {
+				mine, pred := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
+				if mine != nil && mine.CreateRevision == rev && pred == nil {
 					return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 				}
-				if mine := firstKV(resp.Responses[0]); mine == nil || mine.CreateRevision != rev {
+				if mine == nil || mine.CreateRevision != rev {
 					// The own key vanished while waiting: its lease expired or was
 					// revoked before this process noticed, or someone deleted it.
 					// Never take the lock on the strength of the old place.
 					return driver.Grant{}, fmt.Errorf("%w: the waiter's member key vanished while it waited; the place in the queue is gone", ErrSessionLost)
 				}
-				if pred := firstKV(resp.Responses[1]); pred != nil {
-					w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
-				} else {
-					w.wake() // cannot happen: someone is ahead; look again
-				}
+				w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
 				return driver.Grant{}, &driver.HeldError{}
 			}
 		}

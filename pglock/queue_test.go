@@ -20,14 +20,14 @@ import (
 )
 
 // manyWaiters is how many waiters TestManyWaiters queues on one key: 1,000, 100
-// with -short, or DLOCK_MANY_WAITERS.
+// with -short or -race, or DLOCK_MANY_WAITERS.
 func manyWaiters() int {
 	if s := os.Getenv("DLOCK_MANY_WAITERS"); s != "" {
 		if n, err := strconv.Atoi(s); err == nil && n > 0 {
 			return n
 		}
 	}
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		return 100
 	}
 	return 1000
