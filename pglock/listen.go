@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -35,11 +36,12 @@ type listener struct {
 	kick      chan struct{} // wakes the idle goroutine; capacity 1
 	changed   chan struct{} // closed (and replaced) when listening or failed changes
 	waiters   map[waitKey]*waiter
-	count     int       // registered waiters
-	idleSince time.Time // when count last became 0
-	listening bool      // LISTEN is in effect on a live connection
-	attempts  int       // connection attempts started
-	failedAt  int       // the attempt that failed last
+	places    map[waitKey]string // the known places in queues (keys of their rows)
+	count     int                // registered waiters
+	idleSince time.Time          // when count last became 0
+	listening bool               // LISTEN is in effect on a live connection
+	attempts  int                // connection attempts started
+	failedAt  int                // the attempt that failed last
 	failErr   error
 	interrupt context.CancelFunc // cancels the WaitForNotification in progress
 	openWait  bool               // the wait in progress has no linger timeout
@@ -58,7 +60,7 @@ const (
 
 func newListener(cfg *pgx.ConnConfig, channel string, linger time.Duration) *listener {
 	l := &listener{cfg: cfg, channel: channel, linger: linger,
-		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[waitKey]*waiter)}
+		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[waitKey]*waiter), places: make(map[waitKey]string)}
 	l.closeCtx, l.closeCancel = context.WithCancel(context.Background())
 	return l
 }
@@ -222,6 +224,13 @@ func (l *listener) connect() (*pgconn.PgConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The advisory lock tells handoffs that this client is alive, so its waiters'
+	// places are live without renewal (see placeLive).
+	alive := "SELECT pg_advisory_lock(" + strconv.FormatInt(lockID(l.channel), 10) + ")"
+	if _, err := conn.Exec(ctx, alive).ReadAll(); err != nil {
+		closeConn(conn)
+		return nil, err
+	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()).ReadAll(); err != nil {
 		closeConn(conn)
 		return nil, err
@@ -328,21 +337,38 @@ func (l *listener) receive(conn *pgconn.PgConn) bool {
 	}
 }
 
-// markQueued records that owner's wait for key took a place in the server's queue.
-func (l *listener) markQueued(key, owner string) {
+// place returns owner's place in key's queue (the key of its row), or "".
+func (l *listener) place(key, owner string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w := l.waiters[waitKey{key, owner}]; w != nil {
-		w.queued = true
+	return l.places[waitKey{key, owner}]
+}
+
+// setPlace records owner's place in key's queue; "" forgets it.
+func (l *listener) setPlace(key, owner, place string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if place == "" {
+		delete(l.places, waitKey{key, owner})
+	} else {
+		l.places[waitKey{key, owner}] = place
 	}
 }
 
-// queued reports whether owner's wait for key has taken a place in the queue.
-func (l *listener) queued(key, owner string) bool {
+// guards reports whether owner's place in key's queue stays live without renewal:
+// owner's wait is registered, and the listening connection holds the client's
+// advisory lock.
+func (l *listener) guards(key, owner string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	w := l.waiters[waitKey{key, owner}]
-	return w != nil && w.queued
+	return l.listening && l.waiters[waitKey{key, owner}] != nil
+}
+
+// lockID is the client's advisory lock key: the first 64 bits of its channel's
+// random part, as the SQL in placeLive computes it.
+func lockID(channel string) int64 {
+	u, _ := strconv.ParseUint(channel[len("dlock_"):len("dlock_")+16], 16, 64)
+	return int64(u)
 }
 
 // waiter is one registered wait.
@@ -352,7 +378,6 @@ type waiter struct {
 	key, owner string
 	c          chan struct{}
 	// Guarded by l.mu:
-	queued    bool          // an attempt took a place in the queue
 	sent      bool          // an attempt that may take a place was sent
 	inflight  chan struct{} // closed when the attempt in flight ends; nil if none
 	stopped   bool          // Stop was called
@@ -406,7 +431,7 @@ func (w *waiter) attempt(ctx context.Context, req driver.Request) (driver.Grant,
 		l.mu.Lock()
 		w.inflight = nil
 		if err == nil {
-			w.queued, w.sent = false, false // granted: the statement dropped the place
+			w.sent = false // granted: the statement dropped the place
 		}
 		if w.abandoned && err != nil {
 			l.background(func(ctx context.Context) { _ = l.withdraw(ctx, w.key, w.owner) })
@@ -451,7 +476,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		}
 	}
 	l.mu.Lock()
-	queued := w.queued || w.sent
+	queued := w.sent || l.places[waitKey{w.key, w.owner}] != ""
 	l.mu.Unlock()
 	if !queued {
 		return nil

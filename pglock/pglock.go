@@ -541,11 +541,11 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if patience <= 0 {
 		patience = req.TTL
 	}
-	sql := b.sql.acquireTry
+	place := ""
 	if req.Wait {
-		sql = b.sql.acquireWait
+		place = b.lst.place(req.Key, req.Owner)
 	}
-	if !req.Wait || !b.lst.queued(req.Key, req.Owner) {
+	if place == "" {
 		// No row: the key is free, and a plain INSERT takes it.
 		var token int64
 		err := retry(ctx, func() error {
@@ -563,13 +563,23 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
 		}
 	}
+	// A place whose client holds its advisory lock stays live without renewal: the
+	// attempt of a waiter that has one then only reads, unless it takes the lock
+	// (compare-and-set), like an attempt that will not wait. An attempt that may
+	// add or renew a place locks the row.
+	renew := req.Wait && !b.lst.guards(req.Key, req.Owner)
+	sql := b.sql.acquireTry
+	if req.Wait && (place == "" || renew) {
+		sql = b.sql.acquireWait
+	}
 	for range casAttempts {
 		var granted, mustWrite, wrote bool
 		var token, left *int64
 		var ahead int64
+		var newPlace string
 		err := retry(ctx, func() error {
-			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience)))
-			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead)
+			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew))
+			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead, &newPlace)
 			if err == nil && granted && wrote && token != nil && *token == 0 {
 				err = br.QueryRow().Scan(token) // the row was inserted: its token
 			}
@@ -578,14 +588,18 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 		if err != nil {
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
 		}
+		if req.Wait {
+			b.lst.setPlace(req.Key, req.Owner, newPlace)
+			if place = newPlace; place == "" && !granted && sql != b.sql.acquireWait {
+				sql = b.sql.acquireWait // the place lapsed: queue again, with the row lock
+				continue
+			}
+		}
 		if mustWrite && !wrote {
 			continue // the row changed under us: decide again on the new version
 		}
 		if granted {
 			return driver.Grant{Token: uint64(*token)}, nil
-		}
-		if req.Wait {
-			b.lst.markQueued(req.Key, req.Owner)
 		}
 		var after time.Duration
 		if left != nil {
@@ -593,7 +607,7 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 		}
 		held := &driver.HeldError{RetryAfter: after}
 		if req.Wait {
-			held.Ahead = int(ahead) // the places still ahead of the caller's
+			held.Ahead = int(ahead) // the places still ahead of the caller's (at most 8)
 		}
 		return driver.Grant{}, held
 	}
@@ -619,33 +633,41 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	return nil
 }
 
-// handOff runs a release-like statement (first sql, then retry if sql lost a race
-// for the row) until it is not beaten by a concurrent change of the row. It returns
-// ErrNotHeld when the grant had expired or the statement found nothing to do.
-func (b *Backend) handOff(ctx context.Context, op, sql, retrySQL, key, owner string) error {
-	for i := range casAttempts {
-		if i > 0 {
-			sql = retrySQL
+// handOff locks key's row and runs a release-like statement (see the function
+// handOff in sql.go), after the statements pre (with args key, owner and extra), in
+// one transaction. It returns ErrNotHeld when the grant had expired or the statement
+// found nothing to do.
+func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string, pre ...string) error {
+	var live, wrote, notified bool
+	err := retry(ctx, func() error {
+		batch := &pgx.Batch{}
+		batch.Queue(b.sql.lockRow, key)
+		for i := 0; i+1 < len(pre); i += 2 {
+			batch.Queue(pre[i], key, owner, pre[i+1])
 		}
-		var live, wrote, notified bool
-		err := retry(ctx, func() error {
-			return b.pool.QueryRow(ctx, sql, key, owner).Scan(&live, &wrote, &notified)
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
-			return driver.ErrNotHeld
+		batch.Queue(sql, key, owner)
+		br := b.pool.SendBatch(ctx, batch)
+		var err error
+		for range 1 + len(pre)/2 {
+			if _, err = br.Exec(); err != nil {
+				break
+			}
 		}
-		if err != nil {
-			return b.ctxErr(ctx, wrap(op, key, err))
+		if err == nil {
+			err = br.QueryRow().Scan(&live, &wrote, &notified)
 		}
-		if !wrote {
-			continue
-		}
-		if !live {
-			return driver.ErrNotHeld
-		}
-		return nil
+		return errors.Join(err, br.Close())
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return driver.ErrNotHeld
 	}
-	return wrap(op, key, errors.New("the lock row kept changing; try again"))
+	if err != nil {
+		return b.ctxErr(ctx, wrap(op, key, err))
+	}
+	if !live {
+		return driver.ErrNotHeld
+	}
+	return nil
 }
 
 // Release implements driver.Backend. With waiters queued, the lock is reserved for
@@ -667,7 +689,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	case !errors.Is(err, pgx.ErrNoRows):
 		return b.ctxErr(ctx, wrap("release", key, err))
 	}
-	return b.handOff(ctx, "release", b.sql.release, b.sql.releaseLocked, key, owner)
+	return b.handOff(ctx, "release", b.sql.release, key, owner)
 }
 
 // ForceRelease implements driver.ForceReleaser: it frees key whoever holds it, and
@@ -677,7 +699,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	return b.handOff(ctx, "force release", b.sql.forceRelease, b.sql.forceRelease, key, "")
+	return b.handOff(ctx, "force release", b.sql.forceRelease, key, "")
 }
 
 // withdraw gives up owner's place in key's queue, passing a reservation on.
@@ -685,22 +707,17 @@ func (b *Backend) withdraw(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	for range casAttempts {
-		var wrote, notified bool
-		err := retry(ctx, func() error {
-			return b.pool.QueryRow(ctx, b.sql.withdraw, key, owner).Scan(&wrote, &notified)
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // no place, no reservation
-		}
-		if err != nil {
-			return b.ctxErr(ctx, wrap("withdraw waiter", key, err))
-		}
-		if wrote {
-			return nil
-		}
+	place := b.lst.place(key, owner)
+	drop := b.sql.withdrawOwner // the place is not known: every place of owner's
+	if place != "" {
+		drop = b.sql.withdrawPlace
 	}
-	return wrap("withdraw waiter", key, errors.New("the lock row kept changing; the place lapses after its patience"))
+	err := b.handOff(ctx, "withdraw waiter", b.sql.withdraw, key, owner, drop, place)
+	if err != nil && !errors.Is(err, driver.ErrNotHeld) {
+		return err
+	}
+	b.lst.setPlace(key, owner, "")
+	return nil
 }
 
 // Inspect implements driver.Inspector. Waiters counts the live places in the queue.
