@@ -2,8 +2,10 @@ package etcdlock_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,5 +100,29 @@ func TestManyWaiters(t *testing.T) {
 	}
 	if int(got.Load()) != n {
 		t.Fatalf("%d of %d waiters got the lock (%d errors)", got.Load(), n, failed)
+	}
+}
+
+// A waiting attempt that runs out of the request timeout reports the lock as taken
+// (the core then waits and tries again), not a timeout that would end a Lock whose
+// caller gave no deadline. With a request timeout of 1ns every request times out.
+func TestWaitingAttemptTimeout(t *testing.T) {
+	srv := testserver.StartEtcd(t)
+	b := open(t, srv.URL("dlock")+"?timeout=1ns")
+	defer b.Close()
+	ctx := context.Background()
+	key := drivertest.Key(t, "k")
+	w, err := b.Watch(ctx, key, "waiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Acquire(ctx, driver.Request{Key: key, Owner: "waiter", TTL: time.Minute, Wait: true, Patience: time.Minute})
+	if !errors.Is(err, driver.ErrLocked) || !strings.Contains(err.Error(), "etcdlock") {
+		t.Fatalf("waiting attempt past the request timeout = %v, want an etcdlock error matching ErrLocked", err)
+	}
+	_ = w.Stop(ctx, false) // times out too: nothing was written
+	// An attempt that will not wait still fails with the timeout.
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "other", TTL: time.Minute}); errors.Is(err, driver.ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryLock attempt past the request timeout = %v, want DeadlineExceeded", err)
 	}
 }
