@@ -7,14 +7,16 @@
 // The host part lists the endpoints (port 2379 when omitted); the path is the key
 // prefix (default "dlock"). Parameters: tls (true for TLS with the system roots),
 // tls_ca, tls_cert, tls_key, tls_server_name (any of them turns TLS on; see
-// driver.ReadTLS), timeout (bound on each request, default 5s), dial_timeout (bound
-// on connecting in Open, default 5s), metrics (the members' Prometheus metrics
-// pages, comma-separated, read only by ServerOps for benchmarks; see WithMetrics);
-// and the core's ttl, renew, drift, owner. User and password come from the URL's
-// user info. Unknown, repeated or malformed parameters are an error. With TLS, Open
-// makes one handshake of its own first, so that a certificate problem is reported
-// by name at once; refused credentials, a refused client certificate and denied
-// permissions are errors matching driver.ErrAuth.
+// driver.ReadTLS), timeout (bound on each request, default 5s; a waiting Lock's
+// attempt that runs past it is retried like a refused one, so only the caller's
+// context ends a wait), dial_timeout (bound on connecting in Open, default 5s),
+// metrics (the members' Prometheus metrics pages, comma-separated, read only by
+// ServerOps for benchmarks; see WithMetrics); and the core's ttl, renew, drift,
+// owner. User and password come from the URL's user info. Unknown, repeated or
+// malformed parameters are an error. With TLS, Open makes one handshake of its own
+// first, so that a certificate problem is reported by name at once; refused
+// credentials, a refused client certificate and denied permissions are errors
+// matching driver.ErrAuth.
 //
 // # Algorithm
 //

@@ -24,6 +24,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if b.isClosed() {
 		return driver.Grant{}, driver.ErrClosed
 	}
+	waitCtx := ctx
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
 	ok := ownerKey{req.Key, req.Owner}
@@ -36,6 +37,9 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	for range 4 {
 		s, err := b.session(ctx, req.TTL)
 		if err != nil {
+			if w != nil && waitCtx.Err() == nil && (ctx.Err() != nil || errors.Is(err, rpctypes.ErrTooManyRequests)) {
+				return driver.Grant{}, waitOn(req.Key, err) // the request timeout, as below
+			}
 			b.freeName(ok)
 			return driver.Grant{}, wrap("acquire", req.Key, err)
 		}
@@ -71,6 +75,16 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			return driver.Grant{}, err
 		case errors.Is(err, ErrSessionLost):
 			return driver.Grant{}, wrap("acquire", req.Key, err)
+		case w != nil && waitCtx.Err() == nil && (ctx.Err() != nil || errors.Is(err, rpctypes.ErrTooManyRequests)):
+			// A waiting attempt ran out of the request timeout (the server is busy,
+			// or has no leader), not of the caller's patience, or the server turned
+			// it away because it is behind in applying writes ("too many requests"). Its outcome is
+			// unknown, but the waiter answers for the member key it may have
+			// written (Stop deletes it) and the next attempt finds it: report the
+			// lock as taken, so the core waits and tries again, rather than end a
+			// wait that has no deadline with a timeout error.
+			b.untrackOrphan(ok)
+			return driver.Grant{}, waitOn(req.Key, err)
 		default:
 			// The outcome is unknown: a member key may have been written.
 			b.orphan(ok, s, req.TTL)
@@ -79,6 +93,13 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	}
 	b.freeName(ok)
 	return driver.Grant{}, wrap("acquire", req.Key, fmt.Errorf("%w: sessions keep ending", ErrSessionLost))
+}
+
+// waitOn is the error of a waiting attempt that got no answer within the request
+// timeout, or that a busy server turned away: it matches driver.ErrLocked, so the core waits and tries again (a Lock
+// whose context has no deadline never fails on a timeout of its own), and says why.
+func waitOn(key string, err error) error {
+	return wrap("acquire", key, fmt.Errorf("no answer in time (%w), so waiting on as if %w", err, driver.ErrLocked))
 }
 
 func firstKV(r *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
@@ -92,6 +113,32 @@ func firstKV(r *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
 // firstOp reads the first member of a lock (the holder), with its value, the owner.
 func firstOp(prefix string) clientv3.Op {
 	return clientv3.OpGet(prefix, clientv3.WithFirstCreate()...)
+}
+
+// firstKeyOp reads the key of the first member of a lock, without its value: sorted
+// by create revision, etcd reads every member, and with values it would read each
+// one's from its backend (for a write transaction, in its apply loop), so the cost
+// would grow with the queue.
+func firstKeyOp(prefix string) clientv3.Op {
+	return clientv3.OpGet(prefix, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)
+}
+
+// callerHolds returns first (read keys only), with its value, if it is a grant of
+// owner's under a name of another client's, made by an earlier process with the
+// same owner id (to be resumed); else nil. A name of this client's is another
+// owner's (an owner has one name here) and costs no request.
+func (b *Backend) callerHolds(ctx context.Context, first *mvccpb.KeyValue, owner string) (*mvccpb.KeyValue, error) {
+	if first == nil || b.ours(string(first.Key)) {
+		return nil, nil
+	}
+	g, err := b.cli.Get(ctx, string(first.Key))
+	if err != nil {
+		return nil, leaseErr(err)
+	}
+	if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == first.CreateRevision && string(g.Kvs[0].Value) == owner {
+		return g.Kvs[0], nil
+	}
+	return nil, nil
 }
 
 // predecessorOp reads the member just ahead of the one created at rev.
@@ -121,31 +168,32 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 				if ws.isDone() {
 					return driver.Grant{}, fmt.Errorf("%w while waiting; the place in the queue is gone", ErrSessionLost)
 				}
+			} else if ahead, ok := w.still(s); ok {
+				return driver.Grant{}, &driver.HeldError{Ahead: ahead}
 			} else {
 				// A woken waiter: is the own key still there, and first (no member
-				// created before it)?
+				// created before it)? Both reads in one transaction, so at one
+				// revision; both read keys only. (A compare over the prefix would
+				// read every member's value: the cost of a handoff would grow with
+				// the queue.)
 				resp, err := b.cli.Txn(ctx).
-					If(clientv3.Compare(clientv3.CreateRevision(member), "=", rev),
-						clientv3.Compare(clientv3.CreateRevision(prefix), ">", rev-1).WithPrefix()).
-					Else(clientv3.OpGet(member, clientv3.WithKeysOnly()), predecessorOp(prefix, rev)).
+					Then(clientv3.OpGet(member, clientv3.WithKeysOnly()), predecessorOp(prefix, rev)).
 					Commit()
 				if err != nil {
 					return driver.Grant{}, leaseErr(err)
 				}
-				if resp.Succeeded {
+				mine, pred := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
+				if mine != nil && mine.CreateRevision == rev && pred == nil {
 					return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 				}
-				if mine := firstKV(resp.Responses[0]); mine == nil || mine.CreateRevision != rev {
+				if mine == nil || mine.CreateRevision != rev {
 					// The own key vanished while waiting: its lease expired or was
 					// revoked before this process noticed, or someone deleted it.
 					// Never take the lock on the strength of the old place.
 					return driver.Grant{}, fmt.Errorf("%w: the waiter's member key vanished while it waited; the place in the queue is gone", ErrSessionLost)
 				}
-				if pred := firstKV(resp.Responses[1]); pred != nil {
-					w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
-				} else {
-					w.wake() // cannot happen: someone is ahead; look again
-				}
+				w.placed(-1)
+				w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
 				return driver.Grant{}, &driver.HeldError{}
 			}
 		}
@@ -158,7 +206,10 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 	var thenOps []clientv3.Op
 	if req.Wait {
 		last2 := clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2), clientv3.WithKeysOnly())
-		thenOps = []clientv3.Op{put, firstOp(prefix), last2}
+		// Keys only: sorted by create revision, etcd reads every member of the
+		// lock, and with values it would read each one's from the backend, in
+		// the apply loop, for every waiter that queues.
+		thenOps = []clientv3.Op{put, firstKeyOp(prefix), last2}
 	} else {
 		thenOps = []clientv3.Op{clientv3.OpTxn(
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix()},
@@ -167,7 +218,7 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(member), "=", 0)).
 		Then(thenOps...).
-		Else(clientv3.OpGet(member), firstOp(prefix)).
+		Else(clientv3.OpGet(member), firstKeyOp(prefix)).
 		Commit()
 	if err != nil {
 		return driver.Grant{}, leaseErr(err)
@@ -188,18 +239,24 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 		if first != nil && first.CreateRevision == rev {
 			return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 		}
-		if first != nil && string(first.Value) == req.Owner && req.Reenter {
-			return b.resume(ctx, ok, first, s, member)
+		if req.Reenter {
+			if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
+				return driver.Grant{}, err
+			} else if kv != nil {
+				return b.resume(ctx, ok, kv, s, member)
+			}
 		}
 		// Without Reenter, a holder of the same owner id (another client or
 		// process) is like any other: the own member key waits behind it.
 		lastResp := resp.Responses[2].GetResponseRange()
-		if last := lastResp.GetKvs(); w != nil && len(last) == 2 {
-			w.follow(string(last[1].Key), last[1].CreateRevision, rev, s, rev, member)
-		}
 		// The read counts every member (its limit does not apply to the count), and
 		// the own one is the newest: the others but the holder are ahead of it.
-		return driver.Grant{}, &driver.HeldError{Ahead: max(int(lastResp.GetCount())-2, 0)}
+		ahead := max(int(lastResp.GetCount())-2, 0)
+		if last := lastResp.GetKvs(); w != nil && len(last) == 2 {
+			w.placed(ahead)
+			w.follow(string(last[1].Key), last[1].CreateRevision, rev, s, rev, member)
+		}
+		return driver.Grant{}, &driver.HeldError{Ahead: ahead}
 	}
 
 	// The member key exists: the same grant (re-entry, or a retry after a lost
@@ -213,15 +270,19 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 		return driver.Grant{}, errNameTaken
 	}
 	if first.CreateRevision != mine.CreateRevision {
-		if string(first.Value) == req.Owner && req.Reenter {
-			return b.resume(ctx, ok, first, s, member)
+		if req.Reenter {
+			if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
+				return driver.Grant{}, err
+			} else if kv != nil {
+				return b.resume(ctx, ok, kv, s, member)
+			}
 		}
 		if !req.Wait {
 			return driver.Grant{}, &driver.HeldError{}
 		}
 	}
 	// Keep the key on this session's lease (the create revision, the token, stays).
-	ops := []clientv3.Op{firstOp(prefix), predecessorOp(prefix, mine.CreateRevision)}
+	ops := []clientv3.Op{firstKeyOp(prefix), predecessorOp(prefix, mine.CreateRevision)}
 	if mine.Lease != int64(s.id) {
 		ops = append(ops, put)
 	}

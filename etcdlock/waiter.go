@@ -44,6 +44,62 @@ type waiter struct {
 	predRev   int64
 	cancel    context.CancelFunc // of the watch goroutine, if any
 	done      chan struct{}      // closed when that goroutine returns
+	watching  bool               // that watch is in place and predKey was still there
+	checked   time.Time          // when an attempt last read the queue on the server
+	ahead     int                // members ahead of the own key then, the holder not counted
+}
+
+// recheck bounds how long the attempts of a waiter whose watch is in place are
+// answered without a request (see still).
+const recheck = 30 * time.Second
+
+// still reports whether a waiting attempt on session s can be answered without a
+// request: the waiter's watch on the member just ahead is in place and has not seen
+// it deleted (etcd delivers every event of a watch, resuming it after a broken
+// stream, so the waiter is woken when it is), and the queue was read on the server
+// within recheck. ahead is the count read then. Without this, every waiter's
+// fallback attempt (the core's guard against a lost wake-up, every few seconds)
+// would be a read of the whole queue on the server: N waiters, N reads of N
+// members every few seconds.
+func (w *waiter) still(s *session) (ahead int, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.watching || w.sess != s || time.Since(w.checked) >= recheck {
+		return 0, false
+	}
+	select {
+	case <-w.done:
+		return 0, false
+	default:
+	}
+	return w.ahead, true
+}
+
+// placed records that an attempt read the waiter's place on the server, with
+// ahead members ahead of it; -1 when the read did not count them (one fewer than
+// last time is then a fair guess: the waiter was woken by a delete ahead).
+func (w *waiter) placed(ahead int) {
+	w.mu.Lock()
+	if ahead < 0 {
+		ahead = max(w.ahead-1, 0)
+	}
+	w.checked, w.ahead = time.Now(), ahead
+	w.mu.Unlock()
+}
+
+// woken wakes the waiter from its watch, which ends: the next attempt asks the
+// server (still no longer answers for it).
+func (w *waiter) woken() {
+	w.mu.Lock()
+	w.watching = false
+	w.mu.Unlock()
+	w.wake()
+}
+
+func (w *waiter) setWatching() {
+	w.mu.Lock()
+	w.watching = true
+	w.mu.Unlock()
 }
 
 func (w *waiter) C() <-chan struct{} { return w.c }
@@ -92,6 +148,7 @@ func (w *waiter) follow(predKey string, predRev, readRev int64, s *session, myRe
 		}
 	}
 	w.stopWatchLocked()
+	w.watching = false
 	b := w.b
 	b.mu.Lock()
 	if b.closed {
@@ -140,18 +197,21 @@ func (w *waiter) watch(ctx context.Context, predKey string, predRev, readRev int
 		case resp, ok := <-wch:
 			if !ok || resp.Canceled || resp.Err() != nil {
 				if ctx.Err() == nil {
-					w.wake() // the next attempt watches again
+					w.woken() // the next attempt watches again
 				}
 				return
 			}
 			for _, ev := range resp.Events {
 				if ev.Type == mvccpb.DELETE {
-					w.wake()
+					w.woken()
 					return
 				}
 			}
 			if resp.Created && !created {
 				created = true
+				if rev := resp.Header.Revision; rev <= readRev {
+					w.setWatching()
+				}
 				if rev := resp.Header.Revision; rev > readRev {
 					// Was predKey still there at the revision the watch starts
 					// after? History does not change, so any member that has
@@ -169,14 +229,15 @@ func (w *waiter) watch(ctx context.Context, predKey string, predRev, readRev int
 					cancel()
 					if err != nil || len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != predRev {
 						if ctx.Err() == nil {
-							w.wake()
+							w.woken()
 						}
 						return
 					}
+					w.setWatching()
 				}
 			}
 		case <-s.done:
-			w.wake() // the next attempt gives up: the place went with the session
+			w.woken() // the next attempt gives up: the place went with the session
 			return
 		case <-ctx.Done():
 			return

@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -35,19 +36,31 @@ type listener struct {
 	kick      chan struct{} // wakes the idle goroutine; capacity 1
 	changed   chan struct{} // closed (and replaced) when listening or failed changes
 	waiters   map[waitKey]*waiter
-	count     int       // registered waiters
-	idleSince time.Time // when count last became 0
-	listening bool      // LISTEN is in effect on a live connection
-	attempts  int       // connection attempts started
-	failedAt  int       // the attempt that failed last
+	places    map[waitKey]string // the known places in queues (keys of their rows)
+	count     int                // registered waiters
+	idleSince time.Time          // when count last became 0
+	listening bool               // LISTEN is in effect on a live connection
+	attempts  int                // connection attempts started
+	failedAt  int                // the attempt that failed last
 	failErr   error
 	interrupt context.CancelFunc // cancels the WaitForNotification in progress
 	openWait  bool               // the wait in progress has no linger timeout
+
+	// withdraw gives up owner's place in key's queue and passes on a reservation
+	// made for it (Backend.withdraw).
+	withdraw func(ctx context.Context, key, owner string) error
 }
+
+// attemptTimeout bounds a waiting attempt that runs on after its caller gave up, and
+// withdrawTimeout a withdrawal made in the background.
+const (
+	attemptTimeout  = 30 * time.Second
+	withdrawTimeout = 10 * time.Second
+)
 
 func newListener(cfg *pgx.ConnConfig, channel string, linger time.Duration) *listener {
 	l := &listener{cfg: cfg, channel: channel, linger: linger,
-		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[waitKey]*waiter)}
+		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[waitKey]*waiter), places: make(map[waitKey]string)}
 	l.closeCtx, l.closeCancel = context.WithCancel(context.Background())
 	return l
 }
@@ -146,11 +159,39 @@ func (l *listener) dispatch(_ *pgconn.PgConn, n *pgconn.Notification) {
 		return
 	}
 	l.mu.Lock()
-	w := l.waiters[waitKey{key, owner}]
-	l.mu.Unlock()
-	if w != nil {
+	defer l.mu.Unlock()
+	if w := l.waiters[waitKey{key, owner}]; w != nil {
 		w.wake()
+		return
 	}
+	// No wait of this client is registered for it: a waiter that gave up, whose
+	// withdrawal failed or crossed this release. Pass the free lock on now rather
+	// than when the place lapses. (A waiter registers before its first waiting
+	// attempt, so a live one is never passed over; if it has taken the lock
+	// meanwhile, the lock is no longer reserved and the withdrawal changes nothing.)
+	l.background(func(ctx context.Context) { _ = l.withdraw(ctx, key, owner) })
+}
+
+// lookup returns the registered wait of owner for key, or nil.
+func (l *listener) lookup(key, owner string) *waiter {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiters[waitKey{key, owner}]
+}
+
+// background runs f on a goroutine of the listener's, with a context that ends
+// after withdrawTimeout or when the listener closes. Called with l.mu held.
+func (l *listener) background(f func(ctx context.Context)) {
+	if l.closed || l.withdraw == nil {
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		ctx, cancel := context.WithTimeout(l.closeCtx, withdrawTimeout)
+		defer cancel()
+		f(ctx)
+	}()
 }
 
 func (l *listener) close() {
@@ -181,6 +222,13 @@ func (l *listener) connect() (*pgconn.PgConn, error) {
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
+		return nil, err
+	}
+	// The advisory lock tells handoffs that this client is alive, so its waiters'
+	// places are live without renewal (see placeLive).
+	alive := "SELECT pg_advisory_lock(" + strconv.FormatInt(lockID(l.channel), 10) + ")"
+	if _, err := conn.Exec(ctx, alive).ReadAll(); err != nil {
+		closeConn(conn)
 		return nil, err
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()).ReadAll(); err != nil {
@@ -289,21 +337,38 @@ func (l *listener) receive(conn *pgconn.PgConn) bool {
 	}
 }
 
-// markQueued records that owner's wait for key took a place in the server's queue.
-func (l *listener) markQueued(key, owner string) {
+// place returns owner's place in key's queue (the key of its row), or "".
+func (l *listener) place(key, owner string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w := l.waiters[waitKey{key, owner}]; w != nil {
-		w.queued = true
+	return l.places[waitKey{key, owner}]
+}
+
+// setPlace records owner's place in key's queue; "" forgets it.
+func (l *listener) setPlace(key, owner, place string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if place == "" {
+		delete(l.places, waitKey{key, owner})
+	} else {
+		l.places[waitKey{key, owner}] = place
 	}
 }
 
-// queued reports whether owner's wait for key has taken a place in the queue.
-func (l *listener) queued(key, owner string) bool {
+// guards reports whether owner's place in key's queue stays live without renewal:
+// owner's wait is registered, and the listening connection holds the client's
+// advisory lock.
+func (l *listener) guards(key, owner string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	w := l.waiters[waitKey{key, owner}]
-	return w != nil && w.queued
+	return l.listening && l.waiters[waitKey{key, owner}] != nil
+}
+
+// lockID is the client's advisory lock key: the first 64 bits of its channel's
+// random part, as the SQL in placeLive computes it.
+func lockID(channel string) int64 {
+	u, _ := strconv.ParseUint(channel[len("dlock_"):len("dlock_")+16], 16, 64)
+	return int64(u)
 }
 
 // waiter is one registered wait.
@@ -312,7 +377,11 @@ type waiter struct {
 	b          *Backend
 	key, owner string
 	c          chan struct{}
-	queued     bool // an attempt took a place in the queue; guarded by l.mu
+	// Guarded by l.mu:
+	sent      bool          // an attempt that may take a place was sent
+	inflight  chan struct{} // closed when the attempt in flight ends; nil if none
+	stopped   bool          // Stop was called
+	abandoned bool          // Stop gave up on the attempt in flight: it withdraws itself
 }
 
 func (w *waiter) C() <-chan struct{} { return w.c }
@@ -324,15 +393,92 @@ func (w *waiter) wake() {
 	}
 }
 
-// Stop unregisters the wait. A waiter that gives up after taking a place in the
-// queue withdraws from it, passing on a reservation the lock may have made for it.
+// attempt makes one waiting attempt for w. Its statements run on a context of their
+// own (bounded by attemptTimeout and the backend's life), not the caller's: when the
+// caller gives up while they are in flight, attempt returns at once, but the
+// statement runs to its end and its outcome is learned, so that Stop withdraws the
+// place it may have created. (Cancelled, pgx would drop the connection, and the
+// server could still commit the place after the withdrawal had run: a ghost place,
+// which the next release would reserve the lock for until the place lapsed.)
+func (w *waiter) attempt(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	l := w.l
+	l.mu.Lock()
+	for w.inflight != nil { // the core makes one attempt at a time; be safe anyway
+		prev := w.inflight
+		l.mu.Unlock()
+		select {
+		case <-prev:
+		case <-ctx.Done():
+			return driver.Grant{}, wrap("acquire", req.Key, ctx.Err())
+		}
+		l.mu.Lock()
+	}
+	if l.closed {
+		l.mu.Unlock()
+		return driver.Grant{}, driver.ErrClosed
+	}
+	done := make(chan struct{})
+	w.inflight, w.sent = done, true // a place may exist from the moment it is sent
+	l.wg.Add(1)
+	l.mu.Unlock()
+	var g driver.Grant
+	var err error
+	go func() {
+		defer l.wg.Done()
+		actx, cancel := context.WithTimeout(l.closeCtx, attemptTimeout)
+		g, err = w.b.acquire(actx, req)
+		cancel()
+		l.mu.Lock()
+		w.inflight = nil
+		if err == nil {
+			w.sent = false // granted: the statement dropped the place
+		}
+		if w.abandoned && err != nil {
+			l.background(func(ctx context.Context) { _ = l.withdraw(ctx, w.key, w.owner) })
+		}
+		l.mu.Unlock()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return g, err
+	case <-ctx.Done():
+		return driver.Grant{}, wrap("acquire", req.Key, ctx.Err())
+	}
+}
+
+// Stop unregisters the wait. A waiter that gives up withdraws the place any of its
+// attempts may have taken in the queue, passing on a reservation the lock may have
+// made for it; it waits for an attempt still in flight to end first, so that a place
+// that attempt creates is withdrawn too (if ctx ends before, the attempt withdraws
+// it when it ends).
 func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	l := w.l
 	l.mu.Lock()
 	removed := l.removeLocked(w)
-	queued := w.queued
+	w.stopped = true
+	inflight := w.inflight
 	l.mu.Unlock()
-	if !removed || acquired || !queued {
+	if !removed || acquired {
+		return nil
+	}
+	if inflight != nil {
+		select {
+		case <-inflight:
+		case <-ctx.Done():
+			l.mu.Lock()
+			pending := w.inflight != nil
+			w.abandoned = pending
+			l.mu.Unlock()
+			if pending {
+				return wrap("withdraw waiter", w.key, fmt.Errorf("an attempt is still in flight (it withdraws its place when it ends): %w", ctx.Err()))
+			}
+		}
+	}
+	l.mu.Lock()
+	queued := w.sent || l.places[waitKey{w.key, w.owner}] != ""
+	l.mu.Unlock()
+	if !queued {
 		return nil
 	}
 	return w.b.withdraw(ctx, w.key, w.owner)

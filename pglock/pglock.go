@@ -31,10 +31,20 @@
 //	    token         bigint NOT NULL,      -- fencing token, from the sequence
 //	    expires_at    timestamptz NOT NULL, -- server clock: now() + TTL
 //	    reserved      boolean NOT NULL DEFAULT false,        -- free, kept for owner
-//	    queue_owner   text[] NOT NULL DEFAULT '{}',          -- waiters, oldest first
-//	    queue_channel text[] NOT NULL DEFAULT '{}',          -- their clients' channels
-//	    queue_expires timestamptz[] NOT NULL DEFAULT '{}'    -- when each place lapses
+//	    queue_owner   text[] NOT NULL DEFAULT '{}',          -- '{+}': places may exist
+//	    queue_channel text[] NOT NULL DEFAULT '{}',          -- a place's client's channel
+//	    queue_expires timestamptz[] NOT NULL DEFAULT '{}'    -- unused (earlier versions)
 //	);
+//
+// Each waiter's place in a key's queue is a row of its own in the same table, under
+// the key key || chr(2) || <20-digit place number, drawn from the sequence>: no
+// dlock key contains a control character, so these never meet a key's row, and the
+// primary key index keeps a key's places together in line order. A place row's owner
+// is the waiter, token its patience in µs, expires_at when it lapses (unless its
+// client is alive, see below), queue_channel its client's channel. (Versions before
+// this layout kept the queue in the arrays of the key's row; clients of both kinds
+// on one table still exclude each other, but do not see each other's waiters, who
+// then fall back to their retry timer: upgrade them together.)
 //
 // Privileges: creating them needs CREATE on the schema (or let an administrator run
 // the statements above once). Using them needs SELECT, INSERT, UPDATE and DELETE on
@@ -52,9 +62,12 @@
 // insert. If a row exists, one statement reads it and decides in SQL: a live row of
 // the caller's own is re-entered (same token, TTL extended) when the request says
 // Reenter (driver.Request), and otherwise refused with nothing written (another
-// process may use the same owner id); a row the lock is reserved for the caller, or an expired row with no live waiter queued ahead, is
-// taken with a new token. Otherwise a caller that will wait takes (or renews) its
-// place at the end of the row's queue. (A waiter already queued skips the INSERT.)
+// process may use the same owner id); a row the lock is reserved for the caller, or
+// an expired row with no live waiter queued ahead, is taken with a new token.
+// Otherwise a caller that will wait takes its place at the end of the key's queue (a
+// place row), locking the key's row and marking it (queue_owner). A waiter already
+// queued skips the INSERT, and while its client is alive its later attempts only
+// read: they write only to take the lock.
 // A token is drawn from the sequence only once the row is the caller's: an update
 // draws it after locking (or compare-and-setting) the row, an insert is followed, in
 // the same transaction and round trip, by an UPDATE that draws it. (An INSERT
@@ -66,25 +79,36 @@
 // Refresh is an UPDATE of expires_at that compares the owner and the expiry. A
 // refused attempt that will not wait writes nothing.
 //
-// Release first tries a plain DELETE of the caller's row with an empty queue. If
-// waiters are queued, one statement hands the lock on: with live waiters, it reserves the free lock
-// for the longest-waiting one (for as long as that waiter's place lasts) and calls
-// pg_notify on that waiter's client's channel, inside the same transaction, so the
-// wake-up is sent only if the release commits; with none, it deletes the row. So a
-// handoff costs two writes and one notification to one client whatever the number of
-// waiters, no one barges in ahead of the queue (waiting is FIFO), and an uncontended
-// release sends no NOTIFY (which serialises committing transactions on a cluster-wide
-// lock). Each Client keeps one dedicated connection that LISTENs on the client's own
-// channel while it has waiters (and for a minute after, then closes it).
+// Release first tries a plain DELETE of the caller's row, unmarked (no place queued).
+// Otherwise it locks the row and, in a second statement of the same transaction
+// (whose snapshot then holds every place added before the lock), hands the lock on:
+// it reserves the free lock for the first live place (for that waiter's patience),
+// deletes that place and the lapsed ones before it, and calls pg_notify on that
+// waiter's client's channel, inside the same transaction, so the wake-up is sent
+// only if the release commits; with no live place, it deletes the row. The first
+// place is found through the primary key index: a handoff costs two writes (the
+// release and the waiter's taking of its reservation) and one notification to one
+// client, O(log N) whatever the number N of waiters; no one barges in ahead of the
+// queue (waiting is FIFO), and an uncontended release sends no NOTIFY (which
+// serialises committing transactions on a cluster-wide lock). Each Client keeps one
+// dedicated connection that LISTENs on the client's own channel while it has waiters
+// (and for a minute after, then closes it).
 //
-// Statements that write lock the row as they read it (SELECT ... FOR UPDATE), so
-// concurrent statements on one key run one after the other on its latest version;
-// a waiter's place cannot be lost to a concurrent release. A waiter that gives up
-// withdraws its place and passes a reservation made for it to the next waiter. A
-// waiter that crashes keeps its place only for its patience (renewed by each attempt:
-// the longest fallback interval that may follow plus a margin, 4 to 7 seconds with
-// the core's defaults); a reservation for it lapses with it, and the next waiter takes
-// the lock when its own retry comes (the refused attempt told it when).
+// That connection also holds a session-level advisory lock (its key: the first 64
+// bits of the channel's random part). A place whose client holds it is live whatever
+// its expiry, so a queued waiter need not renew its place: its fallback retries (the
+// core's guard against a lost wake-up) are reads. A place whose client is gone (the
+// lock is free: a handoff's pg_try_advisory_xact_lock succeeds) lapses at its expiry,
+// the patience given by the waiter's last write (4 to 7 seconds with the core's
+// defaults); a waiter whose client's listening connection is down renews its place
+// on each attempt meanwhile. A notification for a waiter the client no longer has (it
+// gave up) passes the lock on at once.
+//
+// A waiter that gives up withdraws its place and passes a reservation made for it to
+// the next waiter, including a place its last attempt's statement may still be
+// creating: waiting attempts run to their end even when the caller gives up, and the
+// withdrawal comes after. A reservation for a crashed waiter lapses after its
+// patience, and the next waiter takes the lock when its own retry comes.
 // A wake-up lost to a dropped connection is covered by waking every local waiter once
 // the listening connection is back, and by the core's bounded fallback retry. A grant
 // that expires rather than being released notifies no one: waiters retry when the
@@ -94,15 +118,13 @@
 // lock. A handoff is two writes and one NOTIFY whatever the number of waiters; the
 // NOTIFY travels to one client only, but PostgreSQL (15) signals every listening
 // session of the database to look at it, so each client that is waiting adds a little
-// server work to every handoff. Each waiter also renews its place on every fallback
-// retry, one write each, and every write to a key's row rewrites its queue. A refused
-// waiting attempt reports how many live places are ahead of the caller's
-// (driver.HeldError.Ahead, from the row it read anyway), and the core spaces the
-// retries of a waiter further back further apart (1 to 4 seconds by default), so a
-// long queue adds few such writes per handoff. The design suits tens to hundreds of
-// waiters per key, not many thousands. LISTEN needs a session of its own: behind a transaction-pooling
-// proxy (PgBouncer in transaction mode) wake-ups are lost and waiters fall back to
-// their retry timer.
+// server work to every handoff. Queueing is one write per waiter. Waiters' fallback
+// retries are reads of the key's row and a few index entries (a refused attempt
+// reports up to 8 places ahead, driver.HeldError.Ahead, and the core spaces the
+// retries of a waiter further back further apart, 1 to 4 seconds by default), so
+// thousands of waiters per key cost reads, not writes. LISTEN needs a session of its
+// own: behind a transaction-pooling proxy (PgBouncer in transaction mode) wake-ups are
+// lost, advisory locks do not hold, and waiters fall back to their retry timer.
 //
 // # Safety model
 //
@@ -395,6 +417,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, opts []Option) (*Backen
 		return nil, err
 	}
 	b.lst = newListener(pool.Config().ConnConfig, b.channel, b.linger)
+	b.lst.withdraw = b.withdraw
 	return b, nil
 }
 
@@ -567,15 +590,25 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if b.closed.Load() {
 		return driver.Grant{}, driver.ErrClosed
 	}
+	if req.Wait {
+		if w := b.lst.lookup(req.Key, req.Owner); w != nil {
+			return w.attempt(ctx, req) // tracked, so that Stop can withdraw what it leaves
+		}
+	}
+	return b.acquire(ctx, req)
+}
+
+// acquire is one attempt of Acquire.
+func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	patience := req.Patience // how long a queued place lasts without another attempt
 	if patience <= 0 {
 		patience = req.TTL
 	}
-	sql := b.sql.acquireTry
+	place := ""
 	if req.Wait {
-		sql = b.sql.acquireWait
+		place = b.lst.place(req.Key, req.Owner)
 	}
-	if !req.Wait || !b.lst.queued(req.Key, req.Owner) {
+	if place == "" {
 		// No row: the key is free, and a plain INSERT takes it.
 		var token int64
 		err := retry(ctx, func() error {
@@ -593,13 +626,23 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
 		}
 	}
+	// A place whose client holds its advisory lock stays live without renewal: the
+	// attempt of a waiter that has one then only reads, unless it takes the lock
+	// (compare-and-set), like an attempt that will not wait. An attempt that may
+	// add or renew a place locks the row.
+	renew := req.Wait && !b.lst.guards(req.Key, req.Owner)
+	sql := b.sql.acquireTry
+	if req.Wait && (place == "" || renew) {
+		sql = b.sql.acquireWait
+	}
 	for range casAttempts {
 		var granted, mustWrite, wrote bool
 		var token, left *int64
 		var ahead int64
+		var newPlace string
 		err := retry(ctx, func() error {
-			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), req.Reenter))
-			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead)
+			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter))
+			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead, &newPlace)
 			if err == nil && granted && wrote && token != nil && *token == 0 {
 				err = br.QueryRow().Scan(token) // the row was inserted: its token
 			}
@@ -608,14 +651,18 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		if err != nil {
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
 		}
+		if req.Wait {
+			b.lst.setPlace(req.Key, req.Owner, newPlace)
+			if place = newPlace; place == "" && !granted && sql != b.sql.acquireWait {
+				sql = b.sql.acquireWait // the place lapsed: queue again, with the row lock
+				continue
+			}
+		}
 		if mustWrite && !wrote {
 			continue // the row changed under us: decide again on the new version
 		}
 		if granted {
 			return driver.Grant{Token: uint64(*token)}, nil
-		}
-		if req.Wait {
-			b.lst.markQueued(req.Key, req.Owner)
 		}
 		var after time.Duration
 		if left != nil {
@@ -623,7 +670,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		}
 		held := &driver.HeldError{RetryAfter: after}
 		if req.Wait {
-			held.Ahead = int(ahead) // the places still ahead of the caller's
+			held.Ahead = int(ahead) // the places still ahead of the caller's (at most 8)
 		}
 		return driver.Grant{}, held
 	}
@@ -649,33 +696,41 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	return nil
 }
 
-// handOff runs a release-like statement (first sql, then retry if sql lost a race
-// for the row) until it is not beaten by a concurrent change of the row. It returns
-// ErrNotHeld when the grant had expired or the statement found nothing to do.
-func (b *Backend) handOff(ctx context.Context, op, sql, retrySQL, key, owner string) error {
-	for i := range casAttempts {
-		if i > 0 {
-			sql = retrySQL
+// handOff locks key's row and runs a release-like statement (see the function
+// handOff in sql.go), after the statements pre (with args key, owner and extra), in
+// one transaction. It returns ErrNotHeld when the grant had expired or the statement
+// found nothing to do.
+func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string, pre ...string) error {
+	var live, wrote, notified bool
+	err := retry(ctx, func() error {
+		batch := &pgx.Batch{}
+		batch.Queue(b.sql.lockRow, key)
+		for i := 0; i+1 < len(pre); i += 2 {
+			batch.Queue(pre[i], key, owner, pre[i+1])
 		}
-		var live, wrote, notified bool
-		err := retry(ctx, func() error {
-			return b.pool.QueryRow(ctx, sql, key, owner).Scan(&live, &wrote, &notified)
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
-			return driver.ErrNotHeld
+		batch.Queue(sql, key, owner)
+		br := b.pool.SendBatch(ctx, batch)
+		var err error
+		for range 1 + len(pre)/2 {
+			if _, err = br.Exec(); err != nil {
+				break
+			}
 		}
-		if err != nil {
-			return b.ctxErr(ctx, wrap(op, key, err))
+		if err == nil {
+			err = br.QueryRow().Scan(&live, &wrote, &notified)
 		}
-		if !wrote {
-			continue
-		}
-		if !live {
-			return driver.ErrNotHeld
-		}
-		return nil
+		return errors.Join(err, br.Close())
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return driver.ErrNotHeld
 	}
-	return wrap(op, key, errors.New("the lock row kept changing; try again"))
+	if err != nil {
+		return b.ctxErr(ctx, wrap(op, key, err))
+	}
+	if !live {
+		return driver.ErrNotHeld
+	}
+	return nil
 }
 
 // Release implements driver.Backend. With waiters queued, the lock is reserved for
@@ -697,7 +752,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	case !errors.Is(err, pgx.ErrNoRows):
 		return b.ctxErr(ctx, wrap("release", key, err))
 	}
-	return b.handOff(ctx, "release", b.sql.release, b.sql.releaseLocked, key, owner)
+	return b.handOff(ctx, "release", b.sql.release, key, owner)
 }
 
 // ForceRelease implements driver.ForceReleaser: it frees key whoever holds it, and
@@ -707,7 +762,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	return b.handOff(ctx, "force release", b.sql.forceRelease, b.sql.forceRelease, key, "")
+	return b.handOff(ctx, "force release", b.sql.forceRelease, key, "")
 }
 
 // withdraw gives up owner's place in key's queue, passing a reservation on.
@@ -715,22 +770,17 @@ func (b *Backend) withdraw(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	for range casAttempts {
-		var wrote, notified bool
-		err := retry(ctx, func() error {
-			return b.pool.QueryRow(ctx, b.sql.withdraw, key, owner).Scan(&wrote, &notified)
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // no place, no reservation
-		}
-		if err != nil {
-			return b.ctxErr(ctx, wrap("withdraw waiter", key, err))
-		}
-		if wrote {
-			return nil
-		}
+	place := b.lst.place(key, owner)
+	drop := b.sql.withdrawOwner // the place is not known: every place of owner's
+	if place != "" {
+		drop = b.sql.withdrawPlace
 	}
-	return wrap("withdraw waiter", key, errors.New("the lock row kept changing; the place lapses after its patience"))
+	err := b.handOff(ctx, "withdraw waiter", b.sql.withdraw, key, owner, drop, place)
+	if err != nil && !errors.Is(err, driver.ErrNotHeld) {
+		return err
+	}
+	b.lst.setPlace(key, owner, "")
+	return nil
 }
 
 // Inspect implements driver.Inspector. Waiters counts the live places in the queue.

@@ -1,0 +1,5 @@
+//go:build !race
+
+package pglock_test
+
+const raceEnabled = false
