@@ -996,6 +996,17 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	}
 	own := e.name
 	knownStat := e.czxid != 0
+	if own != "" && req.Wait && !e.granted {
+		if w := b.waiters[ekey{req.Key, req.Owner}]; w != nil && w.watching && w.pred != "" &&
+			e.session == b.session && time.Since(w.checked) < recheck {
+			// Still queued behind a watched predecessor: answered without a
+			// request (see recheck).
+			b.armLocked(e, req.Patience)
+			ahead := w.ahead
+			b.mu.Unlock()
+			return g, &driver.HeldError{Ahead: ahead}, false
+		}
+	}
 	b.mu.Unlock()
 	data := []byte(strconv.FormatInt(req.TTL.Milliseconds(), 10))
 
@@ -1153,7 +1164,11 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		return g, nil, true
 	}
 	b.armLocked(e, req.Patience)
+	held := &driver.HeldError{Ahead: idx - 1}
 	w := b.waiters[ekey{req.Key, req.Owner}]
+	if w != nil {
+		w.checked, w.ahead = time.Now(), held.Ahead
+	}
 	arm := w != nil && w.pred != pred
 	if arm {
 		b.unwatchLocked(w)
@@ -1169,15 +1184,19 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 			_, _, _, err := b.conn.ChildrenW(pred)
 			return err
 		})
+		b.mu.Lock()
 		if err != nil {
 			// Gone already (or unknown): try again at once rather than wait.
-			b.mu.Lock()
 			b.unwatchLocked(w)
 			b.mu.Unlock()
 			w.signal()
+		} else {
+			// The watch is in place unless it fired already (which cleared pred).
+			w.watching = w.pred == pred
+			b.mu.Unlock()
 		}
 	}
-	return g, &driver.HeldError{}, false
+	return g, held, false
 }
 
 // created is the outcome of create: the child's name, its czxid when the reply was
@@ -1583,8 +1602,25 @@ type waiter struct {
 	b          *Backend
 	key, owner string
 	c          chan struct{}
-	pred       string // watched predecessor path; guarded by Backend.mu
+
+	// Guarded by Backend.mu.
+	pred     string    // watched predecessor path
+	watching bool      // the watch on pred is set on the server and has not fired
+	checked  time.Time // when an attempt last listed the queue on the server
+	ahead    int       // children between the holder and the own child then
 }
+
+// recheck bounds how long the attempts of a queued waiter whose watch on its
+// predecessor is in place are answered without a request. ZooKeeper delivers a
+// watch's event whenever the node goes while the session lives (the client library
+// sets the watches again on reconnection; a session's end wakes every waiter), so
+// the waiter is woken when its predecessor goes. Without this, every queued
+// waiter's fallback attempt (the core's guard against a lost wake-up, every few
+// seconds) would list the whole queue on the server: N waiters, N listings of N
+// children every few seconds, which at a few thousand waiters saturates the server
+// and delays the holder's heartbeats past the session's validity. The recheck
+// still finds, within its bound, a child of ours that was deleted behind our back.
+const recheck = 30 * time.Second
 
 func (w *waiter) C() <-chan struct{} { return w.c }
 
@@ -1598,6 +1634,7 @@ func (w *waiter) signal() {
 // unwatchLocked forgets w's predecessor watch (the server-side watch stays until the
 // predecessor is deleted or the session ends; it then fires into nothing).
 func (b *Backend) unwatchLocked(w *waiter) {
+	w.watching = false
 	if w.pred == "" {
 		return
 	}
@@ -1707,7 +1744,7 @@ func (b *Backend) onEvent(ev zk.Event) {
 			b.dropLocked(e, false)
 		}
 		for w := range b.predOf[ev.Path] {
-			w.pred = ""
+			w.pred, w.watching = "", false
 			w.signal()
 		}
 		delete(b.predOf, ev.Path)
