@@ -43,7 +43,11 @@
 // owner's child is the lowest, the lock is granted. Otherwise a TryLock deletes its
 // child and reports ErrLocked; a waiting Lock keeps its place in the queue and sets a
 // watch on its predecessor only (the child just below its own), so a release wakes
-// exactly one waiter and no herd forms. A waiter that gives up deletes its child.
+// exactly one waiter and no herd forms. Its later attempts (the core's fallback
+// against a lost wake-up) are answered without a request while that watch is in
+// place, listing the queue again at most every 30 seconds, and report how many
+// are ahead (driver.HeldError.Ahead): a waiter makes no request while it waits,
+// however long the queue. A waiter that gives up deletes its child.
 // Release deletes the child. Refresh writes the child's data (the TTL), a write that
 // goes through the leader and fails if the child is gone. An owner that already has a
 // child reuses it (re-entry, or a restarted process resuming with a stable owner id,
