@@ -710,21 +710,51 @@ func parseChild(name string) (child, bool) {
 		return child{}, false
 	}
 	owner := name[len(childPrefix) : n-seqLen-1-guidLen-1]
-	if driver.ValidateOwner(owner) != nil {
+	if !validOwner(owner) {
 		return child{}, false
 	}
 	return child{name: name, owner: owner, guid: name[n-seqLen-1-guidLen : n-seqLen-1], seq: seq}, true
 }
 
-// queue parses and sorts the contenders among names.
-func queue(names []string) []child {
+// ownerByte marks the bytes an owner id may contain (driver.ValidateOwner).
+var ownerByte = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-'
+	}
+	return t
+}()
+
+// validOwner is driver.ValidateOwner(owner) == nil, without building an error: it
+// runs for every child of every listing.
+func validOwner(owner string) bool {
+	if owner == "" || len(owner) > driver.MaxOwnerLen {
+		return false
+	}
+	for i := 0; i < len(owner); i++ {
+		if !ownerByte[owner[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+// contenders parses the contenders among names, in no particular order.
+func contenders(names []string) []child {
 	cs := make([]child, 0, len(names))
 	for _, n := range names {
 		if c, ok := parseChild(n); ok {
 			cs = append(cs, c)
 		}
 	}
-	slices.SortFunc(cs, func(a, b child) int { return cmp.Compare(a.seq, b.seq) })
+	return cs
+}
+
+func bySeq(a, b child) int { return cmp.Compare(a.seq, b.seq) }
+
+// queue parses and sorts the contenders among names.
+func queue(names []string) []child {
+	cs := contenders(names)
+	slices.SortFunc(cs, bySeq)
 	return cs
 }
 
@@ -1069,7 +1099,9 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return g, wrap("acquire", req.Key, err), false
 	}
-	q := queue(names)
+	// Not sorted: with thousands of waiters, sorting each listing cost more than
+	// the rest of the handoff; one pass finds what the attempt needs.
+	q := contenders(names)
 	b.mu.Lock()
 	if !knownStat && st != nil && !e.dead {
 		e.czxid, e.session, e.watched = st.Czxid, st.EphemeralOwner, true
@@ -1094,6 +1126,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		b.mu.Unlock()
 		return g, nil, true
 	}
+	slices.SortFunc(mine, bySeq)
 
 	// One child per owner (of those above): keep the oldest (an earlier grant being
 	// resumed or re-entered, or a create whose reply was lost) and delete the others.
@@ -1133,7 +1166,17 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		b.mu.Unlock()
 		ownPath = kp
 	}
-	idx := slices.IndexFunc(q, func(c child) bool { return c.name == keep.name })
+	// The place of the child kept: idx contenders below it, the highest of them
+	// (its predecessor) below.
+	idx, below := 0, child{}
+	for _, c := range q {
+		if c.seq < keep.seq {
+			if idx == 0 || c.seq > below.seq {
+				below = c
+			}
+			idx++
+		}
+	}
 
 	if idx == 0 {
 		if err := b.freshSession(ctx); err != nil {
@@ -1161,7 +1204,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	}
 
 	// Queue: keep the child, watch the predecessor only.
-	pred := e.parent + "/" + q[idx-1].name
+	pred := e.parent + "/" + below.name
 	b.mu.Lock()
 	if e.dead {
 		b.mu.Unlock()
