@@ -46,7 +46,47 @@ type waiter struct {
 	key, owner string
 	since      int64 // ms, when the wait started, on this client's clock
 	c          chan struct{}
-	queued     bool // recorded as a waiter on some node; guarded by Backend.mu
+
+	// Guarded by Backend.mu.
+	queued  bool      // recorded as a waiter on some node
+	local   bool      // attempts may be answered without a request (see stillQueued)
+	checked time.Time // when an attempt last found the waiter queued behind others
+	ahead   int       // the places ahead of it then
+}
+
+// recheck bounds how long the attempts of a waiter that is queued behind others on
+// a majority are answered without a request, and is added to the patience its
+// places are recorded with on the nodes, so that they outlive those attempts.
+// Without it, every waiter's fallback attempt (the core's guard against a lost
+// wake-up, every few seconds) ran a script on every node: at a few thousand
+// waiters, tens of thousands of scripts a second, which starved the holder's calls
+// past the node timeout. The price: the place of a waiter whose process died
+// without withdrawing lapses recheck later, and until then the releases that pick
+// it wake nobody; the key is then free, and taken at the next attempt that asks the
+// nodes (the first waiter in line always does).
+const recheck = 15 * time.Second
+
+// stillQueued reports whether a waiting attempt can be answered "locked" without a
+// request, and how many places are ahead: the waiter's last attempt, less than
+// recheck ago, found it recorded behind others on a majority of nodes, nothing woke
+// it since, and every node's wake-up subscription is up (so its wake-up, when it
+// becomes first in line, is not lost).
+func (b *Backend) stillQueued(req driver.Request) (int, bool) {
+	if !req.Wait {
+		return 0, false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w := b.waiters[waitKey{req.Key, req.Owner}]
+	if w == nil || !w.local || w.ahead < 1 || time.Since(w.checked) >= recheck {
+		return 0, false
+	}
+	for _, n := range b.nodes {
+		if !n.psUp {
+			return 0, false
+		}
+	}
+	return w.ahead, true
 }
 
 // release counts the copies of one release's message; guarded by Backend.mu.
@@ -86,8 +126,10 @@ func (b *Backend) waitArgs(req driver.Request) (wait string, since int64) {
 }
 
 // queued is called when an attempt with Wait found the key held: the waiter is now
-// recorded on the nodes, and the client must be subscribed.
-func (b *Backend) queued(key, owner string) {
+// recorded on the nodes, ahead places before it, and the client must be subscribed.
+// local says the attempt found it recorded on a majority, which lets the next
+// attempts be answered locally (see stillQueued).
+func (b *Backend) queued(key, owner string, ahead int, local bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -95,6 +137,7 @@ func (b *Backend) queued(key, owner string) {
 	}
 	if w := b.waiters[waitKey{key, owner}]; w != nil {
 		w.queued = true
+		w.local, w.checked, w.ahead = local, time.Now(), ahead
 	}
 	if b.notify {
 		return
@@ -121,7 +164,9 @@ func (b *Backend) listen(n *node) {
 			}
 			// The node is down or the connection broke; go-redis reconnects and
 			// resubscribes on the next call. Wake-ups lost meanwhile come from the
-			// other nodes or the waiters' fallback timers.
+			// other nodes or the waiters' fallback timers, which ask the nodes
+			// again until the subscription is confirmed.
+			b.subscriptionDown(n)
 			t := time.NewTimer(listenBackoff)
 			select {
 			case <-t.C:
@@ -134,7 +179,7 @@ func (b *Backend) listen(n *node) {
 		switch m := m.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
-				b.confirmed()
+				b.confirmed(n)
 			}
 		case *redis.Message:
 			b.wake(m.Payload)
@@ -142,17 +187,36 @@ func (b *Backend) listen(n *node) {
 	}
 }
 
-// confirmed wakes every local waiter the first time a node confirms the
-// subscription, so that a release missed before it is not waited for.
-func (b *Backend) confirmed() {
+// confirmed records that node n confirmed the subscription, and wakes every local
+// waiter the first time a node does, so that a release missed before it is not
+// waited for.
+func (b *Backend) confirmed(n *node) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	n.psUp = true
 	if b.subscribed {
 		return
 	}
 	b.subscribed = true
 	for _, w := range b.waiters {
 		w.signal()
+	}
+}
+
+// subscriptionDown records that node n's subscription broke: a release there may
+// have been missed, so every waiter that answered its attempts locally asks the
+// nodes at once, and until the subscription is confirmed again every attempt does.
+func (b *Backend) subscriptionDown(n *node) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !n.psUp {
+		return
+	}
+	n.psUp = false
+	for _, w := range b.waiters {
+		if w.local {
+			w.signal()
+		}
 	}
 }
 
@@ -195,7 +259,10 @@ func (b *Backend) wake(payload string) {
 	}
 }
 
+// signal wakes the waiter; its next attempt asks the nodes. Called with
+// Backend.mu held.
 func (w *waiter) signal() {
+	w.local = false
 	select {
 	case w.c <- struct{}{}:
 	default:

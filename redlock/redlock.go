@@ -116,7 +116,15 @@
 // makes its own next waiting Lock step back for about two round trips, so a tight
 // Lock/Release loop does not keep the key to itself. The order is not strict FIFO
 // (a newcomer can still take a key that happens to be free). Lost wake-ups are
-// covered by the core's fallback timer, bounded by the holder's remaining TTL.
+// covered by the core's fallback timer, bounded by the holder's remaining TTL. A
+// waiter that its last attempt found behind others on a majority of nodes, with
+// every node's subscription up, answers those fallback attempts itself, without a
+// request, for up to 15 seconds (its places are recorded for that much longer), and
+// reports how many are ahead (driver.HeldError.Ahead); so thousands of waiters cost
+// the nodes little while they wait. The first in line always asks the nodes. The
+// price: the place of a waiter whose process died without withdrawing lapses 15
+// seconds later, and the releases that pick it meanwhile wake nobody (the key is
+// then taken by the next attempt that asks the nodes).
 //
 // An owner that holds the key on a node is refused there like another owner unless
 // the request says Reenter (driver.Request), so another process with the same owner
@@ -340,6 +348,7 @@ type node struct {
 	addr string
 	rdb  *redis.Client
 	ps   *redis.PubSub // the client's wake-up subscription, from first contention
+	psUp bool          // ps is confirmed and has not failed since; guarded by Backend.mu
 }
 
 var (
@@ -711,6 +720,7 @@ type acqReply struct {
 	status  int64 // 0 held, 1 fresh grant, 2 re-entry
 	counter uint64
 	x       int64 // token (fresh, re-entry) or pttl (held)
+	rank    int64 // held: the owner's place in the wait set, -1 if not there
 }
 
 func parseAcq(v any, err error) (acqReply, error) {
@@ -718,16 +728,16 @@ func parseAcq(v any, err error) (acqReply, error) {
 		return acqReply{}, err
 	}
 	a, ok := v.([]any)
-	if !ok || len(a) != 3 {
+	if !ok || len(a) < 3 || len(a) > 4 {
 		return acqReply{}, fmt.Errorf("unexpected script reply %v", v)
 	}
-	var n [3]int64
+	n := [4]int64{3: -1}
 	for i := range a {
 		if n[i], ok = a[i].(int64); !ok {
 			return acqReply{}, fmt.Errorf("unexpected script reply %v", v)
 		}
 	}
-	return acqReply{status: n[0], counter: uint64(max(n[1], 0)), x: n[2]}, nil
+	return acqReply{status: n[0], counter: uint64(max(n[1], 0)), x: n[2], rank: n[3]}, nil
 }
 
 // guess returns the proposal for key: one above the largest counter seen, or 0.
@@ -802,11 +812,19 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 				req.Key, &driver.HeldError{RetryAfter: d})
 		}
 	}
+	if ahead, ok := b.stillQueued(req); ok {
+		return driver.Grant{}, fmt.Errorf("redlock: acquire %q: still queued, %d ahead: %w",
+			req.Key, ahead, &driver.HeldError{Ahead: ahead})
+	}
 	start := time.Now()
 	keys := b.keys(req.Key)
 	proposal := b.guess(req.Key)
 	wait, since := b.waitArgs(req)
 	ttl, patience, prefix := ms(req.TTL), ms(req.Patience), b.waiterPrefix(req.Key)
+	if req.Wait {
+		// The place must outlive the attempts answered locally (see recheck).
+		patience = ms(req.Patience + recheck)
+	}
 	reenter := "0"
 	if req.Reenter {
 		reenter = "1"
@@ -819,6 +837,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	var granted, unknown []int
 	var held []int64 // pttl of nodes held by another owner
 	var maxSeen uint64
+	ahead := int64(-1) // the least rank in the wait sets of the held nodes
 	for i := range b.nodes {
 		switch {
 		case r.errs[i] != nil:
@@ -826,6 +845,9 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		case r.vals[i].status == 0:
 			held = append(held, r.vals[i].x)
 			maxSeen = max(maxSeen, r.vals[i].counter)
+			if rk := r.vals[i].rank; rk >= 0 && (ahead < 0 || rk < ahead) {
+				ahead = rk
+			}
 		default:
 			granted = append(granted, i)
 			maxSeen = max(maxSeen, r.vals[i].counter, uint64(max(r.vals[i].x, 0)))
@@ -850,12 +872,14 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		if len(undo) > 0 {
 			b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner)
 		}
+		he := &driver.HeldError{RetryAfter: b.retryAfter(held)}
 		if req.Wait && len(held) > 0 {
-			b.queued(req.Key, req.Owner)
+			he.Ahead = int(max(ahead, 0))
+			b.queued(req.Key, req.Owner, he.Ahead, len(held) >= b.quorum && ahead >= 0 && len(granted) == 0)
 		}
 		return driver.Grant{}, &QuorumError{Op: "acquire", Key: req.Key, OK: len(granted), Need: b.quorum,
 			Nodes: len(b.nodes), Held: len(held), Note: note, Err: b.nodeErrors(nodeErrs),
-			held: &driver.HeldError{RetryAfter: b.retryAfter(held)}}
+			held: he}
 	}
 	if len(granted) < b.quorum {
 		return fail("", r.errs)

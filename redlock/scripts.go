@@ -89,9 +89,11 @@ end
 //	             it), else 0
 //	{2, c, t}    the owner already held it here and reenter is 1 (re-entry): TTL
 //	             extended; t is the token recorded with it, 0 if none
-//	{0, c, pttl} held by another owner; c is the counter (0 if missing); pttl its
-//	             remaining TTL in ms (-1 if unknown). With wait=1 the owner is
-//	             recorded as a waiter.
+//	{0, c, pttl, r}
+//	             held by another owner; c is the counter (0 if missing); pttl its
+//	             remaining TTL in ms (-1 if unknown); r the owner's rank in the
+//	             wait set (0: oldest), -1 if it is not there. With wait=1 or 2 the
+//	             owner is recorded as a waiter.
 var acquireScript = redis.NewScript(luaCommon + `
 local owner = ARGV[1]
 local v = redis.call('GET', KEYS[1])
@@ -115,7 +117,7 @@ if not v then
 end
 local h, t = holder(v)
 if h == owner and ARGV[9] ~= '1' then
-  return {0, tonumber(redis.call('GET', KEYS[2]) or '0'), redis.call('PTTL', KEYS[1])}
+  return {0, tonumber(redis.call('GET', KEYS[2]) or '0'), redis.call('PTTL', KEYS[1]), -1}
 end
 if h == owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -129,7 +131,8 @@ if ARGV[4] ~= '0' then
     redis.call('PEXPIRE', KEYS[3], ARGV[5])
   end
 end
-return {0, tonumber(redis.call('GET', KEYS[2]) or '0'), redis.call('PTTL', KEYS[1])}
+return {0, tonumber(redis.call('GET', KEYS[2]) or '0'), redis.call('PTTL', KEYS[1]),
+  redis.call('ZRANK', KEYS[3], owner) or -1}
 `)
 
 // commitScript is phase two: it offers token t to a node that granted the lock.

@@ -43,7 +43,11 @@
 // owner's child is the lowest, the lock is granted. Otherwise a TryLock deletes its
 // child and reports ErrLocked; a waiting Lock keeps its place in the queue and sets a
 // watch on its predecessor only (the child just below its own), so a release wakes
-// exactly one waiter and no herd forms. A waiter that gives up deletes its child.
+// exactly one waiter and no herd forms. Its later attempts (the core's fallback
+// against a lost wake-up) are answered without a request while that watch is in
+// place, listing the queue again at most every 30 seconds, and report how many
+// are ahead (driver.HeldError.Ahead): a waiter makes no request while it waits,
+// however long the queue. A waiter that gives up deletes its child.
 // Release deletes the child. Refresh writes the child's data (the TTL), a write that
 // goes through the leader and fails if the child is gone. An owner that already has a
 // child reuses it (re-entry, or a restarted process resuming with a stable owner id,
@@ -706,21 +710,51 @@ func parseChild(name string) (child, bool) {
 		return child{}, false
 	}
 	owner := name[len(childPrefix) : n-seqLen-1-guidLen-1]
-	if driver.ValidateOwner(owner) != nil {
+	if !validOwner(owner) {
 		return child{}, false
 	}
 	return child{name: name, owner: owner, guid: name[n-seqLen-1-guidLen : n-seqLen-1], seq: seq}, true
 }
 
-// queue parses and sorts the contenders among names.
-func queue(names []string) []child {
+// ownerByte marks the bytes an owner id may contain (driver.ValidateOwner).
+var ownerByte = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-'
+	}
+	return t
+}()
+
+// validOwner is driver.ValidateOwner(owner) == nil, without building an error: it
+// runs for every child of every listing.
+func validOwner(owner string) bool {
+	if owner == "" || len(owner) > driver.MaxOwnerLen {
+		return false
+	}
+	for i := 0; i < len(owner); i++ {
+		if !ownerByte[owner[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+// contenders parses the contenders among names, in no particular order.
+func contenders(names []string) []child {
 	cs := make([]child, 0, len(names))
 	for _, n := range names {
 		if c, ok := parseChild(n); ok {
 			cs = append(cs, c)
 		}
 	}
-	slices.SortFunc(cs, func(a, b child) int { return cmp.Compare(a.seq, b.seq) })
+	return cs
+}
+
+func bySeq(a, b child) int { return cmp.Compare(a.seq, b.seq) }
+
+// queue parses and sorts the contenders among names.
+func queue(names []string) []child {
+	cs := contenders(names)
+	slices.SortFunc(cs, bySeq)
 	return cs
 }
 
@@ -996,6 +1030,17 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	}
 	own := e.name
 	knownStat := e.czxid != 0
+	if own != "" && req.Wait && !e.granted {
+		if w := b.waiters[ekey{req.Key, req.Owner}]; w != nil && w.watching && w.pred != "" &&
+			e.session == b.session && time.Since(w.checked) < recheck {
+			// Still queued behind a watched predecessor: answered without a
+			// request (see recheck).
+			b.armLocked(e, req.Patience)
+			ahead := w.ahead
+			b.mu.Unlock()
+			return g, &driver.HeldError{Ahead: ahead}, false
+		}
+	}
 	b.mu.Unlock()
 	data := []byte(strconv.FormatInt(req.TTL.Milliseconds(), 10))
 
@@ -1054,7 +1099,9 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return g, wrap("acquire", req.Key, err), false
 	}
-	q := queue(names)
+	// Not sorted: with thousands of waiters, sorting each listing cost more than
+	// the rest of the handoff; one pass finds what the attempt needs.
+	q := contenders(names)
 	b.mu.Lock()
 	if !knownStat && st != nil && !e.dead {
 		e.czxid, e.session, e.watched = st.Czxid, st.EphemeralOwner, true
@@ -1079,6 +1126,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		b.mu.Unlock()
 		return g, nil, true
 	}
+	slices.SortFunc(mine, bySeq)
 
 	// One child per owner (of those above): keep the oldest (an earlier grant being
 	// resumed or re-entered, or a create whose reply was lost) and delete the others.
@@ -1118,7 +1166,17 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		b.mu.Unlock()
 		ownPath = kp
 	}
-	idx := slices.IndexFunc(q, func(c child) bool { return c.name == keep.name })
+	// The place of the child kept: idx contenders below it, the highest of them
+	// (its predecessor) below.
+	idx, below := 0, child{}
+	for _, c := range q {
+		if c.seq < keep.seq {
+			if idx == 0 || c.seq > below.seq {
+				below = c
+			}
+			idx++
+		}
+	}
 
 	if idx == 0 {
 		if err := b.freshSession(ctx); err != nil {
@@ -1146,14 +1204,18 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	}
 
 	// Queue: keep the child, watch the predecessor only.
-	pred := e.parent + "/" + q[idx-1].name
+	pred := e.parent + "/" + below.name
 	b.mu.Lock()
 	if e.dead {
 		b.mu.Unlock()
 		return g, nil, true
 	}
 	b.armLocked(e, req.Patience)
+	held := &driver.HeldError{Ahead: idx - 1}
 	w := b.waiters[ekey{req.Key, req.Owner}]
+	if w != nil {
+		w.checked, w.ahead = time.Now(), held.Ahead
+	}
 	arm := w != nil && w.pred != pred
 	if arm {
 		b.unwatchLocked(w)
@@ -1169,15 +1231,19 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 			_, _, _, err := b.conn.ChildrenW(pred)
 			return err
 		})
+		b.mu.Lock()
 		if err != nil {
 			// Gone already (or unknown): try again at once rather than wait.
-			b.mu.Lock()
 			b.unwatchLocked(w)
 			b.mu.Unlock()
 			w.signal()
+		} else {
+			// The watch is in place unless it fired already (which cleared pred).
+			w.watching = w.pred == pred
+			b.mu.Unlock()
 		}
 	}
-	return g, &driver.HeldError{}, false
+	return g, held, false
 }
 
 // created is the outcome of create: the child's name, its czxid when the reply was
@@ -1583,8 +1649,25 @@ type waiter struct {
 	b          *Backend
 	key, owner string
 	c          chan struct{}
-	pred       string // watched predecessor path; guarded by Backend.mu
+
+	// Guarded by Backend.mu.
+	pred     string    // watched predecessor path
+	watching bool      // the watch on pred is set on the server and has not fired
+	checked  time.Time // when an attempt last listed the queue on the server
+	ahead    int       // children between the holder and the own child then
 }
+
+// recheck bounds how long the attempts of a queued waiter whose watch on its
+// predecessor is in place are answered without a request. ZooKeeper delivers a
+// watch's event whenever the node goes while the session lives (the client library
+// sets the watches again on reconnection; a session's end wakes every waiter), so
+// the waiter is woken when its predecessor goes. Without this, every queued
+// waiter's fallback attempt (the core's guard against a lost wake-up, every few
+// seconds) would list the whole queue on the server: N waiters, N listings of N
+// children every few seconds, which at a few thousand waiters saturates the server
+// and delays the holder's heartbeats past the session's validity. The recheck
+// still finds, within its bound, a child of ours that was deleted behind our back.
+const recheck = 30 * time.Second
 
 func (w *waiter) C() <-chan struct{} { return w.c }
 
@@ -1598,6 +1681,7 @@ func (w *waiter) signal() {
 // unwatchLocked forgets w's predecessor watch (the server-side watch stays until the
 // predecessor is deleted or the session ends; it then fires into nothing).
 func (b *Backend) unwatchLocked(w *waiter) {
+	w.watching = false
 	if w.pred == "" {
 		return
 	}
@@ -1707,7 +1791,7 @@ func (b *Backend) onEvent(ev zk.Event) {
 			b.dropLocked(e, false)
 		}
 		for w := range b.predOf[ev.Path] {
-			w.pred = ""
+			w.pred, w.watching = "", false
 			w.signal()
 		}
 		delete(b.predOf, ev.Path)

@@ -1,0 +1,95 @@
+package zklock_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// A queued waiter whose watch on its predecessor is in place answers its fallback
+// attempts without a request (each would list the whole queue: at thousands of
+// waiters, those listings saturated the server and the holder's session went), and
+// says how many are ahead of it. The proof that no request is made: the attempt is
+// answered while the waiter's connection is partitioned away. The chain then still
+// passes the key down once the partition heals.
+func TestQueuedWaiterAnswersLocally(t *testing.T) {
+	srv := testserver.StartZooKeeper(t)
+	px := newProxy(t, srv.Addr())
+	ctx := ctxT(t, 60*time.Second)
+	hb := open(t, srv.URL("/dlock"))
+	defer hb.Close()
+	b1 := open(t, srv.URL("/dlock"))
+	defer b1.Close()
+	b2 := open(t, "zk://"+px.Addr()+"/dlock?session_timeout=20s")
+	defer b2.Close()
+	const key = "local-answers"
+	req := func(owner string) driver.Request {
+		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: true, Patience: time.Minute}
+	}
+	if _, err := hb.Acquire(ctx, driver.Request{Key: key, Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w1, err := b1.Watch(ctx, key, "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w1.Stop(ctx, false)
+	w2, err := b2.Watch(ctx, key, "w2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Stop(ctx, false)
+	queued := func(b driver.Backend, owner string, ahead int) {
+		t.Helper()
+		_, err := b.Acquire(ctx, req(owner))
+		var held *driver.HeldError
+		if !errors.As(err, &held) {
+			t.Fatalf("waiting attempt of %s = %v, want a HeldError", owner, err)
+		}
+		if held.Ahead != ahead {
+			t.Fatalf("waiting attempt of %s: Ahead = %d, want %d", owner, held.Ahead, ahead)
+		}
+	}
+	queued(b1, "w1", 0)
+	queued(b2, "w2", 1)
+
+	px.Partition()
+	for range 3 {
+		queued(b2, "w2", 1) // a request could not get through
+	}
+	px.Heal()
+	eventually(t, "the waiter's backend reconnects", func() bool {
+		return px.Accepted() >= 2 && b2.Conn().State() == zk.StateHasSession
+	})
+
+	if err := hb.Release(ctx, key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w1.C():
+	case <-ctx.Done():
+		t.Fatal("the first waiter was not woken by the release")
+	}
+	if _, err := b1.Acquire(ctx, req("w1")); err != nil {
+		t.Fatalf("first waiter after the release: %v", err)
+	}
+	if err := b1.Release(ctx, key, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w2.C():
+	case <-ctx.Done():
+		t.Fatal("the second waiter was not woken by the release")
+	}
+	if _, err := b2.Acquire(ctx, req("w2")); err != nil {
+		t.Fatalf("second waiter after the release: %v", err)
+	}
+	if err := b2.Release(ctx, key, "w2"); err != nil {
+		t.Fatal(err)
+	}
+}
