@@ -243,10 +243,12 @@ type Backend struct {
 	sessions  map[int64]*session // live sessions by TTL in seconds
 	waiters   map[ownerKey]*waiter
 	held      map[ownerKey]*tracked
-	idleWatch bool                // keepWatchStream runs
-	names     map[ownerKey]string // member key name of each (key, owner) in use here
-	burned    map[string]bool     // names of ours found taken by another owner
-	id        string              // in this backend's member key names
+	idleWatch bool                  // keepWatchStream runs
+	names     map[ownerKey]string   // member key name of each (key, owner) in use here
+	burned    map[string]bool       // names of ours found taken by another owner
+	firsts    map[string]firstHint  // the first member last read, by lock prefix
+	reading   map[string]*firstRead // reads of the first member under way, by lock prefix
+	id        string                // in this backend's member key names
 }
 
 type ownerKey struct{ key, owner string }
@@ -295,7 +297,7 @@ func newBackend(cli *clientv3.Client, o options) *Backend {
 		metrics: o.metrics, metricsHTTP: newMetricsClient(o.tls),
 		ctx: ctx, cancel: cancel, grant: make(chan struct{}, 1),
 		sessions: make(map[int64]*session), waiters: make(map[ownerKey]*waiter), held: make(map[ownerKey]*tracked),
-		names: make(map[ownerKey]string), burned: make(map[string]bool), id: newID(),
+		names: make(map[ownerKey]string), burned: make(map[string]bool), firsts: make(map[string]firstHint), reading: make(map[string]*firstRead), id: newID(),
 	}
 }
 
