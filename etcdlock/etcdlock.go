@@ -26,8 +26,14 @@
 // member with the lowest create revision; the others queue behind it in
 // create-revision order (FIFO). Acquire is one transaction: if no member exists,
 // create the own member key, which takes the lock; otherwise a waiting Lock queues
-// (creates it too, and reads the first member and the one just ahead) and a TryLock
-// writes nothing. The transaction is guarded by "the own member key does not exist",
+// (creates it too) and a TryLock writes nothing. The queueing write counts the
+// members (etcd's in-memory index only) and swaps the lock's tail key, prefix/<key>
+// followed by the byte 0x1e, which names the member that queued last, on its lease:
+// the waiter watches the member the tail named, once the watch has found it still
+// there. No write reads the members sorted by create revision: etcd applies writes
+// one at a time, and such a read lists and sorts every member, so thousands of
+// waiters queueing at once stalled the server. The tail is a hint only: the check
+// that makes a waiter the holder reads the member just ahead by create revision. The transaction is guarded by "the own member key does not exist",
 // so a retry after a lost reply finds the first try's key instead of making another.
 // A first member whose value is the caller's owner id, under another member key, is
 // taken over only by a request that says Reenter (a restarted process resuming it
@@ -42,7 +48,7 @@
 // names keep those reads as cheap on the millionth grant as on the first.
 //
 // A waiter watches only its predecessor, the member with the next lower create
-// revision, so a release wakes exactly one waiter. The watch starts at the current
+// revision (as named by the tail, or read), so a release wakes exactly one waiter. The watch starts at the current
 // revision, which keeps it in etcd's synced watcher group (a watch that starts at a
 // revision already passed waits for etcd's catch-up loop, which runs every 100ms);
 // when the revision moved between the read that found the predecessor and the
@@ -54,8 +60,8 @@
 //
 // Release deletes the own member key. Refresh checks that it still exists, with the
 // grant's create revision and owner, first in line, on the live session lease.
-// ForceRelease deletes the first member key. Inspect reads the first member, the
-// number behind it, and its lease's remaining TTL. Requests that fail because etcd is
+// ForceRelease deletes the first member key. Inspect reads the first member (keys
+// only, then its value), the number behind it, and its lease's remaining TTL. Requests that fail because etcd is
 // between leaders are retried within the request timeout (every write here is
 // idempotent).
 //
@@ -243,10 +249,12 @@ type Backend struct {
 	sessions  map[int64]*session // live sessions by TTL in seconds
 	waiters   map[ownerKey]*waiter
 	held      map[ownerKey]*tracked
-	idleWatch bool                // keepWatchStream runs
-	names     map[ownerKey]string // member key name of each (key, owner) in use here
-	burned    map[string]bool     // names of ours found taken by another owner
-	id        string              // in this backend's member key names
+	idleWatch bool                  // keepWatchStream runs
+	names     map[ownerKey]string   // member key name of each (key, owner) in use here
+	burned    map[string]bool       // names of ours found taken by another owner
+	firsts    map[string]firstHint  // the first member last read, by lock prefix
+	reading   map[string]*firstRead // reads of the first member under way, by lock prefix
+	id        string                // in this backend's member key names
 }
 
 type ownerKey struct{ key, owner string }
@@ -295,7 +303,7 @@ func newBackend(cli *clientv3.Client, o options) *Backend {
 		metrics: o.metrics, metricsHTTP: newMetricsClient(o.tls),
 		ctx: ctx, cancel: cancel, grant: make(chan struct{}, 1),
 		sessions: make(map[int64]*session), waiters: make(map[ownerKey]*waiter), held: make(map[ownerKey]*tracked),
-		names: make(map[ownerKey]string), burned: make(map[string]bool), id: newID(),
+		names: make(map[ownerKey]string), burned: make(map[string]bool), firsts: make(map[string]firstHint), reading: make(map[string]*firstRead), id: newID(),
 	}
 }
 

@@ -199,26 +199,44 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 		}
 	}
 
-	// A waiter creates its member key and reads who is first and who is just ahead
-	// of it (the newest member before its own). A TryLock creates it only if nobody
-	// is there, and otherwise writes nothing.
+	// A waiter creates its member key and counts the members already there: none,
+	// and it holds the lock. A TryLock creates it only if nobody is there, and
+	// otherwise writes nothing. Nothing in a write reads the members sorted by create
+	// revision: etcd applies writes one at a time, and such a read makes etcd list
+	// and sort every member of the lock, so with thousands of waiters queueing at
+	// once the apply loop fell behind, writes and linearizable reads (the holder's
+	// Refresh) timed out, and the retried writes, applied all the same, added to the
+	// backlog. A count reads etcd's in-memory index only and allocates nothing.
 	put := clientv3.OpPut(member, req.Owner, clientv3.WithLease(s.id))
-	var thenOps []clientv3.Op
+	tail := tailKey(prefix)
+	putTail := clientv3.OpPut(tail, member, clientv3.WithLease(s.id))
+	var thenOps, elseOps []clientv3.Op
+	var hint firstHint
 	if req.Wait {
-		last2 := clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2), clientv3.WithKeysOnly())
-		// Keys only: sorted by create revision, etcd reads every member of the
-		// lock, and with values it would read each one's from the backend, in
-		// the apply loop, for every waiter that queues.
-		thenOps = []clientv3.Op{put, firstKeyOp(prefix), last2}
+		// The tail is read before it is written: it names the member that
+		// queued just before this one (see tailSep).
+		thenOps = []clientv3.Op{
+			clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()),
+			clientv3.OpGet(tail),
+		}
+		if req.Reenter {
+			hint = b.firstHint(prefix)
+			if hint.name != "" {
+				thenOps = append(thenOps, clientv3.OpGet(hint.name))
+			}
+		}
+		thenOps = append(thenOps, put, putTail)
+		elseOps = []clientv3.Op{clientv3.OpGet(member)}
 	} else {
 		thenOps = []clientv3.Op{clientv3.OpTxn(
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix()},
-			[]clientv3.Op{put}, []clientv3.Op{firstOp(prefix)})}
+			[]clientv3.Op{put, putTail}, []clientv3.Op{firstOp(prefix)})}
+		elseOps = []clientv3.Op{clientv3.OpGet(member), firstKeyOp(prefix)}
 	}
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(member), "=", 0)).
 		Then(thenOps...).
-		Else(clientv3.OpGet(member), firstKeyOp(prefix)).
+		Else(elseOps...).
 		Commit()
 	if err != nil {
 		return driver.Grant{}, leaseErr(err)
@@ -235,50 +253,84 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 			}
 			return driver.Grant{}, &driver.HeldError{}
 		}
-		first := firstKV(resp.Responses[1])
-		if first != nil && first.CreateRevision == rev {
+		count := resp.Responses[0].GetResponseRange().GetCount()
+		if count == 0 {
 			return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 		}
-		if req.Reenter {
-			if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
-				return driver.Grant{}, err
-			} else if kv != nil {
-				return b.resume(ctx, ok, kv, s, member)
+		ahead := max(int(count)-1, 0)
+		if pred := firstKV(resp.Responses[1]); pred != nil && w != nil && pred.ModRevision < rev {
+			// The tail names the member that queued just before this one, created
+			// at the tail's mod revision: watch it, once the watch has found it
+			// still there (else the waiter is woken, and its next attempt reads
+			// the queue). No request more, and nothing that grows with the queue,
+			// unless the request may resume a grant of its owner's: then the
+			// first member is read (keys only) to see whether it is one.
+			if req.Reenter {
+				// The first member this backend last read, if it is still there,
+				// is still first (no member can be created ahead of it): read with
+				// the write, it costs nothing more. Else the first is read.
+				var first *mvccpb.KeyValue
+				if hint.name != "" {
+					if kv := firstKV(resp.Responses[2]); kv != nil && kv.CreateRevision == hint.rev {
+						first = kv
+					}
+				}
+				if first == nil {
+					first, err = b.readFirst(ctx, prefix, rev)
+					if err != nil {
+						return driver.Grant{}, leaseErr(err)
+					}
+					if first != nil && first.CreateRevision == rev {
+						return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
+					}
+					if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
+						return driver.Grant{}, err
+					} else if kv != nil {
+						return b.resume(ctx, ok, kv, s, member)
+					}
+				} else if !b.ours(string(first.Key)) && string(first.Value) == req.Owner {
+					return b.resume(ctx, ok, first, s, member)
+				}
 			}
-		}
-		// Without Reenter, a holder of the same owner id (another client or
-		// process) is like any other: the own member key waits behind it.
-		lastResp := resp.Responses[2].GetResponseRange()
-		// The read counts every member (its limit does not apply to the count), and
-		// the own one is the newest: the others but the holder are ahead of it.
-		ahead := max(int(lastResp.GetCount())-2, 0)
-		if last := lastResp.GetKvs(); w != nil && len(last) == 2 {
 			w.placed(ahead)
-			w.follow(string(last[1].Key), last[1].CreateRevision, rev, s, rev, member)
+			w.follow(string(pred.Value), pred.ModRevision, 0, s, rev, member)
+			return driver.Grant{}, &driver.HeldError{Ahead: ahead}
 		}
-		return driver.Grant{}, &driver.HeldError{Ahead: ahead}
+		// Members were there: read the one just ahead (and the first, for a
+		// request that may resume a grant of its owner's) in a read-only
+		// transaction, which etcd serves beside its apply loop.
+		return b.queued(ctx, req, s, w, member, rev, ahead)
 	}
 
 	// The member key exists: the same grant (re-entry, or a retry after a lost
 	// reply), or a place in the queue.
-	mine, first := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
-	if mine == nil || first == nil {
+	mine := firstKV(resp.Responses[0])
+	if mine == nil {
 		return driver.Grant{}, errors.New("member key vanished during the read") // transient
 	}
 	if string(mine.Value) != req.Owner {
 		b.burn(ok, member)
 		return driver.Grant{}, errNameTaken
 	}
-	if first.CreateRevision != mine.CreateRevision {
-		if req.Reenter {
-			if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
-				return driver.Grant{}, err
-			} else if kv != nil {
-				return b.resume(ctx, ok, kv, s, member)
-			}
+	if !req.Wait {
+		first := firstKV(resp.Responses[1])
+		if first == nil {
+			return driver.Grant{}, errors.New("member key vanished during the read") // transient
 		}
-		if !req.Wait {
+		if first.CreateRevision != mine.CreateRevision {
+			if req.Reenter {
+				if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
+					return driver.Grant{}, err
+				} else if kv != nil {
+					return b.resume(ctx, ok, kv, s, member)
+				}
+			}
 			return driver.Grant{}, &driver.HeldError{}
+		}
+	}
+	if req.Wait {
+		if g, done, err := b.requeue(ctx, req, s, w, mine, member, put); done {
+			return g, err
 		}
 	}
 	// Keep the key on this session's lease (the create revision, the token, stays).
@@ -296,13 +348,204 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 	if !resp.Succeeded {
 		return driver.Grant{}, errors.New("member key vanished while it was read") // transient
 	}
-	if first := firstKV(resp.Responses[0]); first != nil && first.CreateRevision == mine.CreateRevision {
+	first := firstKV(resp.Responses[0])
+	if first != nil && first.CreateRevision == mine.CreateRevision {
 		return driver.Grant{Token: uint64(mine.CreateRevision), Lost: s.done}, nil
+	}
+	if req.Reenter {
+		if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
+			return driver.Grant{}, err
+		} else if kv != nil {
+			return b.resume(ctx, ok, kv, s, member)
+		}
 	}
 	if pred := firstKV(resp.Responses[1]); w != nil && pred != nil {
 		w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, mine.CreateRevision, member)
 	}
 	return driver.Grant{}, &driver.HeldError{}
+}
+
+// firstHint is a member of a lock that an attempt read as first, which it stays for
+// as long as its key exists with the same create revision.
+type firstHint struct {
+	name string
+	rev  int64
+}
+
+// maxFirstHints bounds Backend.firsts (one entry per lock waited on with Reenter).
+const maxFirstHints = 1024
+
+func (b *Backend) firstHint(prefix string) firstHint {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.firsts[prefix]
+}
+
+func (b *Backend) setFirstHint(prefix string, first *mvccpb.KeyValue) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if first == nil {
+		delete(b.firsts, prefix)
+		return
+	}
+	if len(b.firsts) >= maxFirstHints {
+		clear(b.firsts)
+	}
+	b.firsts[prefix] = firstHint{string(first.Key), first.CreateRevision}
+}
+
+// requeue carries on a waiting attempt whose member key mine exists (a retry after
+// a lost reply, or a place whose watch ended) without a read of the queue sorted by
+// create revision: the tail as it was just before the key was created names the
+// member that queued just ahead of it, read from etcd's history. It moves the key
+// onto session s if it is on another (put), checks a first member the request may
+// resume, and watches that member. done is false when the history has no answer
+// (compacted, or no tail then): the caller reads the queue instead.
+func (b *Backend) requeue(ctx context.Context, req driver.Request, s *session, w *waiter, mine *mvccpb.KeyValue, member string, put clientv3.Op) (g driver.Grant, done bool, err error) {
+	ok := ownerKey{req.Key, req.Owner}
+	prefix := b.LockPrefix(req.Key)
+	rev := mine.CreateRevision
+	ops := []clientv3.Op{clientv3.OpGet(tailKey(prefix), clientv3.WithRev(rev-1))}
+	var hint firstHint
+	if req.Reenter {
+		if hint = b.firstHint(prefix); hint.name != "" {
+			ops = append(ops, clientv3.OpGet(hint.name))
+		}
+	}
+	if mine.Lease != int64(s.id) {
+		ops = append(ops, put)
+	}
+	resp, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(member), "=", rev)).
+		Then(ops...).
+		Commit()
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return driver.Grant{}, false, nil
+		}
+		return driver.Grant{}, true, leaseErr(err)
+	}
+	if !resp.Succeeded {
+		return driver.Grant{}, true, errors.New("member key vanished while it was read") // transient
+	}
+	pred := firstKV(resp.Responses[0])
+	if pred == nil || pred.ModRevision >= rev || string(pred.Value) == member || w == nil {
+		return driver.Grant{}, false, nil
+	}
+	if req.Reenter {
+		var first *mvccpb.KeyValue
+		if hint.name != "" {
+			if kv := firstKV(resp.Responses[1]); kv != nil && kv.CreateRevision == hint.rev {
+				first = kv
+			}
+		}
+		if first == nil {
+			first, err = b.readFirst(ctx, prefix, resp.Header.Revision)
+			if err != nil {
+				return driver.Grant{}, true, leaseErr(err)
+			}
+			if first != nil && first.CreateRevision == rev {
+				return driver.Grant{Token: uint64(rev), Lost: s.done}, true, nil
+			}
+			if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
+				return driver.Grant{}, true, err
+			} else if kv != nil {
+				g, err := b.resume(ctx, ok, kv, s, member)
+				return g, true, err
+			}
+		} else if !b.ours(string(first.Key)) && string(first.Value) == req.Owner {
+			g, err := b.resume(ctx, ok, first, s, member)
+			return g, true, err
+		}
+	}
+	w.placed(-1)
+	w.follow(string(pred.Value), pred.ModRevision, 0, s, rev, member)
+	return driver.Grant{}, true, &driver.HeldError{}
+}
+
+// firstRead is a read of the first member of a lock under way, which the
+// attempts of this backend that need it at the same time share.
+type firstRead struct {
+	done  chan struct{}
+	first *mvccpb.KeyValue
+	rev   int64 // the revision read at
+	err   error
+}
+
+// readFirst reads the first member of the lock, keys only, at a revision at or
+// after rev, and records it as the hint. Attempts that need it at the same time
+// share one read: sorted by create revision, it costs the server a listing of every
+// member, and thousands of waiters queueing at once would each make one.
+func (b *Backend) readFirst(ctx context.Context, prefix string, rev int64) (*mvccpb.KeyValue, error) {
+	for {
+		b.mu.Lock()
+		r := b.reading[prefix]
+		mine := r == nil
+		if mine {
+			r = &firstRead{done: make(chan struct{})}
+			b.reading[prefix] = r
+		}
+		b.mu.Unlock()
+		if mine {
+			resp, err := b.cli.Txn(ctx).Then(firstKeyOp(prefix)).Commit()
+			if err == nil {
+				r.first, r.rev = firstKV(resp.Responses[0]), resp.Header.Revision
+				b.setFirstHint(prefix, r.first)
+			}
+			r.err = err
+			b.mu.Lock()
+			delete(b.reading, prefix)
+			b.mu.Unlock()
+			close(r.done)
+			return r.first, err
+		}
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if r.err == nil && r.rev >= rev {
+			return r.first, nil
+		}
+		// That read failed, or was made before the own key was written: read again.
+	}
+}
+
+// queued finishes a waiting attempt that created member key member at revision
+// rev, with ahead members ahead of it then (the holder not counted): it reads the
+// member just ahead, keys only, and the first one when the request may resume a
+// grant of its owner's, in a read-only transaction (no write: etcd serves it beside
+// its apply loop, at one revision).
+func (b *Backend) queued(ctx context.Context, req driver.Request, s *session, w *waiter, member string, rev int64, ahead int) (driver.Grant, error) {
+	ok := ownerKey{req.Key, req.Owner}
+	prefix := b.LockPrefix(req.Key)
+	ops := []clientv3.Op{predecessorOp(prefix, rev)}
+	if req.Reenter {
+		ops = append(ops, firstKeyOp(prefix))
+	}
+	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return driver.Grant{}, leaseErr(err)
+	}
+	pred := firstKV(resp.Responses[0])
+	if pred == nil {
+		// The members ahead left meanwhile: the own key is first.
+		return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
+	}
+	if req.Reenter {
+		if kv, err := b.callerHolds(ctx, firstKV(resp.Responses[1]), req.Owner); err != nil {
+			return driver.Grant{}, err
+		} else if kv != nil {
+			return b.resume(ctx, ok, kv, s, member)
+		}
+	}
+	// Without Reenter, a holder of the same owner id (another client or
+	// process) is like any other: the own member key waits behind it.
+	if w != nil {
+		w.placed(ahead)
+		w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
+	}
+	return driver.Grant{}, &driver.HeldError{Ahead: ahead}
 }
 
 // resume takes over the grant first, which the owner holds under another member key
@@ -350,7 +593,8 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	prefix := b.LockPrefix(key)
 	var resp *clientv3.TxnResponse
 	err := b.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = b.cli.Txn(ctx).Then(clientv3.OpGet(name), firstOp(prefix)).Commit()
+		// The first member keys only: its create revision is all that is compared.
+		resp, err = b.cli.Txn(ctx).Then(clientv3.OpGet(name), firstKeyOp(prefix)).Commit()
 		return err
 	})
 	if err != nil {
@@ -386,9 +630,15 @@ func (b *Backend) deleteOwn(ctx context.Context, name, owner string, trusted boo
 	var deleted bool
 	err := b.retry(ctx, func(ctx context.Context) error {
 		if trusted && b.ours(name) {
-			resp, err := b.cli.Delete(ctx, name)
+			// The lock's tail goes too if it names this key (see tailSep).
+			tail := tailOf(name)
+			resp, err := b.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.Value(tail), "=", name)).
+				Then(clientv3.OpDelete(name), clientv3.OpDelete(tail)).
+				Else(clientv3.OpDelete(name)).
+				Commit()
 			if err == nil {
-				deleted = resp.Deleted > 0
+				deleted = resp.Responses[0].GetResponseDeleteRange().GetDeleted() > 0
 			}
 			return err
 		}
@@ -497,27 +747,45 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	}
 }
 
-// Inspect implements driver.Inspector.
+// Inspect implements driver.Inspector. It reads the first member keys only, with
+// the count, then that member's value (see firstKeyOp): two reads of one key each
+// instead of one that would read every member's value.
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
 	prefix := b.LockPrefix(key)
-	var resp *clientv3.TxnResponse
-	err := b.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = b.cli.Txn(ctx).Then(
-			firstOp(prefix),
-			clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		).Commit()
-		return err
-	})
-	if err != nil {
-		return driver.Info{}, wrap("inspect", key, err)
+	var first *mvccpb.KeyValue
+	var count int64
+	for first == nil {
+		var resp *clientv3.TxnResponse
+		err := b.retry(ctx, func(ctx context.Context) (err error) {
+			resp, err = b.cli.Txn(ctx).Then(
+				firstKeyOp(prefix),
+				clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()),
+			).Commit()
+			return err
+		})
+		if err != nil {
+			return driver.Info{}, wrap("inspect", key, err)
+		}
+		fk := firstKV(resp.Responses[0])
+		if fk == nil {
+			return driver.Info{}, wrap("inspect", key, driver.ErrNotHeld)
+		}
+		count = resp.Responses[1].GetResponseRange().GetCount()
+		var g *clientv3.GetResponse
+		err = b.retry(ctx, func(ctx context.Context) (err error) {
+			g, err = b.cli.Get(ctx, string(fk.Key))
+			return err
+		})
+		if err != nil {
+			return driver.Info{}, wrap("inspect", key, err)
+		}
+		if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == fk.CreateRevision {
+			first = g.Kvs[0]
+		}
+		// Else the first member left between the reads: read again.
 	}
-	first := firstKV(resp.Responses[0])
-	if first == nil {
-		return driver.Info{}, wrap("inspect", key, driver.ErrNotHeld)
-	}
-	count := resp.Responses[1].GetResponseRange().GetCount()
 	info := driver.Info{
 		Key: key, Owner: string(first.Value), Token: uint64(first.CreateRevision),
 		Waiters: int(max(count-1, 0)),

@@ -26,6 +26,33 @@ import (
 // P/0x00idle, hold a 0x00, which no lock range does.
 const memberSep = "\x1f"
 
+// tailSep ends the name of a lock's tail key, P/E 0x1e: outside every lock's range
+// (it holds no 0x1f), inside the prefix. The tail key names the member that queued
+// last, written in the transaction that created that member (so its mod revision is
+// that member's create revision), on that member's lease; it is deleted with that
+// member's key when its client deletes the key as its own (a release, a withdrawn
+// wait), else when the lease ends or the next waiter overwrites it. It is a hint: a waiter that queues
+// behind others watches the member it names, after checking that it is still there,
+// instead of having etcd list and sort every member to find the one just ahead; the
+// check that makes a waiter the holder never trusts it.
+const tailSep = "\x1e"
+
+// tailKey returns the tail key of the lock whose member key names start with
+// lockPrefix (see tailSep).
+func tailKey(lockPrefix string) string {
+	return strings.TrimSuffix(lockPrefix, memberSep) + tailSep
+}
+
+// tailOf returns the tail key of the lock of member key name, or "" if name is not a
+// member key name.
+func tailOf(name string) string {
+	i := strings.LastIndexByte(name, memberSep[0])
+	if i < 0 {
+		return ""
+	}
+	return name[:i] + tailSep
+}
+
 var keyEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // lockPrefix returns the start of the member keys of the lock named key under

@@ -11,14 +11,17 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
-// manyWaiters is how many waiters TestManyWaiters queues on one key: 1,000, 100
-// with -short or -race, or DLOCK_MANY_WAITERS.
+// manyWaiters is how many waiters TestManyWaiters queues on one key: 2,500, 100
+// with -short or -race, or DLOCK_MANY_WAITERS. 2,500 takes a few seconds; when each
+// queueing write read the queue sorted by create revision, it never finished.
 func manyWaiters() int {
 	if s := os.Getenv("DLOCK_MANY_WAITERS"); s != "" {
 		if n, err := strconv.Atoi(s); err == nil && n > 0 {
@@ -28,7 +31,7 @@ func manyWaiters() int {
 	if testing.Short() || raceEnabled {
 		return 100
 	}
-	return 1000
+	return 2500
 }
 
 // Many waiters on one key, each Lock(context.Background()), spread over a few
@@ -124,5 +127,64 @@ func TestWaitingAttemptTimeout(t *testing.T) {
 	// An attempt that will not wait still fails with the timeout.
 	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "other", TTL: time.Minute}); errors.Is(err, driver.ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("TryLock attempt past the request timeout = %v, want DeadlineExceeded", err)
+	}
+}
+
+// A waiter that queues writes the lock's tail key, naming its member key, on its
+// lease; the next waiter watches the member the tail names; the tail goes when the
+// member it names is deleted. The chain still hands the lock over in order.
+func TestQueueTail(t *testing.T) {
+	srv := testserver.StartEtcd(t)
+	cli := rawClient(t, srv.Endpoint())
+	b := open(t, srv.URL("dlock"))
+	defer b.Close()
+	ctx := context.Background()
+	key := drivertest.Key(t, "k")
+	tail := strings.TrimSuffix(b.LockPrefix(key), "\x1f") + "\x1e"
+	req := func(owner string) driver.Request {
+		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: true, Patience: time.Minute}
+	}
+	if _, err := b.Acquire(ctx, req("holder")); err != nil {
+		t.Fatal(err)
+	}
+	tailValue := func() string {
+		resp, err := cli.Get(ctx, tail)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 0 {
+			return ""
+		}
+		return string(resp.Kvs[0].Value)
+	}
+	w, err := b.Watch(ctx, key, "waiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(ctx, false)
+	_, err = b.Acquire(ctx, req("waiter"))
+	var held *driver.HeldError
+	if !errors.As(err, &held) || held.Ahead != 0 {
+		t.Fatalf("waiter's attempt = %v, want a HeldError with no one ahead but the holder", err)
+	}
+	members, err := cli.Get(ctx, b.LockPrefix(key), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil || len(members.Kvs) != 2 {
+		t.Fatalf("members = %v, %v; want 2", members, err)
+	}
+	if got, want := tailValue(), string(members.Kvs[1].Key); got != want {
+		t.Fatalf("tail = %q, want the waiter's member key %q", got, want)
+	}
+	if err := b.Release(ctx, key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	<-w.C() // woken by the holder's release (else the test times out)
+	if _, err := b.Acquire(ctx, req("waiter")); err != nil {
+		t.Fatalf("woken waiter's attempt: %v", err)
+	}
+	if err := b.Release(ctx, key, "waiter"); err != nil {
+		t.Fatal(err)
+	}
+	if got := tailValue(); got != "" {
+		t.Fatalf("tail = %q after the member it names was released, want it gone", got)
 	}
 }

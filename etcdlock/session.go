@@ -230,7 +230,8 @@ func (b *Backend) collect(s *session, suspects map[string]bool) map[string]bool 
 	next := map[string]bool{}
 	for _, k := range resp.Keys {
 		key := string(k)
-		if known[key] || !strings.HasPrefix(key, b.prefix+"/") {
+		// A lock's tail key (see tailSep) is on the lease of the member it names.
+		if known[key] || !strings.HasPrefix(key, b.prefix+"/") || strings.HasSuffix(key, tailSep) {
 			continue
 		}
 		if !suspects[key] {

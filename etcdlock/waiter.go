@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -44,9 +45,14 @@ type waiter struct {
 	predRev   int64
 	cancel    context.CancelFunc // of the watch goroutine, if any
 	done      chan struct{}      // closed when that goroutine returns
-	watching  bool               // that watch is in place and predKey was still there
-	checked   time.Time          // when an attempt last read the queue on the server
-	ahead     int                // members ahead of the own key then, the holder not counted
+	gen       int64              // of the watch goroutine, one more for each
+	// watching is gen<<2 | a watch state (watchPending, ...) of the watch
+	// goroutine of generation gen. The goroutine sets it without w.mu: follow and
+	// Stop hold w.mu while they wait for the goroutine to end, so a goroutine that
+	// took w.mu could deadlock with them.
+	watching atomic.Int64
+	checked  time.Time // when an attempt last read the queue on the server
+	ahead    int       // members ahead of the own key then, the holder not counted
 }
 
 // recheck bounds how long the attempts of a waiter whose watch is in place are
@@ -55,16 +61,20 @@ const recheck = 30 * time.Second
 
 // still reports whether a waiting attempt on session s can be answered without a
 // request: the waiter's watch on the member just ahead is in place and has not seen
-// it deleted (etcd delivers every event of a watch, resuming it after a broken
-// stream, so the waiter is woken when it is), and the queue was read on the server
-// within recheck. ahead is the count read then. Without this, every waiter's
-// fallback attempt (the core's guard against a lost wake-up, every few seconds)
-// would be a read of the whole queue on the server: N waiters, N reads of N
-// members every few seconds.
+// it deleted, or is still being set up (it wakes the waiter if it finds that member
+// gone, or ends), and the queue was read on the server within recheck. etcd
+// delivers every event of a watch, resuming it after a broken stream, so the waiter
+// is woken when that member is deleted. ahead is the count read then. Without this,
+// every waiter's fallback attempt (the core's guard against a lost wake-up, every
+// few seconds) would be a read of the whole queue on the server: N waiters, N reads
+// of N members every few seconds.
 func (w *waiter) still(s *session) (ahead int, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.watching || w.sess != s || time.Since(w.checked) >= recheck {
+	if w.cancel == nil || w.sess != s || time.Since(w.checked) >= recheck {
+		return 0, false
+	}
+	if st := w.watching.Load(); st>>2 != w.gen || st&3 == watchEnded {
 		return 0, false
 	}
 	select {
@@ -89,17 +99,27 @@ func (w *waiter) placed(ahead int) {
 
 // woken wakes the waiter from its watch, which ends: the next attempt asks the
 // server (still no longer answers for it).
-func (w *waiter) woken() {
-	w.mu.Lock()
-	w.watching = false
-	w.mu.Unlock()
+func (w *waiter) woken(gen int64) {
+	for {
+		st := w.watching.Load()
+		if st>>2 != gen || w.watching.CompareAndSwap(st, gen<<2|watchEnded) {
+			break
+		}
+	}
 	w.wake()
 }
 
-func (w *waiter) setWatching() {
-	w.mu.Lock()
-	w.watching = true
-	w.mu.Unlock()
+// States of a waiter's watch (see waiter.watching).
+const (
+	watchPending = 0 // being set up
+	watchInPlace = 1 // in place, and the member watched was still there
+	watchEnded   = 2 // it woke the waiter
+)
+
+// setWatching records that the watch of generation gen is in place, unless it
+// ended or a newer one replaced it.
+func (w *waiter) setWatching(gen int64) {
+	w.watching.CompareAndSwap(gen<<2|watchPending, gen<<2|watchInPlace)
 }
 
 func (w *waiter) C() <-chan struct{} { return w.c }
@@ -148,7 +168,9 @@ func (w *waiter) follow(predKey string, predRev, readRev int64, s *session, myRe
 		}
 	}
 	w.stopWatchLocked()
-	w.watching = false
+	w.gen++
+	gen := w.gen
+	w.watching.Store(gen<<2 | watchPending)
 	b := w.b
 	b.mu.Lock()
 	if b.closed {
@@ -168,7 +190,7 @@ func (w *waiter) follow(predKey string, predRev, readRev int64, s *session, myRe
 		defer b.wg.Done()
 		defer close(done)
 		defer cancel()
-		w.watch(ctx, predKey, predRev, readRev, s)
+		w.watch(ctx, gen, predKey, predRev, readRev, s)
 	}()
 }
 
@@ -184,7 +206,7 @@ func (w *waiter) stopWatchLocked() {
 // waiter. The watch starts at the current revision so that etcd puts it in its synced
 // group and delivers the delete at once; if the revision moved past readRev before
 // the watch was in place, predKey is read again so a delete in between is not missed.
-func (w *waiter) watch(ctx context.Context, predKey string, predRev, readRev int64, s *session) {
+func (w *waiter) watch(ctx context.Context, gen int64, predKey string, predRev, readRev int64, s *session) {
 	b := w.b
 	// Watch is called here, not in follow: it blocks until the client's watch stream
 	// takes the request, which lasts as long as no member is reachable.
@@ -197,20 +219,20 @@ func (w *waiter) watch(ctx context.Context, predKey string, predRev, readRev int
 		case resp, ok := <-wch:
 			if !ok || resp.Canceled || resp.Err() != nil {
 				if ctx.Err() == nil {
-					w.woken() // the next attempt watches again
+					w.woken(gen) // the next attempt watches again
 				}
 				return
 			}
 			for _, ev := range resp.Events {
 				if ev.Type == mvccpb.DELETE {
-					w.woken()
+					w.woken(gen)
 					return
 				}
 			}
 			if resp.Created && !created {
 				created = true
 				if rev := resp.Header.Revision; rev <= readRev {
-					w.setWatching()
+					w.setWatching(gen)
 				}
 				if rev := resp.Header.Revision; rev > readRev {
 					// Was predKey still there at the revision the watch starts
@@ -229,15 +251,15 @@ func (w *waiter) watch(ctx context.Context, predKey string, predRev, readRev int
 					cancel()
 					if err != nil || len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != predRev {
 						if ctx.Err() == nil {
-							w.woken()
+							w.woken(gen)
 						}
 						return
 					}
-					w.setWatching()
+					w.setWatching(gen)
 				}
 			}
 		case <-s.done:
-			w.woken() // the next attempt gives up: the place went with the session
+			w.woken(gen) // the next attempt gives up: the place went with the session
 			return
 		case <-ctx.Done():
 			return
