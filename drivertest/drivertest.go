@@ -126,6 +126,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ForceRelease", h.testForceRelease)
 	t.Run("HandoffCost", h.testHandoffCost)
 	t.Run("Namespaces", h.testNamespaces)
+	t.Run("ManyWaiters", h.testManyWaiters)
 	if h.FIFO {
 		t.Run("FIFO", h.testFIFO)
 	}

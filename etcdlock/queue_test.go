@@ -3,108 +3,16 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
-	"os"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 )
-
-// manyWaiters is how many waiters TestManyWaiters queues on one key: 2,500, 100
-// with -short or -race, or DLOCK_MANY_WAITERS. 2,500 takes a few seconds; when each
-// queueing write read the queue sorted by create revision, it never finished.
-func manyWaiters() int {
-	if s := os.Getenv("DLOCK_MANY_WAITERS"); s != "" {
-		if n, err := strconv.Atoi(s); err == nil && n > 0 {
-			return n
-		}
-	}
-	if testing.Short() || raceEnabled {
-		return 100
-	}
-	return 2500
-}
-
-// Many waiters on one key, each Lock(context.Background()), spread over a few
-// clients: every one gets the lock once, in turn, and none gets an error (a
-// waiter without a deadline never gets a timeout).
-func TestManyWaiters(t *testing.T) {
-	srv := testserver.StartEtcd(t)
-	h := harness(t, srv)
-	n := manyWaiters()
-	key := drivertest.Key(t, "k")
-	holder := h.Client(t)
-	clients := make([]*dlock.Client, 8)
-	for i := range clients {
-		clients[i] = h.Client(t)
-	}
-	ctx := context.Background()
-	l, err := holder.Lock(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var inside, got atomic.Int32
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := range n {
-		c := clients[i%len(clients)]
-		wg.Go(func() {
-			l, err := c.Lock(context.Background(), key)
-			if err != nil {
-				errs <- err
-				return
-			}
-			if inside.Add(1) != 1 {
-				t.Error("two holders at once")
-			}
-			got.Add(1)
-			inside.Add(-1)
-			if err := l.Release(context.Background()); err != nil {
-				errs <- err
-			}
-		})
-	}
-	in := holder.Backend().(driver.Inspector)
-	for deadline := time.Now().Add(time.Minute); ; {
-		info, err := in.Inspect(ctx, key)
-		if err == nil && info.Waiters >= n {
-			break
-		}
-		if len(errs) > 0 {
-			err := <-errs
-			t.Fatalf("a waiter failed while queueing (%d queued): %v", info.Waiters, err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d waiters never queued (last Inspect %+v, %v)", n, info, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	start := time.Now()
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	t.Logf("%d waiters: %v from the release to the last waiter's release", n, time.Since(start))
-	close(errs)
-	failed := 0
-	for err := range errs {
-		if failed++; failed <= 5 {
-			t.Error(err)
-		}
-	}
-	if int(got.Load()) != n {
-		t.Fatalf("%d of %d waiters got the lock (%d errors)", got.Load(), n, failed)
-	}
-}
 
 // A waiting attempt that runs out of the request timeout reports the lock as taken
 // (the core then waits and tries again), not a timeout that would end a Lock whose

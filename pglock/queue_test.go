@@ -3,41 +3,21 @@ package pglock_test
 import (
 	"context"
 	"errors"
-	"os"
-	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/pglock"
 )
 
-// manyWaiters is how many waiters TestManyWaiters queues on one key: 1,000, 100
-// with -short or -race, or DLOCK_MANY_WAITERS.
-func manyWaiters() int {
-	if s := os.Getenv("DLOCK_MANY_WAITERS"); s != "" {
-		if n, err := strconv.Atoi(s); err == nil && n > 0 {
-			return n
-		}
-	}
-	if testing.Short() || raceEnabled {
-		return 100
-	}
-	return 1000
-}
-
 // TestQueue runs the tests of waiting in line, on one server.
 func TestQueue(t *testing.T) {
 	srv := testserver.StartPostgres(t)
 	t.Run("CancelledInFlight", func(t *testing.T) { testCancelledInFlight(t, srv) })
-	t.Run("ManyWaiters", func(t *testing.T) { testManyWaiters(t, srv) })
 }
 
 // A waiter that gives up while its first queueing statement is still on its way
@@ -128,58 +108,5 @@ func testCancelledInFlight(t *testing.T, srv *testserver.Postgres) {
 	}
 	if err := l2.Release(ctx); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// Many waiters on one key, each Lock(context.Background()), spread over a few
-// clients: every one gets the lock once, in turn, and none gets an error.
-func testManyWaiters(t *testing.T, srv *testserver.Postgres) {
-	h := harness(t, srv)
-	n := manyWaiters()
-	key := drivertest.Key(t, "k")
-	holder := h.Client(t)
-	clients := make([]*dlock.Client, 8)
-	for i := range clients {
-		clients[i] = h.Client(t)
-	}
-	ctx := context.Background()
-	l, err := holder.Lock(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var inside, got atomic.Int32
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := range n {
-		c := clients[i%len(clients)]
-		wg.Go(func() {
-			l, err := c.Lock(context.Background(), key)
-			if err != nil {
-				errs <- err
-				return
-			}
-			if inside.Add(1) != 1 {
-				t.Error("two holders at once")
-			}
-			got.Add(1)
-			inside.Add(-1)
-			if err := l.Release(context.Background()); err != nil {
-				errs <- err
-			}
-		})
-	}
-	waitQueued(t, holder, key, n)
-	start := time.Now()
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	t.Logf("%d waiters: %v from the release to the last waiter's release", n, time.Since(start))
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if int(got.Load()) != n {
-		t.Fatalf("%d of %d waiters got the lock", got.Load(), n)
 	}
 }

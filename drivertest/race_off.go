@@ -1,5 +1,5 @@
 //go:build !race
 
-package pglock_test
+package drivertest
 
 const raceEnabled = false

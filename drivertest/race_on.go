@@ -1,0 +1,6 @@
+//go:build race
+
+package drivertest
+
+// raceEnabled: the race detector is on (see ManyWaitersCount).
+const raceEnabled = true

@@ -1,5 +1,0 @@
-//go:build !race
-
-package etcdlock_test
-
-const raceEnabled = false

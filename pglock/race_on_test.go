@@ -1,7 +1,0 @@
-//go:build race
-
-package pglock_test
-
-// raceEnabled: the race detector slows the servers embedded in the test (etcd) and
-// the clients about tenfold, so the many-waiters test queues fewer.
-const raceEnabled = true
