@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -21,7 +19,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/fence"
 	"github.com/dlockio/dlock/fence/internal/fencetest"
 	"github.com/dlockio/dlock/fence/pgfence"
@@ -266,45 +263,12 @@ func testPausedHolder(t *testing.T, srv *testserver.Postgres, db *pgxpool.Pool) 
 		t.Fatal(err)
 	}
 	defer c.Close()
-	write := func(l *dlock.Lease, body string) error {
+	fencetest.PausedHolder(t, c, "report", func(l *dlock.Lease, body string) error {
 		return g.Do(ctx, db, "report", uint64(l.Token()), func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "UPDATE ph_report SET body = $1, token = $2 WHERE id = 1", body, int64(l.Token()))
 			return err
 		})
-	}
-	old, err := c.Lock(ctx, "report")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := write(old, "old, before the pause"); err != nil {
-		t.Fatal(err)
-	}
-	// The pause: the lease ends on the server while the holder sleeps.
-	if err := c.Backend().(driver.ForceReleaser).ForceRelease(ctx, "report"); err != nil {
-		t.Fatal(err)
-	}
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	nw, err := c.Lock(lctx, "report")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nw.Release(ctx)
-	if nw.Token() <= old.Token() {
-		t.Fatalf("tokens: old %d, new %d", old.Token(), nw.Token())
-	}
-	if err := write(nw, "new"); err != nil {
-		t.Fatal(err)
-	}
-	// The old holder wakes up and writes.
-	err = write(old, "old, after the pause")
-	var se *fence.StaleError
-	if !errors.As(err, &se) || se.Current != uint64(nw.Token()) || !strings.Contains(err.Error(), fmt.Sprint(nw.Token())) {
-		t.Fatalf("late write: %v", err)
-	}
-	if err := write(nw, "new, again"); err != nil { // equal tokens pass
-		t.Fatal(err)
-	}
+	})
 	var body string
 	if err := db.QueryRow(ctx, "SELECT body FROM ph_report").Scan(&body); err != nil || body != "new, again" {
 		t.Fatalf("report: %q, %v", body, err)

@@ -6,13 +6,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/fence"
 	"github.com/dlockio/dlock/fence/internal/fencetest"
 	"github.com/dlockio/dlock/fence/redisfence"
@@ -70,38 +68,10 @@ func testPausedHolder(t *testing.T, srv *testserver.Redis, rdb *redis.Client) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	write := func(l *dlock.Lease, body string) error {
+	fencetest.PausedHolder(t, c, "report", func(l *dlock.Lease, body string) error {
 		_, err := redisfence.Exec(ctx, rdb, "report:fence", uint64(l.Token()), redisfence.Command("SET", redisfence.Key("report"), body))
 		return err
-	}
-	old, err := c.Lock(ctx, "report")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := write(old, "old, before the pause"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Backend().(driver.ForceReleaser).ForceRelease(ctx, "report"); err != nil {
-		t.Fatal(err)
-	}
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	nw, err := c.Lock(lctx, "report")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nw.Release(ctx)
-	if err := write(nw, "new"); err != nil {
-		t.Fatal(err)
-	}
-	err = write(old, "old, after the pause")
-	var se *fence.StaleError
-	if !errors.As(err, &se) || se.Current != uint64(nw.Token()) || se.Token != uint64(old.Token()) {
-		t.Fatalf("late write: %v", err)
-	}
-	if err := write(nw, "new, again"); err != nil {
-		t.Fatal(err)
-	}
+	})
 	if v, _ := rdb.Get(ctx, "report").Result(); v != "new, again" {
 		t.Fatalf("report: %q", v)
 	}

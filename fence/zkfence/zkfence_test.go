@@ -12,7 +12,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/fence"
 	"github.com/dlockio/dlock/fence/internal/fencetest"
 	"github.com/dlockio/dlock/fence/zkfence"
@@ -116,38 +115,10 @@ func testPausedHolder(t *testing.T, srv *testserver.ZooKeeper, c *zk.Conn) {
 	if _, err := c.Create("/data/report", []byte("empty"), 0, zk.WorldACL(zk.PermAll)); err != nil {
 		t.Fatal(err)
 	}
-	write := func(l *dlock.Lease, body string) error {
+	fencetest.PausedHolder(t, lc, "report", func(l *dlock.Lease, body string) error {
 		_, err := g.Write(ctx, "report", uint64(l.Token()), &zk.SetDataRequest{Path: "/data/report", Data: []byte(body), Version: -1})
 		return err
-	}
-	old, err := lc.Lock(ctx, "report")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := write(old, "old, before the pause"); err != nil {
-		t.Fatal(err)
-	}
-	if err := lc.Backend().(driver.ForceReleaser).ForceRelease(ctx, "report"); err != nil {
-		t.Fatal(err)
-	}
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	nw, err := lc.Lock(lctx, "report")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nw.Release(ctx)
-	if err := write(nw, "new"); err != nil {
-		t.Fatal(err)
-	}
-	err = write(old, "old, after the pause")
-	var se *fence.StaleError
-	if !errors.As(err, &se) || se.Current != uint64(nw.Token()) {
-		t.Fatalf("late write: %v", err)
-	}
-	if err := write(nw, "new, again"); err != nil {
-		t.Fatal(err)
-	}
+	})
 	if data, _, err := c.Get("/data/report"); err != nil || string(data) != "new, again" {
 		t.Fatalf("report: %q %v", data, err)
 	}

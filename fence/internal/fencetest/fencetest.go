@@ -7,10 +7,14 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/fence"
 )
 
@@ -171,4 +175,50 @@ func Pair(b *testing.B, base, guarded func(ctx context.Context) error) {
 	b.ReportMetric(p50[0], "base-p50-µs")
 	b.ReportMetric(p50[1], "guarded-p50-µs")
 	b.ReportMetric(p50[1]/p50[0], "guarded/base")
+}
+
+// PausedHolder plays the pause story on a real lock: a holder of key on c writes,
+// then its lease ends on the server (a force release, as its expiry would) while it
+// is "paused"; a new holder takes the lock and writes; the old holder's late write
+// must be refused with a *fence.StaleError naming both tokens, and the new holder's
+// writes pass, again with the same token (equal tokens pass). write makes one
+// guarded write of body with the lease's token. The caller then checks that the
+// store holds "new, again", the last write.
+func PausedHolder(t *testing.T, c *dlock.Client, key string, write func(l *dlock.Lease, body string) error) {
+	t.Helper()
+	ctx := context.Background()
+	old, err := c.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := write(old, "old, before the pause"); err != nil {
+		t.Fatal(err)
+	}
+	// The pause: the lease ends on the server while the holder sleeps.
+	if err := c.Backend().(driver.ForceReleaser).ForceRelease(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	nw, err := c.Lock(lctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nw.Release(context.Background()) })
+	if nw.Token() <= old.Token() {
+		t.Fatalf("tokens: old %d, new %d", old.Token(), nw.Token())
+	}
+	if err := write(nw, "new"); err != nil {
+		t.Fatal(err)
+	}
+	// The old holder wakes up and writes.
+	err = write(old, "old, after the pause")
+	var se *fence.StaleError
+	if !errors.As(err, &se) || se.Current != uint64(nw.Token()) || se.Token != uint64(old.Token()) ||
+		!strings.Contains(err.Error(), strconv.FormatUint(uint64(nw.Token()), 10)) {
+		t.Fatalf("late write: %v", err)
+	}
+	if err := write(nw, "new, again"); err != nil { // equal tokens pass
+		t.Fatal(err)
+	}
 }
