@@ -63,7 +63,7 @@ func (c *counter) nextOp(st *starter) (run, counted bool) {
 
 // CycleRun holds the latencies of uncontended cycles: Lock+Release through dlock,
 // the same through the backend driver alone (Acquire+Release, none of the core), and
-// the backend's floor cycle (see driver.Floorer).
+// the store's floor cycle (see Floor).
 type CycleRun struct {
 	Dlock  Samples
 	Driver Samples
@@ -75,7 +75,7 @@ type CycleRun struct {
 // a fresh owner id per cycle, as the core makes them, to tell the driver's cost from
 // the core's).
 type CyclePeers struct {
-	Floor     driver.Floorer
+	Floor     Floor
 	FloorKey  string
 	Driver    driver.Backend
 	DriverKey string
@@ -135,9 +135,13 @@ func Cycles(ctx context.Context, c *dlock.Client, key string, peers CyclePeers, 
 	return nil
 }
 
-func floorOnce(ctx context.Context, f driver.Floorer, key string, s *Samples) error {
+// Floor takes and releases key the cheapest way a store allows, without dlock (the
+// least correct lock): the baseline dlock's cycle is compared with.
+type Floor func(ctx context.Context, key string) error
+
+func floorOnce(ctx context.Context, f Floor, key string, s *Samples) error {
 	t0 := time.Now()
-	if err := f.FloorCycle(ctx, key); err != nil {
+	if err := f(ctx, key); err != nil {
 		return fmt.Errorf("bench: floor cycle %q: %w", key, err)
 	}
 	s.Add(time.Since(t0))
@@ -146,7 +150,7 @@ func floorOnce(ctx context.Context, f driver.Floorer, key string, s *Samples) er
 
 // FloorCycles runs floor cycles of key until lim is reached and adds their latencies
 // to s.
-func FloorCycles(ctx context.Context, f driver.Floorer, key string, lim Limit, s *Samples) error {
+func FloorCycles(ctx context.Context, f Floor, key string, lim Limit, s *Samples) error {
 	if err := lim.check(); err != nil {
 		return err
 	}
@@ -419,7 +423,7 @@ func Contend(ctx context.Context, clients []*dlock.Client, keys []string, lim Li
 // FloorContend runs one worker per floor (each its own connection), each looping
 // floor cycles over perWorker keys of its own, so the floor never meets contention:
 // it bounds what the engine does with that many clients in parallel.
-func FloorContend(ctx context.Context, floors []driver.Floorer, prefix string, perWorker int, lim Limit) (ContendRun, error) {
+func FloorContend(ctx context.Context, floors []Floor, prefix string, perWorker int, lim Limit) (ContendRun, error) {
 	run := ContendRun{Counts: make([]int64, len(floors))}
 	if err := lim.check(); err != nil {
 		return run, err
@@ -440,7 +444,7 @@ func FloorContend(ctx context.Context, floors []driver.Floorer, prefix string, p
 					return
 				}
 				key := fmt.Sprintf("%s.%d.%d", prefix, w, rng.IntN(perWorker))
-				if err := f.FloorCycle(ctx, key); err != nil {
+				if err := f(ctx, key); err != nil {
 					if ctx.Err() == nil {
 						cancel(fmt.Errorf("bench: floor cycle %q: %w", key, err))
 					}

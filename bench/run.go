@@ -315,7 +315,7 @@ type targetEnv struct {
 	raw    []driver.Backend
 	cl     []*dlock.Client
 	obs    driver.Backend // observer: floor, server ops, inspection
-	floor  driver.Floorer
+	floor  Floor
 	ins    driver.Inspector
 	ops    func(context.Context) (int64, error)
 	opsOv  int64
@@ -367,7 +367,9 @@ func openTarget(ctx context.Context, cfg Config, t Target, br *BackendResult, ru
 		}
 		e.cl = append(e.cl, c)
 	}
-	e.floor, _ = e.obs.(driver.Floorer)
+	if fl, ok := e.obs.(driver.Floorer); ok {
+		e.floor = fl.FloorCycle
+	}
 	e.ins, _ = e.obs.(driver.Inspector)
 	br.Floor = e.floor != nil
 	br.Inspector = e.ins != nil
@@ -487,13 +489,13 @@ func (e *targetEnv) manyKeys(ctx context.Context, d time.Duration) error {
 	if e.floor == nil {
 		return dlockPart(d)
 	}
-	floors := make([]driver.Floorer, len(e.raw))
+	floors := make([]Floor, len(e.raw))
 	for i, b := range e.raw {
 		f, ok := b.(driver.Floorer)
 		if !ok {
 			return fmt.Errorf("bench: backend %d has no floor", i)
 		}
-		floors[i] = f
+		floors[i] = f.FloorCycle
 	}
 	floorPart := func(d time.Duration) error {
 		per := max(e.cfg.Keys/len(floors), 1)

@@ -18,3 +18,7 @@ func RandomHex(n int) string {
 	_, _ = rand.Read(b) // crypto/rand.Read never fails (it crashes the program instead)
 	return hex.EncodeToString(b)
 }
+
+// Holder names one owner's hold on one key: the map key backends use for their
+// per-grant and per-waiter state.
+type Holder struct{ Key, Owner string }

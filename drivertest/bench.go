@@ -15,38 +15,13 @@ import (
 // which the "dlock bench" command runs too: a developer's Go benchmark and a user's
 // side-by-side run measure the same thing.
 
-// OpsCounter returns a running total of server-side operations (for example the sum
-// of Redis commandstats calls), so benchmarks can report operations per handoff. A
-// nil OpsCounter given to a benchmark falls back to the backend's
-// driver.OpsCounter, if it has one.
-type OpsCounter func(tb testing.TB) int64
-
-func (h Harness) opsCounter(tb testing.TB, given OpsCounter) OpsCounter {
-	if given != nil {
-		return given
+// readOps reads Harness.Ops, failing tb on an error.
+func (h Harness) readOps(tb testing.TB) int64 {
+	n, err := h.Ops(context.Background())
+	if err != nil {
+		tb.Fatalf("server operations: %v", err)
 	}
-	be := h.Open(tb)
-	oc, ok := be.(driver.OpsCounter)
-	if !ok {
-		be.Close()
-		return nil
-	}
-	tb.Cleanup(func() { be.Close() })
-	return func(tb testing.TB) int64 {
-		n, err := oc.ServerOps(context.Background())
-		if err != nil {
-			tb.Fatalf("ServerOps: %v", err)
-		}
-		return n
-	}
-}
-
-// opsFunc adapts an OpsCounter to bench's form; nil stays nil.
-func opsFunc(tb testing.TB, ops OpsCounter) func(context.Context) (int64, error) {
-	if ops == nil {
-		return nil
-	}
-	return func(context.Context) (int64, error) { return ops(tb), nil }
+	return n
 }
 
 func reportLatency(b *testing.B, s *bench.Samples, prefix string) {
@@ -55,7 +30,7 @@ func reportLatency(b *testing.B, s *bench.Samples, prefix string) {
 }
 
 // BenchCycle measures one uncontended Lock+Release cycle on one key ("dlock"), and,
-// when the backend is a driver.Floorer, the floor cycle on the same server in the
+// when the harness has a Floor, the floor cycle on the same server in the
 // same run ("floor") and both paired cycle by cycle with the driver alone, its
 // Acquire and Release called directly ("interleaved", which reports the ratio of
 // the medians, "dlock/floor": the number to compare, since all see the same machine
@@ -64,7 +39,7 @@ func BenchCycle(b *testing.B, h Harness) {
 	ctx := context.Background()
 	be := h.Open(b)
 	defer be.Close()
-	f, hasFloor := be.(driver.Floorer)
+	f, hasFloor := h.Floor, h.Floor != nil
 	if hasFloor {
 		b.Run("floor", func(b *testing.B) {
 			var s bench.Samples
@@ -112,18 +87,16 @@ func BenchCycle(b *testing.B, h Harness) {
 // client's Release call to the waiting client's Lock returning. It reports the
 // median and 99th percentile ("handoff-p50-ns", "handoff-p99-ns"), and, when the
 // harness has RoundTrip, the median in round trips ("handoff-p50-rtt") and the
-// server operations per handoff ("ops/handoff") when ops is given or the backend is
-// a driver.OpsCounter.
+// server operations per handoff ("ops/handoff") when the harness has Ops.
 //
 // Server operations are counted in a separate, shorter run: reading the counters
 // (Redis INFO, a ZooKeeper mntr) right before each release would disturb the timed
 // handoff, on a pinned CPU by evicting what the handoff needs from the caches, and
 // not the round trip timed next to it.
-func BenchHandoff(b *testing.B, h Harness, ops OpsCounter) {
+func BenchHandoff(b *testing.B, h Harness) {
 	ctx := context.Background()
 	key := Key(b, "k")
 	a, c := h.Client(b), h.Client(b)
-	ops = h.opsCounter(b, ops)
 	in, _ := c.Backend().(driver.Inspector)
 	b.ResetTimer()
 	run, err := bench.Handoff(ctx, a, c, key, bench.Limit{N: int64(b.N)}, bench.HandoffOptions{
@@ -133,9 +106,9 @@ func BenchHandoff(b *testing.B, h Harness, ops OpsCounter) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if ops != nil {
+	if h.Ops != nil {
 		counted, err := bench.Handoff(ctx, a, c, key, bench.Limit{N: min(int64(b.N), 100)}, bench.HandoffOptions{
-			Inspector: in, Ops: opsFunc(b, ops),
+			Inspector: in, Ops: h.Ops,
 		})
 		if err != nil {
 			b.Fatal(err)
@@ -154,11 +127,11 @@ func BenchHandoff(b *testing.B, h Harness, ops OpsCounter) {
 func Percentile(ds []time.Duration, q float64) time.Duration { return bench.Percentile(ds, q) }
 
 // BenchContended runs W workers, each with its own client, looping Lock+Release on
-// one hot key. It reports acquisitions/s, server operations per acquisition (if ops
-// is given or the backend is a driver.OpsCounter), the fairness ratio min/max
+// one hot key. It reports acquisitions/s, server operations per acquisition (if the
+// harness has Ops), the fairness ratio min/max
 // acquisitions per worker, Jain's fairness index ("jain": 1 is equal shares) and the
 // handoff latency from a Release call to the next holder's Lock returning.
-func BenchContended(b *testing.B, h Harness, workers int, ops OpsCounter) {
+func BenchContended(b *testing.B, h Harness, workers int) {
 	b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 		ctx := context.Background()
 		key := Key(b, "k")
@@ -166,10 +139,9 @@ func BenchContended(b *testing.B, h Harness, workers int, ops OpsCounter) {
 		for i := range cs {
 			cs[i] = h.Client(b)
 		}
-		ops := h.opsCounter(b, ops)
 		var start0 int64
-		if ops != nil {
-			start0 = ops(b)
+		if h.Ops != nil {
+			start0 = h.readOps(b)
 		}
 		b.ResetTimer()
 		run, err := bench.Contend(ctx, cs, []string{key}, bench.Limit{N: int64(b.N)})
@@ -188,8 +160,8 @@ func BenchContended(b *testing.B, h Harness, workers int, ops OpsCounter) {
 		if run.Handoff.Count() > 0 {
 			reportLatency(b, &run.Handoff, "handoff-")
 		}
-		if ops != nil {
-			b.ReportMetric(float64(ops(b)-start0)/float64(run.All), "ops/acq")
+		if h.Ops != nil {
+			b.ReportMetric(float64(h.readOps(b)-start0)/float64(run.All), "ops/acq")
 		}
 	})
 }

@@ -13,8 +13,8 @@ type Cost struct {
 	// Calls is the driver calls (Acquire, Release, Watch, Stop, ...) per handoff,
 	// counted in the clients.
 	Calls float64
-	// Ops is the server operations per handoff, from the backend's
-	// driver.OpsCounter; -1 when it has none.
+	// Ops is the server operations per handoff, from Harness.Ops; -1 when the
+	// harness has none.
 	Ops float64
 }
 
@@ -40,11 +40,9 @@ func HandoffCost(t testing.TB, h Harness, waiters int) Cost {
 	}
 	o := bench.GrowthOptions{Calls: counts.Calls, Locked: counts.Locked}
 	o.Inspector, _ = holder.Backend().(driver.Inspector)
-	be := h.Open(t)
-	defer be.Close()
-	if oc, ok := be.(driver.OpsCounter); ok {
-		o.Ops = oc.ServerOps
-		overhead, err := bench.OpsOverhead(ctx, oc.ServerOps)
+	if h.Ops != nil {
+		o.Ops = h.Ops
+		overhead, err := bench.OpsOverhead(ctx, h.Ops)
 		if err != nil {
 			t.Fatalf("ServerOps: %v", err)
 		}

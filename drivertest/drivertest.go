@@ -41,6 +41,15 @@ type Harness struct {
 	// refuses ns as a namespace. The suite closes the backend. Nil only for a
 	// backend without namespaces on one server (memlock, whose stores are apart).
 	Namespace func(t testing.TB, ns string) (driver.Backend, error)
+	// Ops, optional, returns a running total of the operations the server has
+	// served (Redis commandstats calls, ZooKeeper packets received, ...), read on a
+	// connection of its own; the cost tests and benchmarks report operations per
+	// handoff with it.
+	Ops func(ctx context.Context) (int64, error)
+	// Floor, optional, takes and releases key the cheapest way the server allows,
+	// without dlock (the least correct lock): the baseline BenchCycle compares the
+	// backend with.
+	Floor func(ctx context.Context, key string) error
 }
 
 // Wait bounds every "eventually" in the suite; it is a safety net against a hang,

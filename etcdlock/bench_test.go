@@ -24,7 +24,7 @@ func BenchmarkCycle(b *testing.B) {
 
 func BenchmarkHandoff(b *testing.B) {
 	srv := testserver.StartEtcd(b)
-	drivertest.BenchHandoff(b, harness(b, srv), nil)
+	drivertest.BenchHandoff(b, harness(b, srv))
 }
 
 // BenchmarkContended runs W workers on one key, each with its own client, with dlock
@@ -32,7 +32,7 @@ func BenchmarkHandoff(b *testing.B) {
 func BenchmarkContended(b *testing.B) {
 	srv := testserver.StartEtcd(b)
 	for _, w := range []int{2, 16} {
-		b.Run("dlock", func(b *testing.B) { drivertest.BenchContended(b, harness(b, srv), w, nil) })
+		b.Run("dlock", func(b *testing.B) { drivertest.BenchContended(b, harness(b, srv), w) })
 		b.Run("concurrency.Mutex", func(b *testing.B) { benchMutex(b, srv, w) })
 	}
 }

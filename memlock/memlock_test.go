@@ -26,9 +26,9 @@ func harness() drivertest.Harness {
 func TestConformance(t *testing.T) { drivertest.Run(t, harness()) }
 
 func BenchmarkCycle(b *testing.B)   { drivertest.BenchCycle(b, harness()) }
-func BenchmarkHandoff(b *testing.B) { drivertest.BenchHandoff(b, harness(), nil) }
+func BenchmarkHandoff(b *testing.B) { drivertest.BenchHandoff(b, harness()) }
 func BenchmarkContended(b *testing.B) {
 	for _, w := range []int{2, 16} {
-		drivertest.BenchContended(b, harness(), w, nil)
+		drivertest.BenchContended(b, harness(), w)
 	}
 }

@@ -62,7 +62,7 @@ func BenchmarkCycleInterleaved(b *testing.B) {
 // ServerOps).
 func BenchmarkHandoff(b *testing.B) {
 	srv := testserver.StartPostgres(b)
-	drivertest.BenchHandoff(b, harness(b, srv), nil)
+	drivertest.BenchHandoff(b, harness(b, srv))
 }
 
 // BenchmarkContended runs 2 and 16 workers on one key. Waiters queue on the server
@@ -71,6 +71,6 @@ func BenchmarkHandoff(b *testing.B) {
 func BenchmarkContended(b *testing.B) {
 	srv := testserver.StartPostgres(b)
 	for _, w := range []int{2, 16} {
-		drivertest.BenchContended(b, harness(b, srv), w, nil)
+		drivertest.BenchContended(b, harness(b, srv), w)
 	}
 }

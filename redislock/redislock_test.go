@@ -377,12 +377,12 @@ func BenchmarkCycle(b *testing.B) {
 
 func BenchmarkHandoff(b *testing.B) {
 	srv := testserver.StartRedis(b)
-	drivertest.BenchHandoff(b, harness(b, srv), nil)
+	drivertest.BenchHandoff(b, harness(b, srv))
 }
 
 func BenchmarkContended(b *testing.B) {
 	srv := testserver.StartRedis(b)
 	for _, w := range []int{2, 16} {
-		drivertest.BenchContended(b, harness(b, srv), w, nil)
+		drivertest.BenchContended(b, harness(b, srv), w)
 	}
 }

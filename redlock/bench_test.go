@@ -140,12 +140,12 @@ func BenchmarkCyclePausedNode(b *testing.B) {
 
 func BenchmarkHandoff(b *testing.B) {
 	nodes := benchNodes(b, 5)
-	drivertest.BenchHandoff(b, benchHarness(b, nodes), nil)
+	drivertest.BenchHandoff(b, benchHarness(b, nodes))
 }
 
 func BenchmarkContended(b *testing.B) {
 	nodes := benchNodes(b, 5)
 	for _, w := range []int{2, 16} {
-		drivertest.BenchContended(b, benchHarness(b, nodes), w, nil)
+		drivertest.BenchContended(b, benchHarness(b, nodes), w)
 	}
 }

@@ -2,6 +2,7 @@ package zklock_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,25 +17,24 @@ import (
 
 // packetsReceived counts the requests (and pings) the server received, from the mntr
 // four-letter word, not counting the mntr requests themselves.
-func packetsReceived(srv *testserver.ZooKeeper) drivertest.OpsCounter {
+func packetsReceived(srv *testserver.ZooKeeper) func(context.Context) (int64, error) {
 	var calls atomic.Int64
-	return func(tb testing.TB) int64 {
+	return func(context.Context) (int64, error) {
 		n := calls.Add(1)
 		out, err := srv.FourLetter("mntr")
 		if err != nil {
-			tb.Fatal(err)
+			return 0, err
 		}
 		for line := range strings.SplitSeq(out, "\n") {
 			if v, ok := strings.CutPrefix(line, "zk_packets_received\t"); ok {
 				total, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 				if err != nil {
-					tb.Fatal(err)
+					return 0, err
 				}
-				return total - n
+				return total - n, nil
 			}
 		}
-		tb.Fatalf("mntr has no zk_packets_received: %q", out)
-		return 0
+		return 0, fmt.Errorf("mntr has no zk_packets_received: %q", out)
 	}
 }
 
@@ -129,12 +129,16 @@ func benchFloor(b *testing.B, srv *testserver.ZooKeeper) {
 
 func BenchmarkHandoff(b *testing.B) {
 	srv := testserver.StartZooKeeper(b)
-	drivertest.BenchHandoff(b, harness(b, srv), packetsReceived(srv))
+	h := harness(b, srv)
+	h.Ops = packetsReceived(srv)
+	drivertest.BenchHandoff(b, h)
 }
 
 func BenchmarkContended(b *testing.B) {
 	srv := testserver.StartZooKeeper(b)
 	for _, w := range []int{2, 16} {
-		drivertest.BenchContended(b, harness(b, srv), w, packetsReceived(srv))
+		h := harness(b, srv)
+		h.Ops = packetsReceived(srv)
+		drivertest.BenchContended(b, h, w)
 	}
 }
