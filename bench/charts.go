@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlockio/dlock/internal/measure"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -206,7 +207,7 @@ var palette = []color.Color{
 func colour(i int) color.Color { return palette[i%len(palette)] }
 
 // addCDF draws the cumulative distribution of s, at most 400 points.
-func addCDF(p *chart, s *Samples, name string, i int, dashed bool) {
+func addCDF(p *chart, s *measure.Samples, name string, i int, dashed bool) {
 	if s == nil || s.Count() == 0 {
 		return
 	}
@@ -215,7 +216,7 @@ func addCDF(p *chart, s *Samples, name string, i int, dashed bool) {
 	pts := make(plotter.XYs, 0, n+1)
 	for k := 0; k <= n; k++ {
 		q := float64(k) / n
-		d := sortedPercentile(v, q)
+		d := measure.SortedPercentile(v, q)
 		if d <= 0 {
 			continue
 		}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dlockio/dlock/internal/measure"
 )
 
 // WriteMarkdown writes the results as markdown tables with a short legend.
@@ -57,8 +59,8 @@ func (r *Result) WriteMarkdown(w io.Writer) error {
 	})
 
 	fmt.Fprintf(&b, "\n### One hot key (%d workers)\n\n", s.Workers)
-	b.WriteString("Handoff: from a Release call to the next holder's Lock returning. Fairness is that of the worst round: acquisitions of the least and the most served worker, and Jain's index (1 = equal shares, 1/workers = one worker takes all).\n\n")
-	table(&b, []string{"backend", "acquisitions/s", "handoff p50", "handoff p99", "handoff p50 / floor p50", "per worker min-max", "min/max", "Jain"},
+	b.WriteString("Handoff: from a Release call to the next holder's Lock returning. Fairness is that of the worst round: acquisitions of the least and the most served worker, and measure.Jain's index (1 = equal shares, 1/workers = one worker takes all).\n\n")
+	table(&b, []string{"backend", "acquisitions/s", "handoff p50", "handoff p99", "handoff p50 / floor p50", "per worker min-max", "min/max", "measure.Jain"},
 		"lrrrrrrr", ok, func(br *BackendResult) []string {
 			h := br.HotKey
 			return []string{br.Name, fmtRate(h.PerSecond), fmtDur(h.Handoff.P50), fmtDur(h.Handoff.P99), fmtRatio(h.HandoffFloorRatio),
@@ -202,7 +204,7 @@ func (r *Result) relativeCycles() string {
 		return ""
 	}
 	return fmt.Sprintf("%s's cycle p50 is %s that of %s (%s against %s).\n", multi.Name,
-		fmtRatio(Float(Ratio(float64(multi.Cycle.Dlock.P50), float64(single.Cycle.Dlock.P50)))), single.Name,
+		fmtRatio(Float(measure.Ratio(float64(multi.Cycle.Dlock.P50), float64(single.Cycle.Dlock.P50)))), single.Name,
 		fmtDur(multi.Cycle.Dlock.P50), fmtDur(single.Cycle.Dlock.P50))
 }
 

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"io"
 	"time"
+
+	"github.com/dlockio/dlock/internal/measure"
 )
 
 // Result is the outcome of Run. Latencies are in nanoseconds in JSON; values that
@@ -69,18 +71,18 @@ type BackendResult struct {
 	// key (a mutual exclusion failure); it should be 0.
 	Overlaps int64 `json:"overlaps"`
 
-	samples struct{ cycle, floor, handoff *Samples } // for the charts
+	samples struct{ cycle, floor, handoff *measure.Samples } // for the charts
 }
 
 // CycleResult is the uncontended Lock+Release cycle and its floor.
 type CycleResult struct {
-	Dlock     Latency `json:"dlock"`
-	PerSecond float64 `json:"per_second"`
+	Dlock     measure.Latency `json:"dlock"`
+	PerSecond float64         `json:"per_second"`
 	// Driver is the backend driver's Acquire+Release called directly: the cycle
 	// without the dlock core.
-	Driver         Latency  `json:"driver"`
-	Floor          *Latency `json:"floor,omitempty"`
-	FloorPerSecond Float    `json:"floor_per_second"`
+	Driver         measure.Latency  `json:"driver"`
+	Floor          *measure.Latency `json:"floor,omitempty"`
+	FloorPerSecond Float            `json:"floor_per_second"`
 	// Ratio is the dlock p50 over the floor p50, over all rounds; DriverRatio
 	// the driver's p50 over the floor p50.
 	Ratio       Float        `json:"ratio"`
@@ -113,7 +115,7 @@ type HotKeyResult struct {
 	Acquisitions int64   `json:"acquisitions"`
 	PerSecond    float64 `json:"per_second"`
 	// Handoff runs from a Release call to the next holder's Lock returning.
-	Handoff Latency `json:"handoff"`
+	Handoff measure.Latency `json:"handoff"`
 	// HandoffFloorRatio is the handoff p50 over the floor cycle p50.
 	HandoffFloorRatio Float `json:"handoff_floor_ratio"`
 	// Fairness of the worst round: acquisitions of the least and most served

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/measure"
 )
 
 // Defaults of Config.
@@ -315,23 +316,23 @@ type targetEnv struct {
 	raw    []driver.Backend
 	cl     []*dlock.Client
 	obs    driver.Backend // observer: floor, server ops, inspection
-	floor  Floor
+	floor  measure.Floor
 	ins    driver.Inspector
 	ops    func(context.Context) (int64, error)
 	opsOv  int64
-	cnt    Counts
+	cnt    measure.Counts
 	failed bool
 
-	cycles   CycleRun // all rounds
-	handoffs Samples  // hot key, all rounds
-	manyAcq  int64    // dlock acquisitions, many keys
+	cycles   measure.CycleRun // all rounds
+	handoffs measure.Samples  // hot key, all rounds
+	manyAcq  int64            // dlock acquisitions, many keys
 	manyT    time.Duration
 	manyFAcq int64 // floor
 	manyFT   time.Duration
 	hotAcq   int64
 	hotT     time.Duration
-	chains   map[int]*GrowthRun // summed over rounds
-	cycOps   [2]int64           // server ops, cycles (dlock cycle)
+	chains   map[int]*measure.GrowthRun // summed over rounds
+	cycOps   [2]int64                   // server ops, cycles (dlock cycle)
 	cycCalls [2]int64
 	flOps    [2]int64 // server ops, floor cycles
 	overlaps int64
@@ -343,7 +344,7 @@ func openTarget(ctx context.Context, cfg Config, t Target, br *BackendResult, ru
 		return nil, err
 	}
 	open, _ := driver.Lookup(u.Scheme)
-	e := &targetEnv{cfg: cfg, res: br, keys: "dlock-bench." + runID + ".", chains: map[int]*GrowthRun{}}
+	e := &targetEnv{cfg: cfg, res: br, keys: "dlock-bench." + runID + ".", chains: map[int]*measure.GrowthRun{}}
 	octx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	e.obs, err = open(octx, u)
@@ -358,7 +359,7 @@ func openTarget(ctx context.Context, cfg Config, t Target, br *BackendResult, ru
 			return nil, err
 		}
 		e.raw = append(e.raw, b)
-		c, err := dlock.New(Counting(b, &e.cnt), opts...)
+		c, err := dlock.New(measure.Counting(b, &e.cnt), opts...)
 		if err != nil {
 			b.Close()
 			e.raw = e.raw[:len(e.raw)-1]
@@ -375,7 +376,7 @@ func openTarget(ctx context.Context, cfg Config, t Target, br *BackendResult, ru
 	br.Inspector = e.ins != nil
 	_, br.Notifier = e.obs.(driver.Notifier)
 	if oc, ok := e.obs.(driver.OpsCounter); ok {
-		ov, err := OpsOverhead(octx, oc.ServerOps)
+		ov, err := measure.OpsOverhead(octx, oc.ServerOps)
 		if err != nil {
 			br.Notes = append(br.Notes, "server operations not counted: "+err.Error())
 		} else {
@@ -432,8 +433,8 @@ func (e *targetEnv) key(name string) string { return e.keys + name }
 
 // peers are what the dlock cycles of workload name are paired with: the floor and
 // the raw driver, each on a key of its own.
-func (e *targetEnv) peers(name string) CyclePeers {
-	p := CyclePeers{Driver: e.obs, DriverKey: e.key(name + "-driver")}
+func (e *targetEnv) peers(name string) measure.CyclePeers {
+	p := measure.CyclePeers{Driver: e.obs, DriverKey: e.key(name + "-driver")}
 	if e.floor != nil {
 		p.Floor, p.FloorKey = e.floor, e.key(name+"-floor")
 	}
@@ -443,25 +444,25 @@ func (e *targetEnv) peers(name string) CyclePeers {
 func (e *targetEnv) warmUp(ctx context.Context, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
 	defer cancel()
-	var scratch CycleRun
-	if err := Cycles(ctx, e.cl[0], e.key("warm-up"), e.peers("warm-up"), Limit{Duration: d / 2}, &scratch); err != nil {
+	var scratch measure.CycleRun
+	if err := measure.Cycles(ctx, e.cl[0], e.key("warm-up"), e.peers("warm-up"), measure.Limit{Duration: d / 2}, &scratch); err != nil {
 		return err
 	}
-	_, err := Contend(ctx, e.cl, []string{e.key("warm-up")}, Limit{Duration: d / 2})
+	_, err := measure.Contend(ctx, e.cl, []string{e.key("warm-up")}, measure.Limit{Duration: d / 2})
 	return err
 }
 
 func (e *targetEnv) cycle(ctx context.Context, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
 	defer cancel()
-	var r CycleRun
-	if err := Cycles(ctx, e.cl[0], e.key("cycle"), e.peers("cycle"), Limit{Duration: d}, &r); err != nil {
+	var r measure.CycleRun
+	if err := measure.Cycles(ctx, e.cl[0], e.key("cycle"), e.peers("cycle"), measure.Limit{Duration: d}, &r); err != nil {
 		return err
 	}
 	round := RoundCycle{P50: r.Dlock.Percentile(0.5), N: r.Dlock.Count(), DriverP50: r.Driver.Percentile(0.5)}
 	if r.Floor.Count() > 0 {
 		round.FloorP50 = r.Floor.Percentile(0.5)
-		round.Ratio = Float(Ratio(float64(round.P50), float64(round.FloorP50)))
+		round.Ratio = Float(measure.Ratio(float64(round.P50), float64(round.FloorP50)))
 	} else {
 		round.Ratio = Float(math.NaN())
 	}
@@ -480,7 +481,7 @@ func (e *targetEnv) manyKeys(ctx context.Context, d time.Duration) error {
 		keys[i] = e.key(fmt.Sprintf("many.%d", i))
 	}
 	dlockPart := func(d time.Duration) error {
-		r, err := Contend(ctx, e.cl, keys, Limit{Duration: d})
+		r, err := measure.Contend(ctx, e.cl, keys, measure.Limit{Duration: d})
 		e.manyAcq += r.Acquisitions
 		e.manyT += r.Elapsed
 		e.overlaps += r.Overlaps
@@ -489,7 +490,7 @@ func (e *targetEnv) manyKeys(ctx context.Context, d time.Duration) error {
 	if e.floor == nil {
 		return dlockPart(d)
 	}
-	floors := make([]Floor, len(e.raw))
+	floors := make([]measure.Floor, len(e.raw))
 	for i, b := range e.raw {
 		f, ok := b.(driver.Floorer)
 		if !ok {
@@ -499,7 +500,7 @@ func (e *targetEnv) manyKeys(ctx context.Context, d time.Duration) error {
 	}
 	floorPart := func(d time.Duration) error {
 		per := max(e.cfg.Keys/len(floors), 1)
-		r, err := FloorContend(ctx, floors, e.key("many-floor"), per, Limit{Duration: d})
+		r, err := measure.FloorContend(ctx, floors, e.key("many-floor"), per, measure.Limit{Duration: d})
 		e.manyFAcq += r.Acquisitions
 		e.manyFT += r.Elapsed
 		return err
@@ -516,7 +517,7 @@ func (e *targetEnv) manyKeys(ctx context.Context, d time.Duration) error {
 func (e *targetEnv) hotKey(ctx context.Context, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
 	defer cancel()
-	r, err := Contend(ctx, e.cl, []string{e.key("hot")}, Limit{Duration: d})
+	r, err := measure.Contend(ctx, e.cl, []string{e.key("hot")}, measure.Limit{Duration: d})
 	if err != nil {
 		return err
 	}
@@ -524,9 +525,9 @@ func (e *targetEnv) hotKey(ctx context.Context, d time.Duration) error {
 	e.hotT += r.Elapsed
 	e.overlaps += r.Overlaps
 	e.handoffs.Merge(&r.Handoff)
-	lo, hi := MinMax(r.Counts)
+	lo, hi := measure.MinMax(r.Counts)
 	e.res.HotKey.Rounds = append(e.res.HotKey.Rounds, RoundFairness{
-		Counts: r.Counts, MinMax: Float(Ratio(float64(lo), float64(hi))), Jain: Jain(r.Counts),
+		Counts: r.Counts, MinMax: Float(measure.Ratio(float64(lo), float64(hi))), Jain: measure.Jain(r.Counts),
 		HandoffP50: r.Handoff.Percentile(0.5),
 	})
 	return nil
@@ -538,12 +539,12 @@ func (e *targetEnv) growth(ctx context.Context) error {
 	{
 		ctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		var scratch CycleRun
+		var scratch measure.CycleRun
 		ops0, calls0, err := e.readOps(ctx)
 		if err != nil {
 			return err
 		}
-		if err := Cycles(ctx, e.cl[0], e.key("cost"), CyclePeers{}, Limit{N: n}, &scratch); err != nil {
+		if err := measure.Cycles(ctx, e.cl[0], e.key("cost"), measure.CyclePeers{}, measure.Limit{N: n}, &scratch); err != nil {
 			return err
 		}
 		ops1, calls1, err := e.readOps(ctx)
@@ -555,7 +556,7 @@ func (e *targetEnv) growth(ctx context.Context) error {
 		e.cycCalls[0] += calls1 - calls0
 		e.cycCalls[1] += n
 		if e.floor != nil && e.ops != nil {
-			if err := FloorCycles(ctx, e.floor, e.key("cost-floor"), Limit{N: n}, &scratch.Floor); err != nil {
+			if err := measure.FloorCycles(ctx, e.floor, e.key("cost-floor"), measure.Limit{N: n}, &scratch.Floor); err != nil {
 				return err
 			}
 			ops2, _, err := e.readOps(ctx)
@@ -570,15 +571,15 @@ func (e *targetEnv) growth(ctx context.Context) error {
 	for _, w := range e.cfg.Waiters {
 		g := e.chains[w]
 		if g == nil {
-			g = &GrowthRun{Waiters: w, Queued: true}
+			g = &measure.GrowthRun{Waiters: w, Queued: true}
 			e.chains[w] = g
 		}
 		// Short chains are repeated, so that every length adds up to at least
 		// MinChainHandoffs handoffs per round.
 		for range (MinChainHandoffs + w - 1) / w {
 			cctx, cancel := context.WithTimeout(ctx, ChainTimeout)
-			o := GrowthOptions{Inspector: e.ins, Ops: e.ops, OpsOverhead: e.opsOv, Calls: e.cnt.Calls, Locked: e.cnt.Locked}
-			r, err := Growth(cctx, e.cl[0], pool, e.key(fmt.Sprintf("waiters.%d", w)), w, o)
+			o := measure.GrowthOptions{Inspector: e.ins, Ops: e.ops, OpsOverhead: e.opsOv, Calls: e.cnt.Calls, Locked: e.cnt.Locked}
+			r, err := measure.Growth(cctx, e.cl[0], pool, e.key(fmt.Sprintf("waiters.%d", w)), w, o)
 			cancel()
 			if err != nil {
 				return err
@@ -611,48 +612,48 @@ func (e *targetEnv) finish() {
 	c.Dlock = e.cycles.Dlock.Summary()
 	c.Driver = e.cycles.Driver.Summary()
 	c.DriverRatio = Float(math.NaN())
-	c.PerSecond = PerSecond(e.cycles.Dlock.Count(), e.cycles.Dlock.Sum())
+	c.PerSecond = measure.PerSecond(e.cycles.Dlock.Count(), e.cycles.Dlock.Sum())
 	c.Ratio, c.FloorPerSecond = Float(math.NaN()), Float(math.NaN())
 	if e.cycles.Floor.Count() > 0 {
 		f := e.cycles.Floor.Summary()
 		c.Floor = &f
-		c.FloorPerSecond = Float(PerSecond(f.N, e.cycles.Floor.Sum()))
-		c.Ratio = Float(Ratio(float64(c.Dlock.P50), float64(f.P50)))
-		c.DriverRatio = Float(Ratio(float64(c.Driver.P50), float64(f.P50)))
+		c.FloorPerSecond = Float(measure.PerSecond(f.N, e.cycles.Floor.Sum()))
+		c.Ratio = Float(measure.Ratio(float64(c.Dlock.P50), float64(f.P50)))
+		c.DriverRatio = Float(measure.Ratio(float64(c.Driver.P50), float64(f.P50)))
 	}
 	m := &br.ManyKeys
 	m.Workers, m.Keys = e.cfg.Workers, e.cfg.Keys
-	m.Acquisitions, m.PerSecond = e.manyAcq, PerSecond(e.manyAcq, e.manyT)
+	m.Acquisitions, m.PerSecond = e.manyAcq, measure.PerSecond(e.manyAcq, e.manyT)
 	m.FloorPerSecond, m.Ratio = Float(math.NaN()), Float(math.NaN())
 	if e.manyFAcq > 0 {
-		m.FloorPerSecond = Float(PerSecond(e.manyFAcq, e.manyFT))
-		m.Ratio = Float(Ratio(m.PerSecond, float64(m.FloorPerSecond)))
+		m.FloorPerSecond = Float(measure.PerSecond(e.manyFAcq, e.manyFT))
+		m.Ratio = Float(measure.Ratio(m.PerSecond, float64(m.FloorPerSecond)))
 	}
 	h := &br.HotKey
 	h.Workers = e.cfg.Workers
-	h.Acquisitions, h.PerSecond = e.hotAcq, PerSecond(e.hotAcq, e.hotT)
+	h.Acquisitions, h.PerSecond = e.hotAcq, measure.PerSecond(e.hotAcq, e.hotT)
 	h.Handoff = e.handoffs.Summary()
 	h.HandoffFloorRatio = Float(math.NaN())
 	if c.Floor != nil {
-		h.HandoffFloorRatio = Float(Ratio(float64(h.Handoff.P50), float64(c.Floor.P50)))
+		h.HandoffFloorRatio = Float(measure.Ratio(float64(h.Handoff.P50), float64(c.Floor.P50)))
 	}
 	h.MinMax, h.Jain = Float(math.NaN()), Float(math.NaN())
 	for i, r := range h.Rounds {
 		if i == 0 || float64(r.MinMax) < float64(h.MinMax) || math.IsNaN(float64(h.MinMax)) {
 			h.MinMax = r.MinMax
 			h.Worst = i + 1
-			h.MinPerWorker, h.MaxPerWorker = MinMax(r.Counts)
+			h.MinPerWorker, h.MaxPerWorker = measure.MinMax(r.Counts)
 		}
 		if i == 0 || r.Jain < float64(h.Jain) {
 			h.Jain = Float(r.Jain)
 		}
 	}
-	br.CycleCost = Cost{ServerOps: Float(math.NaN()), Calls: Float(Ratio(float64(e.cycCalls[0]), float64(e.cycCalls[1])))}
+	br.CycleCost = Cost{ServerOps: Float(math.NaN()), Calls: Float(measure.Ratio(float64(e.cycCalls[0]), float64(e.cycCalls[1])))}
 	br.FloorOps = Float(math.NaN())
 	if e.ops != nil {
-		br.CycleCost.ServerOps = Float(Ratio(float64(e.cycOps[0]), float64(e.cycOps[1])))
+		br.CycleCost.ServerOps = Float(measure.Ratio(float64(e.cycOps[0]), float64(e.cycOps[1])))
 		if e.flOps[1] > 0 {
-			br.FloorOps = Float(Ratio(float64(e.flOps[0]), float64(e.flOps[1])))
+			br.FloorOps = Float(measure.Ratio(float64(e.flOps[0]), float64(e.flOps[1])))
 		}
 	}
 	for _, w := range e.cfg.Waiters {
@@ -660,11 +661,11 @@ func (e *targetEnv) finish() {
 		if g == nil {
 			continue
 		}
-		p := GrowthPoint{Waiters: w, Handoffs: g.Handoffs, PerSecond: PerSecond(g.Handoffs, g.Elapsed),
-			Cost:   Cost{ServerOps: Float(math.NaN()), Calls: Float(Ratio(float64(g.Calls), float64(g.Handoffs)))},
+		p := GrowthPoint{Waiters: w, Handoffs: g.Handoffs, PerSecond: measure.PerSecond(g.Handoffs, g.Elapsed),
+			Cost:   Cost{ServerOps: Float(math.NaN()), Calls: Float(measure.Ratio(float64(g.Calls), float64(g.Handoffs)))},
 			Queued: g.Queued}
 		if e.ops != nil {
-			p.Cost.ServerOps = Float(Ratio(float64(g.Ops), float64(g.Handoffs)))
+			p.Cost.ServerOps = Float(measure.Ratio(float64(g.Ops), float64(g.Handoffs)))
 		}
 		br.Growth = append(br.Growth, p)
 	}

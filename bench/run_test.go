@@ -15,11 +15,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/clock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/testserver"
-	"github.com/dlockio/dlock/memlock"
+	_ "github.com/dlockio/dlock/memlock"
 	_ "github.com/dlockio/dlock/redislock"
 )
 
@@ -242,82 +240,6 @@ func TestConfigValidate(t *testing.T) {
 	if _, err := Run(context.Background(), Config{}); !errors.Is(err, driver.ErrInvalid) {
 		t.Errorf("Run with no target: %v", err)
 	}
-}
-
-// TestCounting checks that the counting wrapper has exactly the optional
-// capabilities of the backend it wraps.
-func TestCounting(t *testing.T) {
-	full := memlock.NewStore(clock.Real).Backend()
-	var cnt Counts
-	for name, c := range map[string]struct {
-		b       driver.Backend
-		n, i, f bool
-	}{
-		"all":      {full, true, true, true},
-		"none":     {plain{full}, false, false, false},
-		"notifier": {notifierOnly{plain{full}, full}, true, false, false},
-		"inspect":  {inspectorOnly{plain{full}, full}, false, true, false},
-	} {
-		w := Counting(c.b, &cnt)
-		_, n := w.(driver.Notifier)
-		_, i := w.(driver.Inspector)
-		_, f := w.(driver.ForceReleaser)
-		_, fl := w.(driver.Floorer)
-		if n != c.n || i != c.i || f != c.f || fl {
-			t.Errorf("%s: notifier %v inspector %v force %v floorer %v", name, n, i, f, fl)
-		}
-	}
-	// Calls are counted, and so are "locked" answers.
-	ctx := ctxT(t)
-	a, err := dlock.New(Counting(full, &cnt))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	c0 := cnt.Calls()
-	l, err := a.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.TryLock(ctx, "k"); !errors.Is(err, dlock.ErrLocked) {
-		t.Fatal(err)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Lock: Watch, Acquire, Stop; TryLock: Acquire; Release.
-	if got := cnt.Calls() - c0; got != 5 || cnt.Locked() != 1 {
-		t.Errorf("calls %d (want 5), locked %d (want 1)", got, cnt.Locked())
-	}
-}
-
-type plain struct{ b driver.Backend }
-
-func (p plain) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
-	return p.b.Acquire(ctx, r)
-}
-func (p plain) Refresh(ctx context.Context, k, o string, ttl time.Duration) error {
-	return p.b.Refresh(ctx, k, o, ttl)
-}
-func (p plain) Release(ctx context.Context, k, o string) error { return p.b.Release(ctx, k, o) }
-func (p plain) Close() error                                   { return p.b.Close() }
-
-type notifierOnly struct {
-	plain
-	n driver.Notifier
-}
-
-func (n notifierOnly) Watch(ctx context.Context, k, o string) (driver.Waiter, error) {
-	return n.n.Watch(ctx, k, o)
-}
-
-type inspectorOnly struct {
-	plain
-	i driver.Inspector
-}
-
-func (i inspectorOnly) Inspect(ctx context.Context, k string) (driver.Info, error) {
-	return i.i.Inspect(ctx, k)
 }
 
 func TestMarkdownNaN(t *testing.T) {

@@ -1,4 +1,4 @@
-package bench
+package measure
 
 import (
 	"math"
@@ -15,10 +15,11 @@ func Percentile(ds []time.Duration, q float64) time.Duration {
 		return 0
 	}
 	slices.Sort(ds)
-	return sortedPercentile(ds, q)
+	return SortedPercentile(ds, q)
 }
 
-func sortedPercentile(sorted []time.Duration, q float64) time.Duration {
+// SortedPercentile returns the q-quantile (0..1) of sorted, which must be in order.
+func SortedPercentile(sorted []time.Duration, q float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
 	}
@@ -129,7 +130,7 @@ func (s *Samples) Values() []time.Duration {
 }
 
 // Percentile returns the q-quantile of the kept latencies.
-func (s *Samples) Percentile(q float64) time.Duration { return sortedPercentile(s.Values(), q) }
+func (s *Samples) Percentile(q float64) time.Duration { return SortedPercentile(s.Values(), q) }
 
 // Summary returns count, mean, p50, p90, p99 and maximum.
 func (s *Samples) Summary() Latency {
