@@ -13,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/bench"
+	"github.com/dlockio/dlock/internal/measure"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
@@ -358,8 +358,8 @@ func TestHandoffIsOneRequest(t *testing.T) {
 		for i := range pool {
 			pool[i] = h.Client(t)
 		}
-		run, err := bench.Growth(context.Background(), holder, pool, drivertest.Key(t, "k"), waiters,
-			bench.GrowthOptions{Inspector: holder.Backend().(driver.Inspector), Ops: scripts})
+		run, err := measure.Growth(context.Background(), holder, pool, drivertest.Key(t, "k"), waiters,
+			measure.GrowthOptions{Inspector: holder.Backend().(driver.Inspector), Ops: scripts})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/cmd/dlock/internal/runner"
 	"github.com/dlockio/dlock/driver"
-	"github.com/dlockio/dlock/internal/runner"
 )
 
 // passwordHelp documents, in each command's --help, how to give a password without

@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/internal/runner"
+	"github.com/dlockio/dlock/cmd/dlock/internal/runner"
 )
 
 func init() { register(newRunCommand) }

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -52,7 +51,7 @@ func (s *Postgres) URLFor(user, password, db string) string {
 
 // postgresBinDir finds the directory of initdb and postgres: PATH first, then the
 // newest /usr/lib/postgresql/*/bin (Debian keeps them off PATH).
-func postgresBinDir(t testing.TB) string {
+func postgresBinDir(t TB) string {
 	t.Helper()
 	if p, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(p)
@@ -96,19 +95,19 @@ func serverCredential() (*syscall.Credential, error) {
 // StartPostgres makes a new cluster with initdb and starts it. extra holds postgres
 // command-line options, for example "-c", "fsync=off"; without them the server runs
 // with its default settings (fsync on, synchronous_commit on).
-func StartPostgres(t testing.TB, extra ...string) *Postgres {
+func StartPostgres(t TB, extra ...string) *Postgres {
 	t.Helper()
 	return startPostgres(t, nil, extra)
 }
 
 // StartPostgresTLS is StartPostgres with TLS on (ssl=on) using the server certificate
 // and key in f; clients may still connect without TLS.
-func StartPostgresTLS(t testing.TB, f TLSFiles, extra ...string) *Postgres {
+func StartPostgresTLS(t TB, f TLSFiles, extra ...string) *Postgres {
 	t.Helper()
 	return startPostgres(t, &f, extra)
 }
 
-func startPostgres(t testing.TB, tlsFiles *TLSFiles, extra []string) *Postgres {
+func startPostgres(t TB, tlsFiles *TLSFiles, extra []string) *Postgres {
 	t.Helper()
 	bin := postgresBinDir(t)
 	cred, err := serverCredential()

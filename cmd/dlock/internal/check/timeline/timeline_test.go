@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlockio/dlock/check/checker"
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/checker"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 	"go.uber.org/goleak"
 	"golang.org/x/net/html"
 )

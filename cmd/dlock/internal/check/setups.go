@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -25,7 +24,7 @@ type setup struct {
 	proxied        bool // workers reach the server through their own TCP proxy
 	hold           func(ttl time.Duration) time.Duration
 	roundTTL       func(ttl time.Duration) time.Duration
-	start          func(tb testing.TB, ttl time.Duration) *target
+	start          func(tb testserver.TB, ttl time.Duration) *target
 }
 
 func fullTTL(ttl time.Duration) time.Duration { return ttl }
@@ -58,7 +57,7 @@ func Setups() []string {
 func init() {
 	redisSetup := func(name, describe string, extra ...string) *setup {
 		return &setup{name: name, describe: describe, proxied: true, hold: fullTTL, roundTTL: asIs,
-			start: func(tb testing.TB, _ time.Duration) *target {
+			start: func(tb testserver.TB, _ time.Duration) *target {
 				r := testserver.StartRedis(tb, extra...)
 				return &target{upstream: r.Addr(), url: redisURL(""), redis: r}
 			}}
@@ -67,7 +66,7 @@ func init() {
 	addSetup(redisSetup("redis-aof", "one redis-server, appendonly yes, appendfsync always", "--appendonly", "yes", "--appendfsync", "always"))
 	replicated := func(name, describe, query string) *setup {
 		return &setup{name: name, describe: describe, proxied: true, hold: fullTTL, roundTTL: asIs,
-			start: func(tb testing.TB, _ time.Duration) *target {
+			start: func(tb testserver.TB, _ time.Duration) *target {
 				m := testserver.StartRedis(tb)
 				r := testserver.StartRedis(tb)
 				t := &target{upstream: m.Addr(), url: redisURL(query), redis: m, replica: r}
@@ -81,22 +80,22 @@ func init() {
 	addSetup(replicated("redis-replica", "redis-server master + replica, the lock waits for 1 replica ack (WAIT), no persistence", "replicas=1&replica_timeout=100ms"))
 	addSetup(replicated("redis-async", "redis-server master + replica, asynchronous replication (no WAIT), no persistence", ""))
 	addSetup(&setup{name: "redlock", describe: "Redlock over 5 redis-server masters, no persistence; each worker reaches each node through its own TCP proxy", hold: fullTTL, roundTTL: asIs,
-		start: func(tb testing.TB, _ time.Duration) *target {
+		start: func(tb testserver.TB, _ time.Duration) *target {
 			nodes := testserver.StartRedisNodes(tb, 5)
 			return &target{direct: testserver.RedlockURL(nodes, redlockQuery), nodes: nodes}
 		}})
-	addSetup(&setup{name: "etcd", describe: "etcd, 3 members (embedded in the checker process), election timeout 500ms", hold: halfTTL, roundTTL: wholeSeconds,
-		start: func(tb testing.TB, _ time.Duration) *target {
+	addSetup(&setup{name: "etcd", describe: "etcd, 3 members (each a process), election timeout 500ms", hold: halfTTL, roundTTL: wholeSeconds,
+		start: func(tb testserver.TB, _ time.Duration) *target {
 			c := testserver.StartEtcdCluster(tb, 3, 50, 500)
 			return &target{direct: c.URL("dlock-check"), etcd: c}
 		}})
 	addSetup(&setup{name: "zk", describe: "ZooKeeper, 3-node ensemble, session timeout = TTL", hold: halfTTL, roundTTL: func(ttl time.Duration) time.Duration { return max(ttl, time.Second) },
-		start: func(tb testing.TB, ttl time.Duration) *target {
+		start: func(tb testserver.TB, ttl time.Duration) *target {
 			e := testserver.StartZooKeeperEnsemble(tb, 3)
 			return &target{direct: e.URL("/dlock-check") + "?session_timeout=" + ttl.String(), zk: e}
 		}})
 	addSetup(&setup{name: "postgres", describe: "PostgreSQL, default settings (fsync on)", proxied: true, hold: fullTTL, roundTTL: asIs,
-		start: func(tb testing.TB, _ time.Duration) *target {
+		start: func(tb testserver.TB, _ time.Duration) *target {
 			p := testserver.StartPostgres(tb)
 			u, _ := url.Parse(p.URL()) // a URL testserver built
 			return &target{upstream: p.Addr(), pg: p, url: func(addr string) string {

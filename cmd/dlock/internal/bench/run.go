@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/measure"
+	"github.com/dlockio/dlock/internal/storeops"
 )
 
 // Defaults of Config.
@@ -315,7 +317,8 @@ type targetEnv struct {
 	keys   string // key prefix of this run
 	raw    []driver.Backend
 	cl     []*dlock.Client
-	obs    driver.Backend // observer: floor, server ops, inspection
+	obs    driver.Backend   // observer: inspection
+	stores []storeops.Store // direct connections: [0] for floor cycles and server ops, one more per worker
 	floor  measure.Floor
 	ins    driver.Inspector
 	ops    func(context.Context) (int64, error)
@@ -368,40 +371,42 @@ func openTarget(ctx context.Context, cfg Config, t Target, br *BackendResult, ru
 		}
 		e.cl = append(e.cl, c)
 	}
-	if fl, ok := e.obs.(driver.Floorer); ok {
-		e.floor = fl.FloorCycle
-	}
 	e.ins, _ = e.obs.(driver.Inspector)
-	br.Floor = e.floor != nil
 	br.Inspector = e.ins != nil
 	_, br.Notifier = e.obs.(driver.Notifier)
-	if oc, ok := e.obs.(driver.OpsCounter); ok {
-		ov, err := measure.OpsOverhead(octx, oc.ServerOps)
+	if err := e.openStores(octx, t.URL); err != nil {
+		e.close()
+		return nil, err
+	}
+	br.Floor = e.floor != nil
+	if e.floor != nil {
+		ov, err := measure.OpsOverhead(octx, e.stores[0].Ops)
 		if err != nil {
 			br.Notes = append(br.Notes, "server operations not counted: "+err.Error())
 		} else {
-			e.ops, e.opsOv = oc.ServerOps, ov
-			br.OpsSource = OpsSource(u.Scheme)
+			e.ops, e.opsOv = e.stores[0].Ops, ov
+			br.OpsSource = e.stores[0].OpsSource()
 		}
 	}
 	return e, nil
 }
 
-// OpsSource describes what a scheme's driver.OpsCounter counts.
-func OpsSource(scheme string) string {
-	switch scheme {
-	case "redis", "rediss", "unix":
-		return "commands (INFO commandstats, script calls included)"
-	case "redlock":
-		return "commands on all nodes (INFO commandstats)"
-	case "postgres", "postgresql":
-		return "writing transactions (transaction ids)"
-	case "zk":
-		return "requests received (mntr packets_received, pings included)"
-	case "etcd":
-		return "requests received (gRPC messages, grpc_server_msg_received_total; keep-alives included)"
+// openStores opens the direct connections to the target's store (internal/storeops)
+// that the floor and the server-operation counts use: one for the observer and one
+// per worker. A store with none (mem) has no floor.
+func (e *targetEnv) openStores(ctx context.Context, rawURL string) error {
+	for range 1 + e.cfg.Workers {
+		st, err := storeops.Open(ctx, rawURL)
+		if errors.Is(err, storeops.ErrUnsupported) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("bench: direct connection for the floor: %w", err)
+		}
+		e.stores = append(e.stores, st)
 	}
-	return "server operations (driver.OpsCounter)"
+	e.floor = e.stores[0].FloorCycle
+	return nil
 }
 
 func (e *targetEnv) close() {
@@ -414,7 +419,10 @@ func (e *targetEnv) close() {
 	if e.obs != nil {
 		_ = e.obs.Close()
 	}
-	e.cl, e.raw, e.obs = nil, nil, nil
+	for _, st := range e.stores {
+		_ = st.Close()
+	}
+	e.cl, e.raw, e.obs, e.stores = nil, nil, nil, nil
 }
 
 // do runs one workload unless the backend failed before, and records its failure.
@@ -490,13 +498,9 @@ func (e *targetEnv) manyKeys(ctx context.Context, d time.Duration) error {
 	if e.floor == nil {
 		return dlockPart(d)
 	}
-	floors := make([]measure.Floor, len(e.raw))
-	for i, b := range e.raw {
-		f, ok := b.(driver.Floorer)
-		if !ok {
-			return fmt.Errorf("bench: backend %d has no floor", i)
-		}
-		floors[i] = f.FloorCycle
+	floors := make([]measure.Floor, 0, len(e.stores)-1)
+	for _, st := range e.stores[1:] {
+		floors = append(floors, st.FloorCycle)
 	}
 	floorPart := func(d time.Duration) error {
 		per := max(e.cfg.Keys/len(floors), 1)

@@ -22,8 +22,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dlockio/dlock/check/checker"
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/checker"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 )
 
 // Options tune Render. The zero value is ready to use.

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"unicode"
 
-	"github.com/dlockio/dlock/check/checker"
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/checker"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 )
 
 type leaseKey struct{ process, lease int }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 	"go.uber.org/goleak"
 )
 

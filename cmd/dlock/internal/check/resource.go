@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 	"github.com/dlockio/dlock/fence"
 	"github.com/dlockio/dlock/fence/etcdfence"
 	"github.com/dlockio/dlock/fence/pgfence"
@@ -34,7 +33,7 @@ const (
 	ResourcePostgres = "postgres"
 	// ResourceRedis is a redis-server; fenced writes go through redisfence.
 	ResourceRedis = "redis"
-	// ResourceEtcd is an embedded single-member etcd; fenced writes go through
+	// ResourceEtcd is a single-member etcd of its own; fenced writes go through
 	// etcdfence.
 	ResourceEtcd = "etcd"
 )
@@ -47,7 +46,7 @@ var resourceDocs = map[string]string{
 	ResourceStore:    "the checker's own store: a tiny TCP server that compares tokens itself (fenced) or accepts every write (unfenced)",
 	ResourcePostgres: "a PostgreSQL server of its own; each write is one transaction that bumps the key's row and appends (worker, lease, token, key) to a log table, guarded by pgfence.Guard.Do (fenced) or not (unfenced)",
 	ResourceRedis:    "a redis-server of its own; each write appends (worker, lease, token, key) to a list, inside redisfence.Exec's script (fenced) or as a plain RPUSH (unfenced)",
-	ResourceEtcd:     "an embedded single-member etcd of its own; each write puts (worker, lease, token, key) under a log prefix, in an etcdfence.Txn (fenced) or as a plain Put (unfenced)",
+	ResourceEtcd:     "a single-member etcd of its own; each write puts (worker, lease, token, key) under a log prefix, in an etcdfence.Txn (fenced) or as a plain Put (unfenced)",
 }
 
 // Resources lists the resource names in order, the checker's own store first.
@@ -113,7 +112,7 @@ func decodeWrite(s string) (loggedWrite, error) {
 
 // startResource starts the named real resource's server (cleaned up by tb) and
 // prepares it for the workers.
-func startResource(tb testing.TB, name string) *resource {
+func startResource(tb testserver.TB, name string) *resource {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	switch name {

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/check/history"
 	"github.com/dlockio/dlock/clock"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 	"github.com/dlockio/dlock/driver"
 )
 

@@ -5,7 +5,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 )
 
 // never stands for "no end": a time later than any recorded one.

@@ -11,8 +11,8 @@ import (
 	"go.uber.org/goleak"
 
 	_ "github.com/dlockio/dlock/all"
-	"github.com/dlockio/dlock/check/checker"
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/checker"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 )
 
 // The test binary doubles as the worker process: Run starts it again with

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"testing"
 
 	"github.com/dlockio/dlock/internal/testserver"
 )
@@ -13,7 +12,7 @@ import (
 const (
 	ServerRedis    = "redis"    // one redis-server
 	ServerRedlock  = "redlock"  // five redis-server masters
-	ServerEtcd     = "etcd"     // one embedded etcd member, inside this process
+	ServerEtcd     = "etcd"     // one etcd member, a process of its own
 	ServerZK       = "zk"       // one ZooKeeper server (Debian package zookeeper)
 	ServerPostgres = "postgres" // one PostgreSQL cluster (Debian package postgresql)
 )
@@ -58,7 +57,7 @@ func StartServers(kinds []string) (*Servers, error) {
 		if !slices.Contains(kinds, kind) {
 			continue
 		}
-		t, err := testserver.Try(s.host, func(tb testing.TB) Target { return start(tb, kind) })
+		t, err := testserver.Try(s.host, func(tb testserver.TB) Target { return start(tb, kind) })
 		if err != nil {
 			s.Skipped[kind] = err.Error()
 			continue
@@ -68,7 +67,7 @@ func StartServers(kinds []string) (*Servers, error) {
 	return s, nil
 }
 
-func start(tb testing.TB, kind string) Target {
+func start(tb testserver.TB, kind string) Target {
 	switch kind {
 	case ServerRedis:
 		r := testserver.StartRedis(tb)
@@ -79,7 +78,7 @@ func start(tb testing.TB, kind string) Target {
 			Note: fmt.Sprintf("%d redis-server masters started by dlock bench", RedlockNodes)}
 	case ServerEtcd:
 		e := testserver.StartEtcd(tb)
-		return Target{Name: "etcd", URL: e.URL("dlock"), Note: "one etcd member embedded in the dlock process"}
+		return Target{Name: "etcd", URL: e.URL("dlock"), Note: "one etcd member (dlock started as an etcd member)"}
 	case ServerZK:
 		z := testserver.StartZooKeeper(tb)
 		return Target{Name: "zk", URL: z.URL("/dlock"), Note: "standalone ZooKeeper started by dlock bench, forceSync=no"}

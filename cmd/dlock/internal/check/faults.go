@@ -14,7 +14,7 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -261,12 +261,10 @@ func injectLeader(ctx context.Context, r *run) error {
 		if m == nil {
 			return errors.New("no etcd leader")
 		}
-		r.event(history.Fault, FaultLeader, "etcd "+m.Name(), "kill the leader (hard stop, no leadership transfer)")
+		r.event(history.Fault, FaultLeader, "etcd "+m.Name(), "kill -9 the leader (no leadership transfer)")
 		m.Kill()
 		sleep(ctx, 2*r.ttl)
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		err := m.Start(sctx)
+		err := m.Restart() // waits up to 30 s for the member to serve again
 		r.event(history.Heal, FaultLeader, "etcd "+m.Name(), "restarted")
 		return err
 	}

@@ -23,7 +23,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 	"github.com/dlockio/dlock/driver"
 )
 

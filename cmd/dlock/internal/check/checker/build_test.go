@@ -3,7 +3,7 @@ package checker
 import (
 	"time"
 
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 )
 
 // base is Meta.Start of the synthetic histories: every time in the tests is given

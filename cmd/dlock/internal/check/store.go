@@ -12,7 +12,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 )
 
 // Store is the default resource of a check run (ResourceStore): a tiny server

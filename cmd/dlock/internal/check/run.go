@@ -14,10 +14,9 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -142,7 +141,7 @@ func Run(ctx context.Context, cfg Config) (*history.History, error) {
 		return nil, err
 	}
 	defer host.Close()
-	tg, err := testserver.Try(host, func(tb testing.TB) *target { return s.start(tb, ttl) })
+	tg, err := testserver.Try(host, func(tb testserver.TB) *target { return s.start(tb, ttl) })
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", cfg.Setup, err)
 	}
@@ -153,7 +152,7 @@ func Run(ctx context.Context, cfg Config) (*history.History, error) {
 			return nil, err
 		}
 		defer store.Close()
-	} else if res, err = testserver.Try(host, func(tb testing.TB) *resource { return startResource(tb, cfg.Resource) }); err != nil {
+	} else if res, err = testserver.Try(host, func(tb testserver.TB) *resource { return startResource(tb, cfg.Resource) }); err != nil {
 		return nil, fmt.Errorf("start resource %s: %w", cfg.Resource, err)
 	}
 

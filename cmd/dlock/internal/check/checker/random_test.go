@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlockio/dlock/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
 )
 
 // randomHistory is n grants over keys, in time order per key, with attempts that

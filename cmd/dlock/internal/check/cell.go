@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dlockio/dlock/check/checker"
-	"github.com/dlockio/dlock/check/history"
-	"github.com/dlockio/dlock/check/timeline"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/checker"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/history"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check/timeline"
 )
 
 // Cell is one setup x fault x resource x fencing combination.
