@@ -1,9 +1,10 @@
 package testserver
 
 import (
-	"context"
+	"bufio"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,8 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // EtcdMemberEnv names the etcd member executable: a program that serves one member
@@ -127,21 +126,26 @@ func (m *EtcdMember) Restart() error {
 // Running reports whether the member's process runs.
 func (m *EtcdMember) Running() bool { return m.Pid() != 0 }
 
-// IsLeader reports whether the member runs and is the Raft leader (asked over its
-// client port, without TLS).
+// IsLeader reports whether the member runs and is the Raft leader, from the
+// etcd_server_is_leader gauge its client port serves on /metrics (plain HTTP members
+// only; a TLS member reports false).
 func (m *EtcdMember) IsLeader() bool {
 	if !m.Running() || m.tls {
 		return false
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Endpoint()}, DialTimeout: time.Second})
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(m.ClientURL() + "/metrics")
 	if err != nil {
 		return false
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	st, err := cli.Status(ctx, m.Endpoint())
-	return err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "etcd_server_is_leader "); ok {
+			return strings.TrimSpace(v) == "1"
+		}
+	}
+	return false
 }
 
 // Etcd is a single-member etcd.
