@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/internal/measure"
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/measure"
 )
 
 // The benchmarks below are thin wrappers over the measuring loops of internal/measure,

@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/internal/measure"
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/measure"
 )
 
 // Cost is what one handoff costs down a chain of waiters.
