@@ -14,21 +14,35 @@ import (
 // WriteMarkdown writes the results as markdown tables with a short legend.
 func (r *Result) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
+	ok := r.ok()
+	r.writeHeader(&b)
+	r.writeCycles(&b, ok)
+	r.writeManyKeys(&b, ok)
+	r.writeHotKey(&b, ok)
+	r.writeCost(&b, ok)
+	r.writeChain(&b, ok)
+	r.writeBackends(&b)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (r *Result) writeHeader(b *strings.Builder) {
 	s := r.Settings
 	m := r.Machine
 	pinned := "not pinned"
 	if m.Pinned != "" {
 		pinned = "pinned to CPU " + m.Pinned
 	}
-	fmt.Fprintf(&b, "dlock bench, %s: %d round(s), %v per workload and backend, %d workers, %d keys, waiters %s.\n",
+	fmt.Fprintf(b, "dlock bench, %s: %d round(s), %v per workload and backend, %d workers, %d keys, waiters %s.\n",
 		r.Started.Format("2006-01-02 15:04 MST"), s.Rounds, s.Duration, s.Workers, s.Keys, joinInts(s.Waiters, ", "))
-	fmt.Fprintf(&b, "%s/%s, %d CPUs, %s, %s; load average %s at the start, %s at the end; took %v.\n\n",
+	fmt.Fprintf(b, "%s/%s, %d CPUs, %s, %s; load average %s at the start, %s at the end; took %v.\n\n",
 		m.OS, m.Arch, m.CPUs, m.Go, pinned, fmtFloat(m.LoadStart, 1), fmtFloat(m.LoadEnd, 1), r.Elapsed.Round(100*time.Millisecond))
+}
 
-	ok := r.ok()
+func (r *Result) writeCycles(b *strings.Builder, ok []*BackendResult) {
 	b.WriteString("### Uncontended Lock + Release (one client)\n\n")
 	b.WriteString("Three cycles run in turn, in the same rounds: dlock (Lock+Release through the core), the driver alone (its Acquire+Release called directly: what the backend's own requests cost) and the floor (the least a correct lock does on the engine, with the engine's own client and none of dlock).\n\n")
-	table(&b, []string{"backend", "cycles/s", "p50", "p99", "driver p50", "floor p50", "floor p99", "dlock / floor", "driver / floor", "dlock / floor per round"},
+	table(b, []string{"backend", "cycles/s", "p50", "p99", "driver p50", "floor p50", "floor p99", "dlock / floor", "driver / floor", "dlock / floor per round"},
 		"lrrrrrrrrl", ok, func(br *BackendResult) []string {
 			c := br.Cycle
 			row := []string{br.Name, fmtRate(c.PerSecond), fmtDur(c.Dlock.P50), fmtDur(c.Dlock.P99), fmtDur(c.Driver.P50)}
@@ -50,25 +64,34 @@ func (r *Result) WriteMarkdown(w io.Writer) error {
 	if rel := r.relativeCycles(); rel != "" {
 		b.WriteString("\n" + rel)
 	}
+}
 
-	fmt.Fprintf(&b, "\n### Many keys (%d workers over %d keys, a random key per acquisition)\n\n", s.Workers, s.Keys)
+func (r *Result) writeManyKeys(b *strings.Builder, ok []*BackendResult) {
+	s := r.Settings
+	fmt.Fprintf(b, "\n### Many keys (%d workers over %d keys, a random key per acquisition)\n\n", s.Workers, s.Keys)
 	b.WriteString("The floor runs the same number of clients, each on keys of its own (no contention at all).\n\n")
-	table(&b, []string{"backend", "acquisitions/s", "floor cycles/s", "dlock / floor"}, "lrrr", ok, func(br *BackendResult) []string {
+	table(b, []string{"backend", "acquisitions/s", "floor cycles/s", "dlock / floor"}, "lrrr", ok, func(br *BackendResult) []string {
 		m := br.ManyKeys
 		return []string{br.Name, fmtRate(m.PerSecond), fmtRateF(m.FloorPerSecond), fmtRatio(m.Ratio)}
 	})
+}
 
-	fmt.Fprintf(&b, "\n### One hot key (%d workers)\n\n", s.Workers)
-	b.WriteString("Handoff: from a Release call to the next holder's Lock returning. Fairness is that of the worst round: acquisitions of the least and the most served worker, and measure.Jain's index (1 = equal shares, 1/workers = one worker takes all).\n\n")
-	table(&b, []string{"backend", "acquisitions/s", "handoff p50", "handoff p99", "handoff p50 / floor p50", "per worker min-max", "min/max", "measure.Jain"},
+func (r *Result) writeHotKey(b *strings.Builder, ok []*BackendResult) {
+	s := r.Settings
+	fmt.Fprintf(b, "\n### One hot key (%d workers)\n\n", s.Workers)
+	b.WriteString("Handoff: from a Release call to the next holder's Lock returning. Fairness is that of the worst round: acquisitions of the least and the most served worker, and Jain's index (1 = equal shares, 1/workers = one worker takes all).\n\n")
+	table(b, []string{"backend", "acquisitions/s", "handoff p50", "handoff p99", "handoff p50 / floor p50", "per worker min-max", "min/max", "Jain"},
 		"lrrrrrrr", ok, func(br *BackendResult) []string {
 			h := br.HotKey
 			return []string{br.Name, fmtRate(h.PerSecond), fmtDur(h.Handoff.P50), fmtDur(h.Handoff.P99), fmtRatio(h.HandoffFloorRatio),
 				fmt.Sprintf("%d-%d", h.MinPerWorker, h.MaxPerWorker), fmtFloat(h.MinMax, 2), fmtFloat(h.Jain, 3)}
 		})
+}
 
+func (r *Result) writeCost(b *strings.Builder, ok []*BackendResult) {
+	s := r.Settings
 	b.WriteString("\n### Cost per handoff as waiters grow\n\n")
-	fmt.Fprintf(&b, "N waiters queue behind a holder, each with its own owner id, spread over %d clients; the key then passes down the chain. Server operations come from the server's own counters; driver calls (Acquire, Release, Watch, Stop, ...) are counted in the client, for every backend.\n\n", max(s.Workers-1, 1))
+	fmt.Fprintf(b, "N waiters queue behind a holder, each with its own owner id, spread over %d clients; the key then passes down the chain. Server operations come from the server's own counters; driver calls (Acquire, Release, Watch, Stop, ...) are counted in the client, for every backend.\n\n", max(s.Workers-1, 1))
 	head := []string{"backend", "counted", "floor cycle", "dlock cycle"}
 	align := "llrr"
 	for _, n := range s.Waiters {
@@ -97,7 +120,7 @@ func (r *Result) WriteMarkdown(w io.Writer) error {
 		}
 		rows = append(rows, dc)
 	}
-	writeTable(&b, head, align, rows)
+	writeTable(b, head, align, rows)
 	var srcs []string
 	for _, br := range ok {
 		if br.OpsSource != "" {
@@ -110,15 +133,18 @@ func (r *Result) WriteMarkdown(w io.Writer) error {
 	if unqueued(ok) {
 		b.WriteString("\n\\* the backend did not show every waiter queued before the release in some round.\n")
 	}
+}
 
+func (r *Result) writeChain(b *strings.Builder, ok []*BackendResult) {
+	s := r.Settings
 	b.WriteString("\n### Handoffs per second down the chain of waiters\n\n")
-	head = []string{"backend"}
-	align = "l"
+	head := []string{"backend"}
+	align := "l"
 	for _, n := range s.Waiters {
 		head = append(head, plural(n, "waiter"))
 		align += "r"
 	}
-	rows = nil
+	var rows [][]string
 	for _, br := range ok {
 		row := []string{br.Name}
 		for _, n := range s.Waiters {
@@ -130,11 +156,13 @@ func (r *Result) WriteMarkdown(w io.Writer) error {
 		}
 		rows = append(rows, row)
 	}
-	writeTable(&b, head, align, rows)
+	writeTable(b, head, align, rows)
+}
 
+func (r *Result) writeBackends(b *strings.Builder) {
 	b.WriteString("\n### Backends\n\n")
 	for _, br := range r.Backends {
-		fmt.Fprintf(&b, "- %s: `%s`", br.Name, br.URL)
+		fmt.Fprintf(b, "- %s: `%s`", br.Name, br.URL)
 		if br.Note != "" {
 			b.WriteString(" (" + br.Note + ")")
 		}
@@ -142,15 +170,13 @@ func (r *Result) WriteMarkdown(w io.Writer) error {
 			b.WriteString(". **Failed:** " + oneLine(br.Error))
 		}
 		if br.Overlaps > 0 {
-			fmt.Fprintf(&b, ". **%d overlapping acquisitions** (mutual exclusion failed)", br.Overlaps)
+			fmt.Fprintf(b, ". **%d overlapping acquisitions** (mutual exclusion failed)", br.Overlaps)
 		}
 		for _, n := range br.Notes {
 			b.WriteString(". " + n)
 		}
 		b.WriteString(".\n")
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
 }
 
 // ok returns the backends that produced results.
