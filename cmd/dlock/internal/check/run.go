@@ -128,7 +128,8 @@ func (c Config) Validate() error {
 // workload runs for Duration, stops everything and returns the history. On a real
 // resource the history's Writes are read back from the resource's own log after
 // the workers stopped (see resourceWrites). Servers and workers are killed if this
-// process dies.
+// process dies. Run is one script (about 95 lines) on purpose: each step's teardown
+// is a defer right after it, in the order the steps start.
 func Run(ctx context.Context, cfg Config) (*history.History, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {

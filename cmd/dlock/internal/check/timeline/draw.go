@@ -131,6 +131,11 @@ func (d *drawer) leaseTitle(l *checker.Lease) string {
 	return b.String()
 }
 
+// panel lays out one window of the run: its leases, the keys they are drawn on,
+// the write marks and the faults, top to bottom. It is one function of about 220
+// lines on purpose: every part places itself below the parts before it on one
+// running y, with the window's x scale closed over; split up, each part would take
+// and return that whole state.
 func (d *drawer) panel(win window) *panel {
 	var in []*checker.Lease
 	for _, l := range d.leases {
