@@ -117,8 +117,9 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Client, error) {
 	return New(b, all...)
 }
 
-// Backend returns the client's backend, for optional capabilities (Inspector,
-// ForceReleaser) and backend-specific accessors.
+// Backend returns the client's backend, for backend-specific accessors. The
+// administrative capabilities need no type assertion: see Inspect and
+// ForceRelease.
 func (c *Client) Backend() driver.Backend { return c.b }
 
 // Lock acquires key, waiting until it is free or ctx ends. When ctx ends first, the
