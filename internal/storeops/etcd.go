@@ -119,22 +119,22 @@ func etcdMetrics(p *driver.Params, endpoints []string) ([]string, error) {
 		return nil, err
 	}
 	if given == "" {
-		return loopbackMetrics(endpoints), nil
+		return etcdLoopbackMetrics(endpoints), nil
 	}
 	var ms []string
 	for s := range strings.SplitSeq(given, ",") {
 		u, err := url.Parse(s)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("%w: storeops: etcd metrics URL must be http:// or https://host[:port]/path, got %q", driver.ErrInvalid, redactURL(s))
+			return nil, fmt.Errorf("%w: storeops: etcd metrics URL must be http:// or https://host[:port]/path, got %q", driver.ErrInvalid, etcdRedactURL(s))
 		}
 		ms = append(ms, u.String())
 	}
 	return ms, nil
 }
 
-// loopbackMetrics returns <endpoint>/metrics for every endpoint when they are all
+// etcdLoopbackMetrics returns <endpoint>/metrics for every endpoint when they are all
 // http://host:port on a loopback address, else nil.
-func loopbackMetrics(endpoints []string) []string {
+func etcdLoopbackMetrics(endpoints []string) []string {
 	var ms []string
 	for _, ep := range endpoints {
 		rest, ok := strings.CutPrefix(ep, "http://")
@@ -153,8 +153,8 @@ func loopbackMetrics(endpoints []string) []string {
 	return ms
 }
 
-// redactURL hides the password of a URL that may not parse.
-func redactURL(s string) string {
+// etcdRedactURL hides the password of a URL that may not parse.
+func etcdRedactURL(s string) string {
 	if u, err := url.Parse(s); err == nil {
 		return driver.Redact(u)
 	}
@@ -186,8 +186,8 @@ func (s *etcdStore) FloorCycle(ctx context.Context, key string) error {
 	return err
 }
 
-// floorTTL is the floor's lease TTL.
-const floorTTL = 15 // seconds
+// etcdFloorTTL is the floor's lease TTL.
+const etcdFloorTTL = 15 // seconds
 
 // lease returns the floor's lease, granted on first use and kept alive until Close.
 func (s *etcdStore) lease(ctx context.Context) (clientv3.LeaseID, error) {
@@ -198,7 +198,7 @@ func (s *etcdStore) lease(ctx context.Context) (clientv3.LeaseID, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, etcdTimeout)
 	defer cancel()
-	g, err := s.cli.Grant(ctx, floorTTL)
+	g, err := s.cli.Grant(ctx, etcdFloorTTL)
 	if err != nil {
 		return 0, err
 	}
@@ -226,7 +226,7 @@ func (s *etcdStore) Ops(ctx context.Context) (int64, error) {
 	for _, m := range s.metrics {
 		n, err := s.readMetric(ctx, m)
 		if err != nil {
-			return 0, fmt.Errorf("storeops: etcd ops from %s: %w", redactURL(m), err)
+			return 0, fmt.Errorf("storeops: etcd ops from %s: %w", etcdRedactURL(m), err)
 		}
 		total += n
 	}
@@ -256,12 +256,12 @@ func (s *etcdStore) readMetric(ctx context.Context, m string) (float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("HTTP status %s", resp.Status)
 	}
-	return sumCounter(io.LimitReader(resp.Body, 64<<20), etcdOpsMetric)
+	return etcdSumCounter(io.LimitReader(resp.Body, 64<<20), etcdOpsMetric)
 }
 
-// sumCounter sums the samples of the counter name, with any labels, in a Prometheus
+// etcdSumCounter sums the samples of the counter name, with any labels, in a Prometheus
 // text exposition.
-func sumCounter(r io.Reader, name string) (float64, error) {
+func etcdSumCounter(r io.Reader, name string) (float64, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var sum float64

@@ -13,7 +13,7 @@ import (
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
-func openStore(t *testing.T, rawURL string) Store {
+func openEtcdStore(t *testing.T, rawURL string) Store {
 	t.Helper()
 	s, err := Open(context.Background(), rawURL)
 	if err != nil {
@@ -30,7 +30,7 @@ func openStore(t *testing.T, rawURL string) Store {
 func TestEtcdOps(t *testing.T) {
 	srv := testserver.StartEtcd(t)
 	ctx := context.Background()
-	s := openStore(t, srv.URL("ops"))
+	s := openEtcdStore(t, srv.URL("ops"))
 	read := func(s Store) int64 {
 		t.Helper()
 		n, err := s.Ops(ctx)
@@ -85,7 +85,7 @@ func TestEtcdOps(t *testing.T) {
 	q := u.Query()
 	q.Set("metrics", "http://"+srv.Endpoint()+"/metrics")
 	u.RawQuery = q.Encode()
-	if n := read(openStore(t, u.String())); n < before {
+	if n := read(openEtcdStore(t, u.String())); n < before {
 		t.Fatalf("Ops with metrics=: %d, want at least %d", n, before)
 	}
 
@@ -93,7 +93,7 @@ func TestEtcdOps(t *testing.T) {
 	port := testserver.FreePort(t)
 	q.Set("metrics", "http://127.0.0.1:"+strconv.Itoa(port)+"/metrics")
 	u.RawQuery = q.Encode()
-	broken := openStore(t, u.String())
+	broken := openEtcdStore(t, u.String())
 	if _, err := broken.Ops(ctx); err == nil {
 		t.Fatal("Ops from a closed port succeeded")
 	}
@@ -103,12 +103,12 @@ func TestEtcdOps(t *testing.T) {
 	// So does a page that is not etcd's metrics.
 	q.Set("metrics", "http://"+srv.Endpoint()+"/version")
 	u.RawQuery = q.Encode()
-	if _, err := openStore(t, u.String()).Ops(ctx); err == nil {
+	if _, err := openEtcdStore(t, u.String()).Ops(ctx); err == nil {
 		t.Fatal("Ops from /version succeeded")
 	}
 
 	// Without a loopback plain-http endpoint and without metrics=, there is no page.
-	if ms := loopbackMetrics([]string{"http://localhost.invalid:2379"}); ms != nil {
+	if ms := etcdLoopbackMetrics([]string{"http://localhost.invalid:2379"}); ms != nil {
 		t.Fatalf("metrics pages of a non-loopback endpoint: %v", ms)
 	}
 	nopage := &etcdStore{}
