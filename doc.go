@@ -68,4 +68,12 @@
 // case a wake-up is lost; other backends are polled with jittered exponential backoff.
 // A queueing backend may hand a released key directly to the first waiter, so that
 // its Lock returns without another request (see driver.Waiter).
+//
+// # Administration
+//
+// Client.Inspect reads who holds a key (owner id, token, time left, waiters), and
+// Client.ForceRelease frees a key whoever holds it, on backends that can (others
+// return an error matching ErrUnsupported). A force-released holder is not told and
+// may still run until its next renewal fails: only fencing tokens keep the resource
+// safe from it.
 package dlock
