@@ -119,8 +119,9 @@ func (a *attempt) phaseOne(ctx context.Context) {
 	if req.Reenter {
 		reenter = "1"
 	}
+	keys, proposal := a.keys, a.proposal // not a: the closure would move it to the heap
 	a.r = fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (acqReply, error) {
-		return parseAcq(acquireScript.Run(ctx, n.rdb, a.keys, req.Owner, ttl, a.proposal, wait, patience,
+		return parseAcq(acquireScript.Run(ctx, n.rdb, keys, req.Owner, ttl, proposal, wait, patience,
 			prefix, b.wakeCh, since, reenter).Result())
 	})
 }
