@@ -709,3 +709,30 @@ func TestFencingGuessAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Open applies the URL's parameters, then its options, which win; a bad option is
+// an error matching ErrInvalid.
+func TestOpenOptions(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 3)
+	u, err := url.Parse(testserver.RedlockURL(nodes, "prefix=fromurl&dial_timeout=1s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	b, err := redlock.Open(ctx, u, redlock.WithPrefix("fromopt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if k := b.LockKey("k"); !strings.HasPrefix(k, "fromopt:") {
+		t.Fatalf("LockKey = %q, want the option's prefix", k)
+	}
+	for _, o := range []redlock.Option{nil, redlock.WithDialTimeout(0), redlock.WithPrefix("a b")} {
+		if b, err := redlock.Open(ctx, u, o); !errors.Is(err, driver.ErrInvalid) {
+			if err == nil {
+				b.Close()
+			}
+			t.Errorf("Open with a bad option = %v, want ErrInvalid", err)
+		}
+	}
+}

@@ -67,7 +67,9 @@ func openRedlock(ctx context.Context, u *url.URL) (Store, error) {
 		if _, _, err := net.SplitHostPort(h); err != nil {
 			addr = net.JoinHostPort(h, "6379")
 		}
-		opt := &redis.Options{Addr: addr, DB: db, DisableIdentity: true}
+		// One attempt per call, as the backend's clients make: a node that is down
+		// fails Ops at once.
+		opt := &redis.Options{Addr: addr, DB: db, DisableIdentity: true, MaxRetries: -1, DialerRetries: 1}
 		if u.User != nil {
 			opt.Username = u.User.Username()
 			opt.Password, _ = u.User.Password()

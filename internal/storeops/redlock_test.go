@@ -2,6 +2,9 @@ package storeops
 
 import (
 	"context"
+	"net/url"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,5 +104,28 @@ func TestRedlockOpenNoNodes(t *testing.T) {
 	if s, err := Open(context.Background(), "redlock:///0"); err == nil {
 		s.Close()
 		t.Fatal("Open of a redlock URL without nodes succeeded")
+	}
+}
+
+// The store reads the URL's TLS parameters as the backend does.
+func TestRedlockTLS(t *testing.T) {
+	files := testserver.NewTLSFiles(t)
+	var hosts []string
+	for range 3 {
+		_, port := testserver.StartRedisTLS(t, files)
+		hosts = append(hosts, "127.0.0.1:"+strconv.Itoa(port))
+	}
+	ctx := context.Background()
+	base := "redlock://" + strings.Join(hosts, ",") + "?tls=true"
+	s := openRedlockStore(t, base+"&tls_ca="+url.QueryEscape(files.CA))
+	if err := s.FloorCycle(ctx, "k"); err != nil {
+		t.Fatalf("FloorCycle over TLS: %v", err)
+	}
+	if _, err := s.Ops(ctx); err != nil {
+		t.Fatalf("Ops over TLS: %v", err)
+	}
+	untrusted := openRedlockStore(t, base)
+	if _, err := untrusted.Ops(ctx); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("Ops without the CA = %v, want a certificate error", err)
 	}
 }
