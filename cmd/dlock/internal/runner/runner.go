@@ -38,6 +38,8 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/cmd/dlock/internal/errline"
+	"github.com/dlockio/dlock/driver"
 )
 
 // Exit codes of `dlock run` besides the child's own.
@@ -86,6 +88,9 @@ type Config struct {
 	ChildStdout         io.Writer
 	ChildStderr         io.Writer
 	forwardedSignalsFor func(chan<- os.Signal) // tests replace signal.Notify
+
+	status                   *status       // the waiting line, nil when off
+	statusFirst, statusEvery time.Duration // tests shorten them
 }
 
 // Result is the end of a run.
@@ -102,17 +107,20 @@ type Result struct {
 
 func (cfg *Config) logf(format string, a ...any) {
 	if !cfg.Quiet {
-		fmt.Fprintf(cfg.Stderr, "dlock: "+format+"\n", a...)
+		cfg.errorf(format, a...)
 	}
 }
 
+// errorf prints one message: always one line that starts "dlock: " once, whatever
+// the errors in it hold (see errline).
 func (cfg *Config) errorf(format string, a ...any) {
-	fmt.Fprintf(cfg.Stderr, "dlock: "+format+"\n", a...)
+	cfg.status.clear()
+	fmt.Fprintln(cfg.Stderr, errline.Message(fmt.Sprintf(format, a...)))
 }
 
-// errText is err's message without the "dlock: " that the library's errors start
-// with, for messages that carry the prefix already.
-func errText(err error) string { return strings.TrimPrefix(err.Error(), "dlock: ") }
+// errText is err's message as one line without the "dlock: " that the library's
+// errors start with, for messages that carry the prefix already.
+func errText(err error) string { return errline.Line(err.Error()) }
 
 // Run acquires cfg.Key on c, runs the command while the lease is held, releases the
 // lease once no process of the command's group remains, and returns the exit code
@@ -138,6 +146,21 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	// before Lock returns, so nothing is left behind.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	in, _ := c.Backend().(driver.Inspector)
+	stopStatus := func() {}
+	if cfg.Wait != 0 && !cfg.Quiet && in != nil {
+		cfg.status = newStatus(cfg.Stderr)
+		if cfg.statusFirst == 0 {
+			cfg.statusFirst, cfg.statusEvery = statusFirst, statusEvery
+		}
+		sctx, stop := context.WithCancel(wctx)
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			cfg.status.watch(sctx, in, cfg.Key, cfg.statusFirst, cfg.statusEvery)
+		}()
+		stopStatus = func() { stop(); <-stopped; cfg.status.clear() }
+	}
 	var lease *dlock.Lease
 	var err error
 	acquired := make(chan struct{})
@@ -161,6 +184,7 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 		cancel()
 		<-acquired
 	}
+	stopStatus()
 	if err != nil {
 		switch {
 		case interrupted != nil:
@@ -168,10 +192,14 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 			return Result{Code: 128 + signum(interrupted)}
 		case errors.Is(err, dlock.ErrLocked):
 			// "Another owner" includes this --owner id in another run or Client.
+			who := "another owner"
+			if h := holder(in, cfg.Key); h != "" {
+				who += " " + h
+			}
 			if cfg.Wait == 0 {
-				cfg.errorf("%q is held by another owner", cfg.Key)
+				cfg.errorf("%q is held by %s", cfg.Key, who)
 			} else {
-				cfg.errorf("%q still held by another owner after %v", cfg.Key, cfg.Wait)
+				cfg.errorf("%q still held by %s after %v", cfg.Key, who, cfg.Wait)
 			}
 			return Result{Code: ExitNotAcquired}
 		case errors.Is(err, dlock.ErrValidityTooShort):
