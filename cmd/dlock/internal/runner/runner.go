@@ -16,8 +16,9 @@
 // unprotected: processes that leave the group (setsid, setpgid, daemons), and, if the
 // runner dies in the instant between starting the child and handing its group to the
 // watchdog, the child's descendants (on Linux the child itself still dies, by its
-// parent-death signal). On systems other than Unix the child is a single process:
-// signals reach it alone and nothing stops it if the runner is killed.
+// parent-death signal). On Windows a job object takes the place of the group and
+// of the watchdog (see group_windows.go). On other systems the child is a single
+// process: signals reach it alone and nothing stops it if the runner is killed.
 //
 // Exit codes follow sysexits(3) and the shell where they fit.
 package runner
