@@ -123,6 +123,16 @@ func (cfg *Config) errorf(format string, a ...any) {
 // errors start with, for messages that carry the prefix already.
 func errText(err error) string { return errline.Line(err.Error()) }
 
+// lossCause is why a lease was lost, without the "lease lost" that the message
+// around it says already.
+func lossCause(err error) string {
+	t := errText(err)
+	if c, ok := strings.CutPrefix(t, errText(dlock.ErrLeaseLost)+": "); ok {
+		return c
+	}
+	return t
+}
+
 // Run acquires cfg.Key on c, runs the command while the lease is held, releases the
 // lease once no process of the command's group remains, and returns the exit code
 // for the runner's process. ctx ends the wait for the lock (Ctrl-C while waiting);
@@ -230,7 +240,7 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	}
 	if rerr := releaseBounded(lease); rerr != nil && code != ExitLeaseLost {
 		if errors.Is(rerr, dlock.ErrLeaseLost) {
-			cfg.errorf("the lease on %q was lost before the command finished: %s", cfg.Key, errText(rerr))
+			cfg.errorf("the lease on %q was lost before the command finished: %s", cfg.Key, lossCause(rerr))
 			return Result{Code: ExitLeaseLost}
 		}
 		cfg.errorf("%s (the lock expires after its TTL)", errText(rerr))
@@ -337,7 +347,7 @@ func runChild(lease *dlock.Lease, cfg Config, sigs <-chan os.Signal) (code int, 
 		case <-done:
 			done = nil
 			lost = true
-			cfg.errorf("lease on %q lost (%s); stopping the command (SIGTERM, SIGKILL after %v)", cfg.Key, errText(lease.Err()), cfg.Grace)
+			cfg.errorf("lease on %q lost (%s); stopping the command (SIGTERM, SIGKILL after %v)", cfg.Key, lossCause(lease.Err()), cfg.Grace)
 			stop()
 		case <-killTimer:
 			killTimer = nil

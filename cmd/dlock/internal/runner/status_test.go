@@ -3,6 +3,8 @@ package runner
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -69,5 +71,15 @@ func TestStatusTerminal(t *testing.T) {
 	want := "\r\x1b[Kdlock: waiting: \"a\" (token 7, TTL left 4.2s)" + "\r\x1b[Kdlock: waiting: \"a\" (token 7, TTL left 4.2s)" + "\r\x1b[K"
 	if b.String() != want {
 		t.Errorf("terminal output %q, want %q", b.String(), want)
+	}
+}
+
+func TestLossCause(t *testing.T) {
+	err := fmt.Errorf("%w: validity deadline passed", dlock.ErrLeaseLost)
+	if got := lossCause(err); got != "validity deadline passed" {
+		t.Errorf("lossCause = %q", got)
+	}
+	if got := lossCause(errors.New("dlock: other\ntext")); got != "other; text" {
+		t.Errorf("lossCause = %q", got)
 	}
 }
