@@ -48,6 +48,11 @@ func openBackend(cmd *cobra.Command, rawURL string, opts ...dlock.Option) (*dloc
 	if err != nil {
 		return nil, err
 	}
+	l, err := logger(cmd, cmd.ErrOrStderr())
+	if err != nil {
+		return nil, err
+	}
+	opts = append([]dlock.Option{dlock.WithLogger(l)}, opts...)
 	octx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 	defer cancel()
 	c, err := dlock.Open(octx, rawURL, opts...)

@@ -51,9 +51,6 @@ type hostAbort struct{ err error }
 // Helper does nothing.
 func (h *Host) Helper() {}
 
-
-
-
 // Fatalf ends the running helper with an error.
 func (h *Host) Fatalf(f string, a ...any) { panic(hostAbort{fmt.Errorf(f, a...)}) }
 
@@ -66,13 +63,8 @@ func (h *Host) Errorf(f string, a ...any) { panic(hostAbort{fmt.Errorf(f, a...)}
 // Error ends the running helper with an error.
 func (h *Host) Error(a ...any) { panic(hostAbort{errors.New(fmt.Sprint(a...))}) }
 
-
 // Skipf ends the running helper with an error.
 func (h *Host) Skipf(f string, a ...any) { panic(hostAbort{fmt.Errorf(f, a...)}) }
-
-
-
-
 
 // Cleanup registers f to run at Close.
 func (h *Host) Cleanup(f func()) {

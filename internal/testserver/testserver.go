@@ -87,7 +87,8 @@ type Process struct {
 }
 
 // Start runs path with args in dir and waits until ready returns nil. The process is
-// killed when the test ends, and also if the test binary dies (parent-death signal).
+// killed when the test ends, and on Linux also if the test binary dies (parent-death
+// signal; other systems have none, see procAttr).
 func Start(t TB, name, path, dir string, args []string, ready func() error) *Process {
 	t.Helper()
 	p := &Process{Name: name, Dir: dir, t: t, path: path, args: args, ready: ready}
@@ -116,7 +117,7 @@ func (p *Process) Restart() error {
 		cmd.Env = append(os.Environ(), p.env...)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	cmd.SysProcAttr = procAttr(true, nil)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err
@@ -177,11 +178,12 @@ func (p *Process) Kill() { p.signalAndWait(syscall.SIGKILL, 10*time.Second) }
 // Stop stops the process with SIGTERM (a clean shutdown), or SIGKILL after 10s.
 func (p *Process) Stop() { p.signalAndWait(syscall.SIGTERM, 10*time.Second) }
 
-// Pause sends SIGSTOP; Resume sends SIGCONT.
-func (p *Process) Pause() { p.signal(syscall.SIGSTOP) }
+// Pause sends SIGSTOP; Resume sends SIGCONT. Both do nothing on Windows, which has
+// neither signal.
+func (p *Process) Pause() { p.signal(sigStop) }
 
 // Resume continues a paused process.
-func (p *Process) Resume() { p.signal(syscall.SIGCONT) }
+func (p *Process) Resume() { p.signal(sigCont) }
 
 func (p *Process) signal(sig syscall.Signal) {
 	p.mu.Lock()

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -437,10 +436,10 @@ func injectPause(ctx context.Context, r *run) error {
 	}
 	op, _, _ := p.lease()
 	since := history.Now()
-	p.signal(syscall.SIGSTOP)
+	p.signal(sigStop)
 	r.event(history.Fault, FaultPause, workerName(p), fmt.Sprintf("SIGSTOP while holding %s (lease %d)", op.Key, op.Lease))
 	r.pauseLong(ctx, p, op.Key, since)
-	p.signal(syscall.SIGCONT)
+	p.signal(sigCont)
 	r.event(history.Heal, FaultPause, workerName(p), "SIGCONT")
 	return nil
 }
@@ -459,12 +458,12 @@ func injectPauseAfterCheck(ctx context.Context, r *run) error {
 	case <-time.After(10 * r.ttl):
 		return nil // it never got to a write: nothing to do
 	}
-	p.signal(syscall.SIGSTOP)
+	p.signal(sigStop)
 	op, _, _ := p.lease()
 	since := history.Now()
 	r.event(history.Fault, FaultPauseAfterCheck, workerName(p), fmt.Sprintf("SIGSTOP right after its lease check on %s (lease %d), before its write", op.Key, op.Lease))
 	r.pauseLong(ctx, p, op.Key, since)
-	p.signal(syscall.SIGCONT)
+	p.signal(sigCont)
 	p.send(ctlResume)
 	r.event(history.Heal, FaultPauseAfterCheck, workerName(p), "SIGCONT")
 	return nil

@@ -400,7 +400,7 @@ func (r *run) startWorker(id int, storeAddr string) error {
 	args := append(slices.Clone(r.cfg.Worker[1:]), wc.Args()...)
 	cmd := exec.Command(r.cfg.Worker[0], args...)
 	cmd.Env = append(append(os.Environ(), r.cfg.Env...), URLEnv+"="+wc.URL, ResourceEnv+"="+r.resURL)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = workerAttr()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return err
@@ -483,7 +483,7 @@ func (r *run) read(p *proc, out io.Reader) {
 // do not within a few TTLs.
 func (r *run) stopWorkers() {
 	for _, p := range r.workers {
-		p.signal(syscall.SIGCONT) // a paused worker cannot hear "stop"
+		p.signal(sigCont) // a paused worker cannot hear "stop"
 		p.send(ctlStop)
 	}
 	deadline := time.After(3*r.ttl + 5*time.Second)

@@ -16,8 +16,9 @@
 // unprotected: processes that leave the group (setsid, setpgid, daemons), and, if the
 // runner dies in the instant between starting the child and handing its group to the
 // watchdog, the child's descendants (on Linux the child itself still dies, by its
-// parent-death signal). On systems other than Unix the child is a single process:
-// signals reach it alone and nothing stops it if the runner is killed.
+// parent-death signal). On Windows a job object takes the place of the group and
+// of the watchdog (see group_windows.go). On other systems the child is a single
+// process: signals reach it alone and nothing stops it if the runner is killed.
 //
 // Exit codes follow sysexits(3) and the shell where they fit.
 package runner
@@ -38,6 +39,8 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/cmd/dlock/internal/errline"
+	"github.com/dlockio/dlock/driver"
 )
 
 // Exit codes of `dlock run` besides the child's own.
@@ -86,6 +89,9 @@ type Config struct {
 	ChildStdout         io.Writer
 	ChildStderr         io.Writer
 	forwardedSignalsFor func(chan<- os.Signal) // tests replace signal.Notify
+
+	status                   *status       // the waiting line, nil when off
+	statusFirst, statusEvery time.Duration // tests shorten them
 }
 
 // Result is the end of a run.
@@ -102,17 +108,30 @@ type Result struct {
 
 func (cfg *Config) logf(format string, a ...any) {
 	if !cfg.Quiet {
-		fmt.Fprintf(cfg.Stderr, "dlock: "+format+"\n", a...)
+		cfg.errorf(format, a...)
 	}
 }
 
+// errorf prints one message: always one line that starts "dlock: " once, whatever
+// the errors in it hold (see errline).
 func (cfg *Config) errorf(format string, a ...any) {
-	fmt.Fprintf(cfg.Stderr, "dlock: "+format+"\n", a...)
+	cfg.status.clear()
+	fmt.Fprintln(cfg.Stderr, errline.Message(fmt.Sprintf(format, a...)))
 }
 
-// errText is err's message without the "dlock: " that the library's errors start
-// with, for messages that carry the prefix already.
-func errText(err error) string { return strings.TrimPrefix(err.Error(), "dlock: ") }
+// errText is err's message as one line without the "dlock: " that the library's
+// errors start with, for messages that carry the prefix already.
+func errText(err error) string { return errline.Line(err.Error()) }
+
+// lossCause is why a lease was lost, without the "lease lost" that the message
+// around it says already.
+func lossCause(err error) string {
+	t := errText(err)
+	if c, ok := strings.CutPrefix(t, errText(dlock.ErrLeaseLost)+": "); ok {
+		return c
+	}
+	return t
+}
 
 // Run acquires cfg.Key on c, runs the command while the lease is held, releases the
 // lease once no process of the command's group remains, and returns the exit code
@@ -138,6 +157,21 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	// before Lock returns, so nothing is left behind.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	in, _ := c.Backend().(driver.Inspector)
+	stopStatus := func() {}
+	if cfg.Wait != 0 && !cfg.Quiet && in != nil {
+		cfg.status = newStatus(cfg.Stderr)
+		if cfg.statusFirst == 0 {
+			cfg.statusFirst, cfg.statusEvery = statusFirst, statusEvery
+		}
+		sctx, stop := context.WithCancel(wctx)
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			cfg.status.watch(sctx, in, cfg.Key, cfg.statusFirst, cfg.statusEvery)
+		}()
+		stopStatus = func() { stop(); <-stopped; cfg.status.clear() }
+	}
 	var lease *dlock.Lease
 	var err error
 	acquired := make(chan struct{})
@@ -161,6 +195,7 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 		cancel()
 		<-acquired
 	}
+	stopStatus()
 	if err != nil {
 		switch {
 		case interrupted != nil:
@@ -168,10 +203,14 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 			return Result{Code: 128 + signum(interrupted)}
 		case errors.Is(err, dlock.ErrLocked):
 			// "Another owner" includes this --owner id in another run or Client.
+			who := "another owner"
+			if h := holder(in, cfg.Key); h != "" {
+				who += " " + h
+			}
 			if cfg.Wait == 0 {
-				cfg.errorf("%q is held by another owner", cfg.Key)
+				cfg.errorf("%q is held by %s", cfg.Key, who)
 			} else {
-				cfg.errorf("%q still held by another owner after %v", cfg.Key, cfg.Wait)
+				cfg.errorf("%q still held by %s after %v", cfg.Key, who, cfg.Wait)
 			}
 			return Result{Code: ExitNotAcquired}
 		case errors.Is(err, dlock.ErrValidityTooShort):
@@ -201,7 +240,7 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	}
 	if rerr := releaseBounded(lease); rerr != nil && code != ExitLeaseLost {
 		if errors.Is(rerr, dlock.ErrLeaseLost) {
-			cfg.errorf("the lease on %q was lost before the command finished: %s", cfg.Key, errText(rerr))
+			cfg.errorf("the lease on %q was lost before the command finished: %s", cfg.Key, lossCause(rerr))
 			return Result{Code: ExitLeaseLost}
 		}
 		cfg.errorf("%s (the lock expires after its TTL)", errText(rerr))
@@ -308,7 +347,7 @@ func runChild(lease *dlock.Lease, cfg Config, sigs <-chan os.Signal) (code int, 
 		case <-done:
 			done = nil
 			lost = true
-			cfg.errorf("lease on %q lost (%s); stopping the command (SIGTERM, SIGKILL after %v)", cfg.Key, errText(lease.Err()), cfg.Grace)
+			cfg.errorf("lease on %q lost (%s); stopping the command (SIGTERM, SIGKILL after %v)", cfg.Key, lossCause(lease.Err()), cfg.Grace)
 			stop()
 		case <-killTimer:
 			killTimer = nil

@@ -15,8 +15,6 @@ import (
 	"io"
 	"os"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Operation kinds.
@@ -128,15 +126,6 @@ type History struct {
 	Ops    []Op         `json:"ops"`
 	Writes []StoreWrite `json:"writes"`
 	Events []Event      `json:"events"`
-}
-
-// Now returns CLOCK_MONOTONIC in nanoseconds.
-func Now() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		panic(fmt.Sprintf("history: clock_gettime(CLOCK_MONOTONIC): %v", err)) // cannot fail on Linux
-	}
-	return ts.Nano()
 }
 
 // Write encodes h as JSON to w.
