@@ -13,9 +13,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/internal/measure"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/measure"
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/redislock"
 )
