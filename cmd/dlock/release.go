@@ -41,11 +41,7 @@ a release: the command can run unconditionally in scripts.
 				return err
 			}
 			defer c.Close()
-			fr, ok := c.Backend().(driver.ForceReleaser)
-			if !ok {
-				return fmt.Errorf("%w: release --force", dlock.ErrUnsupported)
-			}
-			switch err := fr.ForceRelease(cmd.Context(), args[0]); {
+			switch err := c.ForceRelease(cmd.Context(), args[0]); {
 			case errors.Is(err, dlock.ErrNotHeld):
 				// The goal, a free key, is met: scripts may release unconditionally.
 				fmt.Fprintf(e.stderr, "dlock: %s was free; nothing to release\n", args[0])

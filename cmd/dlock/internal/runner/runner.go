@@ -40,7 +40,6 @@ import (
 
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/cmd/dlock/internal/errline"
-	"github.com/dlockio/dlock/driver"
 )
 
 // Exit codes of `dlock run` besides the child's own.
@@ -157,9 +156,9 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	// before Lock returns, so nothing is left behind.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	in, _ := c.Backend().(driver.Inspector)
+	in := c // the status line and "held by" messages ask it who holds the key
 	stopStatus := func() {}
-	if cfg.Wait != 0 && !cfg.Quiet && in != nil {
+	if cfg.Wait != 0 && !cfg.Quiet {
 		cfg.status = newStatus(cfg.Stderr)
 		if cfg.statusFirst == 0 {
 			cfg.statusFirst, cfg.statusEvery = statusFirst, statusEvery

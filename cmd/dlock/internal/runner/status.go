@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,8 +11,8 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/cmd/dlock/internal/errline"
-	"github.com/dlockio/dlock/driver"
 )
 
 // How often the runner asks the backend who holds the key while it waits. This is a
@@ -76,8 +77,14 @@ func (s *status) clear() {
 	}
 }
 
+// inspector tells who holds a key: a *dlock.Client.
+type inspector interface {
+	Inspect(ctx context.Context, key string) (dlock.Info, error)
+}
+
 // watch shows who holds key until ctx ends, asking in every period (after first).
-func (s *status) watch(ctx context.Context, in driver.Inspector, key string, first, every time.Duration) {
+// It stops asking if the backend cannot tell (dlock.ErrUnsupported).
+func (s *status) watch(ctx context.Context, in inspector, key string, first, every time.Duration) {
 	t := time.NewTimer(first)
 	defer t.Stop()
 	for {
@@ -89,6 +96,9 @@ func (s *status) watch(ctx context.Context, in driver.Inspector, key string, fir
 		ictx, cancel := context.WithTimeout(ctx, inspectTimeout)
 		info, err := in.Inspect(ictx, key)
 		cancel()
+		if errors.Is(err, dlock.ErrUnsupported) {
+			return
+		}
 		if err == nil && ctx.Err() == nil {
 			s.show(fmt.Sprintf("waiting for %q: held by owner %s", key, describe(info)), fmt.Sprintf("%s/%d/%d", info.Owner, info.Token, info.Waiters))
 		}
@@ -97,7 +107,7 @@ func (s *status) watch(ctx context.Context, in driver.Inspector, key string, fir
 }
 
 // describe says who holds a key: `"X" (token N, TTL left 4.2s, 2 waiting)`.
-func describe(info driver.Info) string {
+func describe(info dlock.Info) string {
 	s := fmt.Sprintf("%q (token %d", info.Owner, info.Token)
 	if info.TTL > 0 {
 		s += ", TTL left " + info.TTL.Round(100*time.Millisecond).String()
@@ -108,12 +118,9 @@ func describe(info driver.Info) string {
 	return s + ")"
 }
 
-// holder describes who holds key, or "" when the backend cannot tell (no Inspector,
-// an error, or the key was freed meanwhile).
-func holder(in driver.Inspector, key string) string {
-	if in == nil {
-		return ""
-	}
+// holder describes who holds key, or "" when the backend cannot tell (it cannot
+// inspect, an error, or the key was freed meanwhile).
+func holder(in inspector, key string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), inspectTimeout)
 	defer cancel()
 	info, err := in.Inspect(ctx, key)

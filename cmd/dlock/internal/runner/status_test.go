@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/driver"
 )
 
 // While it waits, the runner says who holds the key: on a file or pipe, one line per
@@ -63,7 +62,7 @@ func TestWaitStatusQuiet(t *testing.T) {
 func TestStatusTerminal(t *testing.T) {
 	var b bytes.Buffer
 	s := &status{w: &b, tty: true}
-	info := driver.Info{Owner: "a", Token: 7, TTL: 4230 * time.Millisecond, Waiters: -1}
+	info := dlock.Info{Owner: "a", Token: 7, TTL: 4230 * time.Millisecond, Waiters: -1}
 	s.show("waiting: "+describe(info), "x")
 	s.show("waiting: "+describe(info), "x") // a terminal is refreshed even without change
 	s.clear()
