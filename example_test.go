@@ -232,3 +232,28 @@ func ExampleWithOwner() {
 	// after the inner release: true
 	// after the outer release: <nil>
 }
+
+// Inspect tells who holds a key, with the grant's token, the TTL left on the
+// server and the number of waiters (-1 when the backend does not know); a free key
+// is ErrNotHeld. ForceRelease frees a key whoever holds it (for operators: the old
+// holder may still run; fencing keeps the resource safe).
+func ExampleClient_Inspect() {
+	ctx := context.Background()
+	c, _ := dlock.Open(ctx, "mem://inspect", dlock.WithOwner("backup-job"))
+	defer c.Close()
+	admin, _ := dlock.Open(ctx, "mem://inspect")
+	defer admin.Close()
+
+	l, _ := c.Lock(ctx, "backup")
+	defer l.Release(ctx)
+	info, err := admin.Inspect(ctx, "backup")
+	fmt.Println(info.Owner, info.Token, info.Waiters, err)
+
+	fmt.Println(admin.ForceRelease(ctx, "backup"))
+	_, err = admin.Inspect(ctx, "backup")
+	fmt.Println(errors.Is(err, dlock.ErrNotHeld))
+	// Output:
+	// backup-job 1 0 <nil>
+	// <nil>
+	// true
+}
