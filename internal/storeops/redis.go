@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,8 +22,7 @@ func init() {
 // redisStore is a go-redis client on the server a redis://, rediss:// or unix://
 // URL names.
 type redisStore struct {
-	rdb   *redis.Client
-	infos atomic.Int64 // INFO commandstats calls Ops made that the server answered
+	rdb *redis.Client
 }
 
 // openRedis connects to the server of u: its host (or socket), credentials,
@@ -74,34 +72,42 @@ var floorCAD = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then re
 // floorTTL bounds a floor lock whose release never came.
 const floorTTL = 15 * time.Second
 
-// FloorCycle implements Store: the least correct Redis lock, SET key value NX PX
-// with a fresh random value (every acquisition needs its own, or a stale release
-// could delete a later grant), then the compare-and-delete script.
+// FloorCycle implements Store: the least correct Redis lock (redisFloor).
 func (s *redisStore) FloorCycle(ctx context.Context, key string) error {
+	return redisFloor(ctx, s.rdb, key)
+}
+
+// redisFloor is the least correct Redis lock, on rdb: SET key value NX PX with a
+// fresh random value (every acquisition needs its own, or a stale release could
+// delete a later grant), then the compare-and-delete script.
+func redisFloor(ctx context.Context, rdb *redis.Client, key string) error {
 	v := driver.RandomHex(16)
-	ok, err := s.rdb.SetNX(ctx, key, v, floorTTL).Result()
+	ok, err := rdb.SetNX(ctx, key, v, floorTTL).Result()
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return fmt.Errorf("storeops: floor key %q held", key)
 	}
-	return floorCAD.Run(ctx, s.rdb, []string{key}, v).Err()
+	return floorCAD.Run(ctx, rdb, []string{key}, v).Err()
 }
 
-// Ops implements Store: the sum of the calls in INFO commandstats, which counts the
-// commands run inside scripts as well, less the INFO calls this store made before
-// (the server counts a call once it has run, so the one in progress is not in its
-// own reply).
-func (s *redisStore) Ops(ctx context.Context) (int64, error) {
-	text, err := s.rdb.Info(ctx, "commandstats").Result()
+// Ops implements Store: redisCalls.
+func (s *redisStore) Ops(ctx context.Context) (int64, error) { return redisCalls(ctx, s.rdb) }
+
+// redisCalls returns the sum of the calls in one server's INFO commandstats, which
+// counts the commands run inside scripts as well, less the INFO calls (the
+// counter's own reads, and anyone else's).
+func redisCalls(ctx context.Context, rdb *redis.Client) (int64, error) {
+	text, err := rdb.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return 0, err
 	}
 	var total int64
 	for line := range strings.SplitSeq(text, "\n") {
-		_, rest, ok := strings.Cut(line, ":calls=")
-		if !ok {
+		// cmdstat_get:calls=3,usec=12,...
+		name, rest, ok := strings.Cut(line, ":calls=")
+		if !ok || name == "cmdstat_info" {
 			continue
 		}
 		calls, _, _ := strings.Cut(rest, ",")
@@ -111,11 +117,11 @@ func (s *redisStore) Ops(ctx context.Context) (int64, error) {
 		}
 		total += n
 	}
-	return total - s.infos.Add(1) + 1, nil
+	return total, nil
 }
 
 // OpsSource implements Store.
-func (s *redisStore) OpsSource() string { return "Redis INFO commandstats calls" }
+func (s *redisStore) OpsSource() string { return "Redis INFO commandstats calls, less INFO" }
 
 // Close implements Store.
 func (s *redisStore) Close() error { return s.rdb.Close() }

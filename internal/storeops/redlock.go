@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -26,13 +25,6 @@ type redlockStore struct {
 // redlockDefaultPrefix is redlock.DefaultPrefix (the backend is not imported: the
 // backends do not depend on this package, nor it on them).
 const redlockDefaultPrefix = "redlock"
-
-// redlockFloorTTL is the floor lock's TTL: long enough never to expire in a cycle.
-const redlockFloorTTL = 15 * time.Second
-
-// redlockCAD deletes KEYS[1] if it holds ARGV[1]: the floor's release. Returns 1 if
-// deleted, else 0.
-var redlockCAD = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
 func init() { register("redlock", openRedlock) }
 
@@ -90,15 +82,7 @@ func openRedlock(ctx context.Context, u *url.URL) (Store, error) {
 // value, then a compare-and-delete script, on the first node only, on the key's
 // floor key (P:floor 0x1f K; see the key layout in redlock/names.go).
 func (s *redlockStore) FloorCycle(ctx context.Context, key string) error {
-	rdb, k, v := s.nodes[0], s.prefix+":floor\x1f"+key, driver.RandomHex(16)
-	ok, err := rdb.SetNX(ctx, k, v, redlockFloorTTL).Result()
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("floor key %q held", k)
-	}
-	return redlockCAD.Run(ctx, rdb, []string{k}, v).Err()
+	return redisFloor(ctx, s.nodes[0], s.prefix+":floor\x1f"+key)
 }
 
 // Ops is the sum over all nodes of the calls in INFO commandstats (which counts the
@@ -110,7 +94,7 @@ func (s *redlockStore) Ops(ctx context.Context) (int64, error) {
 	var wg sync.WaitGroup
 	for i, rdb := range s.nodes {
 		wg.Go(func() {
-			counts[i], errs[i] = redlockCalls(ctx, rdb)
+			counts[i], errs[i] = redisCalls(ctx, rdb)
 			if errs[i] != nil {
 				errs[i] = fmt.Errorf("redlock node %s: %w", rdb.Options().Addr, errs[i])
 			}
@@ -122,27 +106,6 @@ func (s *redlockStore) Ops(ctx context.Context) (int64, error) {
 	}
 	var total int64
 	for _, c := range counts {
-		total += c
-	}
-	return total, nil
-}
-
-// redlockCalls returns the calls in one server's INFO commandstats, less the INFO
-// calls.
-func redlockCalls(ctx context.Context, rdb *redis.Client) (int64, error) {
-	info, err := rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, err
-	}
-	var total int64
-	for line := range strings.SplitSeq(info, "\n") {
-		// cmdstat_get:calls=3,usec=12,...
-		name, rest, ok := strings.Cut(line, ":calls=")
-		if !ok || name == "cmdstat_info" {
-			continue
-		}
-		calls, _, _ := strings.Cut(rest, ",")
-		c, _ := strconv.ParseInt(calls, 10, 64)
 		total += c
 	}
 	return total, nil
