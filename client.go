@@ -150,7 +150,7 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 	defer func() {
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), l.TTL())
 		defer rcancel()
-		err = errors.Join(err, l.Release(rctx))
+		err = driver.Join(err, l.Release(rctx))
 	}()
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -229,5 +229,5 @@ func (c *Client) Close() error {
 	if err := c.b.Close(); err != nil {
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return driver.Join(errs...)
 }

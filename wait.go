@@ -45,7 +45,7 @@ func waitEnded(ctx context.Context, last error) error {
 	} else if last != nil {
 		errs[0] = last
 	}
-	return errors.Join(errs...)
+	return driver.Join(errs...)
 }
 
 // obtain runs the attempt loop against the backend. It returns the grant and the
@@ -247,9 +247,9 @@ func (l *attemptLoop) granted(ctx context.Context, gr driver.Grant, sent time.Ti
 		ErrValidityTooShort, key, now.Sub(sent).Round(time.Microsecond), cfg.validity(), cfg.ttl)
 	if ctx.Err() != nil {
 		if l.wait {
-			return nil, time.Time{}, false, errors.Join(waitEnded(ctx, nil), err)
+			return nil, time.Time{}, false, driver.Join(waitEnded(ctx, nil), err)
 		}
-		return nil, time.Time{}, false, errors.Join(err, context.Cause(ctx))
+		return nil, time.Time{}, false, driver.Join(err, context.Cause(ctx))
 	}
 	return nil, time.Time{}, false, err
 }
@@ -272,7 +272,7 @@ func (l *attemptLoop) refused(ctx context.Context, err error) error {
 			// is giving up the wait, as documented.
 			return waitEnded(ctx, err)
 		case !errors.Is(err, ctx.Err()):
-			return errors.Join(err, context.Cause(ctx))
+			return driver.Join(err, context.Cause(ctx))
 		}
 		return err
 	}

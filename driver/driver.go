@@ -153,7 +153,7 @@ type HeldError struct {
 // Error says that the key is held and, if known, when the grant expires.
 func (e *HeldError) Error() string {
 	if e.RetryAfter > 0 {
-		return fmt.Sprintf("%v (expires in %v unless renewed)", ErrLocked, e.RetryAfter)
+		return fmt.Sprintf("%v (expires in %v unless renewed)", ErrLocked, e.RetryAfter.Round(time.Millisecond))
 	}
 	return ErrLocked.Error()
 }

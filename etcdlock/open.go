@@ -142,7 +142,7 @@ func connect(ctx context.Context, u *url.URL, c config, endpoints []string, dial
 	if _, err := cli.Get(pctx, b.prefix+"/", clientv3.WithCountOnly()); err != nil {
 		b.Close()
 		if ctx.Err() != nil {
-			err = errors.Join(err, ctx.Err())
+			err = driver.Join(err, ctx.Err())
 		}
 		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), authErr(err))
 	}

@@ -74,7 +74,7 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string
 	if errors.Is(err, ErrNotReplicated) && cerr == nil && n > 0 {
 		// Fail closed: give back a grant the replicas may not have.
 		if rerr := releaseScript.Run(ctx, b.rdb, keys, req.Owner).Err(); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("release after failed replication: %w", rerr))
+			err = driver.Join(err, fmt.Errorf("release after failed replication: %w", rerr))
 		}
 		return driver.Grant{}, wrap("acquire", req.Key, err)
 	}

@@ -3,7 +3,6 @@ package redislock
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net/url"
 
@@ -138,5 +137,5 @@ func (b *Backend) Close() error {
 	if b.own {
 		errs = append(errs, b.rdb.Close())
 	}
-	return errors.Join(errs...)
+	return driver.Join(errs...)
 }

@@ -2,10 +2,11 @@ package redlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/dlockio/dlock/driver"
 )
 
 // results holds one fan-out's replies, indexed like Backend.nodes.
@@ -54,7 +55,7 @@ func (b *Backend) nodeErrors(errs []error) error {
 			joined = append(joined, &NodeError{Addr: b.nodes[i].addr, Err: err})
 		}
 	}
-	return errors.Join(joined...)
+	return driver.Join(joined...)
 }
 
 // ms is d in whole milliseconds, rounded up, at least 1.

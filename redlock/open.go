@@ -277,10 +277,10 @@ func (b *Backend) check(ctx context.Context) error {
 		}
 	}
 	if len(fatal) > 0 {
-		return errors.Join(append(fatal, down...)...)
+		return driver.Join(append(fatal, down...)...)
 	}
 	if up := len(b.nodes) - len(down); up < b.quorum {
-		return fmt.Errorf("only %d of %d nodes answered, a majority is %d: %w", up, len(b.nodes), b.quorum, errors.Join(down...))
+		return fmt.Errorf("only %d of %d nodes answered, a majority is %d: %w", up, len(b.nodes), b.quorum, driver.Join(down...))
 	}
 	return nil
 }

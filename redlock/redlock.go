@@ -225,5 +225,5 @@ func (b *Backend) Close() error {
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return driver.Join(errs...)
 }
