@@ -7,14 +7,13 @@ import (
 
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
-	"github.com/dlockio/dlock/pglock"
 )
 
 // Benchmarks run against a server with its default settings (fsync=on,
 // synchronous_commit=on, wal_sync_method=fdatasync): every committed write waits for
 // a WAL flush, which dominates the cost of a cycle on real disks. Compare the dlock
-// cycle with the floor (pglock's FloorCycle: INSERT then DELETE of a row in the lock
-// table, with pgx alone) in the same run only.
+// cycle with the floor (internal/storeops: INSERT then DELETE of a row in a table of
+// the lock table's shape, with pgx alone) in the same run only.
 
 func BenchmarkCycle(b *testing.B) {
 	srv := testserver.StartPostgres(b)
@@ -29,14 +28,12 @@ func BenchmarkCycleInterleaved(b *testing.B) {
 	srv := testserver.StartPostgres(b)
 	h := harness(b, srv)
 	ctx := context.Background()
-	floor := h.Open(b).(*pglock.Backend)
-	defer floor.Close()
 	c := h.Client(b)
 	fkey, key := drivertest.Key(b, "floor"), drivertest.Key(b, "k")
 	var tf, td time.Duration
 	for b.Loop() {
 		t0 := time.Now()
-		if err := floor.FloorCycle(ctx, fkey); err != nil {
+		if err := h.Floor(ctx, fkey); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
@@ -58,8 +55,8 @@ func BenchmarkCycleInterleaved(b *testing.B) {
 // BenchmarkHandoff measures the time from a release to the waiting client's Lock
 // returning: the release reserves the lock for the queued waiter and notifies its
 // client, whose listening connection receives the NOTIFY, and the waiter's next
-// attempt commits the grant. ops/handoff counts write transactions (pglock's
-// ServerOps).
+// attempt commits the grant. ops/handoff counts write transactions (the harness's
+// Ops, from internal/storeops).
 func BenchmarkHandoff(b *testing.B) {
 	srv := testserver.StartPostgres(b)
 	drivertest.BenchHandoff(b, harness(b, srv))

@@ -159,7 +159,6 @@ import (
 	"net/url"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -254,7 +253,7 @@ func WithLinger(d time.Duration) Option {
 }
 
 // Backend is the PostgreSQL backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Floorer and driver.OpsCounter, and
+// driver.Inspector and driver.ForceReleaser, and
 // is safe for concurrent use.
 type Backend struct {
 	pool      *pgxpool.Pool
@@ -274,8 +273,6 @@ var (
 	_ driver.Notifier      = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
-	_ driver.Floorer       = (*Backend)(nil)
-	_ driver.OpsCounter    = (*Backend)(nil)
 )
 
 // Open returns a backend for a postgres:// or postgresql:// URL; see the package
@@ -798,40 +795,6 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 		return driver.Info{}, b.ctxErr(ctx, wrap("inspect", key, err))
 	}
 	return driver.Info{Key: key, Owner: owner, Token: uint64(token), TTL: time.Duration(max(left, 0)) * time.Microsecond, Waiters: int(waiters)}, nil
-}
-
-// ServerOps implements driver.OpsCounter: the number of transaction ids the server
-// has assigned, that is, of transactions that wrote (each one a WAL flush at commit
-// with the default settings). Read-only statements, such as an attempt that finds
-// the lock held, are not counted.
-func (b *Backend) ServerOps(ctx context.Context) (int64, error) {
-	var s string
-	if err := b.pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text`).Scan(&s); err != nil {
-		return 0, fmt.Errorf("pglock: server ops: %w", err)
-	}
-	return strconv.ParseInt(s, 10, 64)
-}
-
-// floorOwner marks the rows of FloorCycle; owner ids never contain "!".
-const floorOwner = "!floor"
-
-// FloorCycle implements driver.Floorer: the least a lock on a table does, with pgx
-// alone: INSERT a row under the primary key, then DELETE it comparing the owner, each
-// its own committed statement, in the lock table (under a key that no dlock key can
-// be, since they exclude control characters).
-func (b *Backend) FloorCycle(ctx context.Context, key string) error {
-	k := "\x01floor:" + key
-	tag, err := b.pool.Exec(ctx, b.sql.floorInsert, k, floorOwner)
-	if err != nil {
-		return wrap("floor insert", key, err)
-	}
-	if tag.RowsAffected() != 1 {
-		return wrap("floor insert", key, errors.New("no row inserted"))
-	}
-	if _, err := b.pool.Exec(ctx, b.sql.floorDelete, k, floorOwner); err != nil {
-		return wrap("floor delete", key, err)
-	}
-	return nil
 }
 
 // Watch implements driver.Notifier. The client's listening connection is opened (and

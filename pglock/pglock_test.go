@@ -18,6 +18,7 @@ import (
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/pglock"
 )
@@ -74,8 +75,17 @@ func harness(t testing.TB, srv *testserver.Postgres, kv ...string) drivertest.Ha
 	if u, _ := url.Parse(rawURL); u.Query().Get("table") != "" {
 		table = u.Query().Get("table")
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := storeops.Open(ctx, rawURL)
+	if err != nil {
+		t.Fatalf("storeops: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
 	return drivertest.Harness{
-		Open: func(t testing.TB) driver.Backend { return open(t, rawURL) },
+		Ops:   st.Ops,
+		Floor: st.FloorCycle,
+		Open:  func(t testing.TB) driver.Backend { return open(t, rawURL) },
 		Expire: func(t testing.TB, key string) {
 			exec(t, pool, `UPDATE `+table+` SET expires_at = now() - interval '1 second' WHERE key = $1`, key)
 		},

@@ -40,7 +40,7 @@ import "strings"
 // compare-and-set; an attempt that finds the row changed reports it and runs again.
 // Refresh changes only the expiry of a row the caller holds, and needs neither.
 type statements struct {
-	stamp, fastAcquire, acquireWait, acquireTry, refresh, fastRelease, lockRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, floorInsert, floorDelete string
+	stamp, fastAcquire, acquireWait, acquireTry, refresh, fastRelease, lockRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect string
 }
 
 const us = ` * interval '1 microsecond'`
@@ -211,10 +211,7 @@ FROM t`
 	(SELECT count(*) FROM {T} p WHERE ` + placeRange + ` AND ` + placeLive + `)
 	FROM {T} WHERE key = $1::text AND expires_at > now() AND NOT reserved`
 
-	s.floorInsert = `INSERT INTO {T} (key, owner, token, expires_at) VALUES ($1::text, $2::text, 0, now() + interval '15 seconds')`
-	s.floorDelete = `DELETE FROM {T} WHERE key = $1::text AND owner = $2::text`
-
-	for _, p := range []*string{&s.stamp, &s.fastAcquire, &s.acquireWait, &s.acquireTry, &s.refresh, &s.fastRelease, &s.lockRow, &s.release, &s.forceRelease, &s.withdrawPlace, &s.withdrawOwner, &s.withdraw, &s.inspect, &s.floorInsert, &s.floorDelete} {
+	for _, p := range []*string{&s.stamp, &s.fastAcquire, &s.acquireWait, &s.acquireTry, &s.refresh, &s.fastRelease, &s.lockRow, &s.release, &s.forceRelease, &s.withdrawPlace, &s.withdrawOwner, &s.withdraw, &s.inspect} {
 		*p = strings.ReplaceAll(*p, "{T}", table)
 	}
 	return s

@@ -1,0 +1,45 @@
+package storeops
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// The floor cycle leaves no row behind and is two writing transactions; reading Ops
+// writes nothing.
+func TestPostgresFloorAndOps(t *testing.T) {
+	srv := testserver.StartPostgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := openT(t, srv.URL()+"&table=ignored&ttl=5s")
+	openT(t, srv.URL()) // a second store on the same database: the table exists
+	if s.OpsSource() == "" {
+		t.Fatal("no OpsSource")
+	}
+	for range 3 {
+		if err := s.FloorCycle(ctx, "a b"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int
+	if err := s.(*pgStore).pool.QueryRow(ctx, `SELECT count(*) FROM `+pgFloorTable).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("floor rows left: %d, %v", n, err)
+	}
+	before, err := s.Ops(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FloorCycle(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	after, err := s.Ops(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after - before; d != 2 {
+		t.Errorf("a floor cycle: %d writing transactions, want 2 (insert, delete)", d)
+	}
+}
