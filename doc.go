@@ -4,8 +4,19 @@
 //
 // # Using it
 //
+// A backend registers its URL scheme when its package is imported: import
+// github.com/dlockio/dlock/redislock (or one of the others) for its side effect, or
+// github.com/dlockio/dlock/all for every backend.
+//
+//	import (
+//		"github.com/dlockio/dlock"
+//		_ "github.com/dlockio/dlock/redislock" // redis://, rediss://
+//	)
+//
 //	c, err := dlock.Open(ctx, "redis://127.0.0.1:6379/0?ttl=10s")
-//	...
+//	if err != nil {
+//		return err
+//	}
 //	defer c.Close()
 //	err = c.Do(ctx, "nightly-report", func(ctx context.Context, l *dlock.Lease) error {
 //		// ctx is cancelled the moment the lock may be lost.
@@ -68,4 +79,12 @@
 // case a wake-up is lost; other backends are polled with jittered exponential backoff.
 // A queueing backend may hand a released key directly to the first waiter, so that
 // its Lock returns without another request (see driver.Waiter).
+//
+// # Administration
+//
+// Client.Inspect reads who holds a key (owner id, token, time left, waiters), and
+// Client.ForceRelease frees a key whoever holds it, on backends that can (others
+// return an error matching ErrUnsupported). A force-released holder is not told and
+// may still run until its next renewal fails: only fencing tokens keep the resource
+// safe from it.
 package dlock

@@ -7,10 +7,32 @@
 // counting within a Client, and the lease context. A backend states what its engine
 // guarantees in its package documentation; the core never claims more.
 //
-// Optional capabilities are separate interfaces discovered with a type assertion:
-// Notifier (wake waiters instead of polling, with WatchAdvisor to skip that cost
-// when a key is free), Inspector (read the holder of a key) and ForceReleaser
-// (administrative release).
+// # Optional capabilities
+//
+// Optional capabilities are separate interfaces that the core discovers with a type
+// assertion on the Backend; a backend that means to implement one asserts it at
+// compile time (var _ driver.Bounder = (*Backend)(nil)). Each, and what the core
+// does without it:
+//
+//   - Notifier: wakes a waiting Lock when the key may be free (or hands it the key
+//     directly, see Waiter), so waiters do not poll. Without it a waiting Lock
+//     attempts again after a jittered backoff (WithRetry's bounds), so a release is
+//     noticed up to one backoff late and every waiter keeps asking the server.
+//   - WatchAdvisor (only looked for on a Notifier): tells whether registering a
+//     wait before the first attempt is worth its cost. Without it every waiting
+//     Lock registers its wait first, also on a free key.
+//   - Bounder: bounds a grant by the session the backend keeps alive itself (an
+//     etcd lease, a ZooKeeper session), so the lease's local validity never
+//     outlasts it. Without it the validity is the TTL counted from the attempt
+//     (minus the drift allowance), renewed by Refresh, which is right for a
+//     backend whose grants live on Refresh alone.
+//   - Inspector: reads the holder of a key (owner, token, TTL left, waiters), for
+//     dlock.Client.Inspect and tools. Without it Client.Inspect returns an error
+//     matching ErrUnsupported; locking does not use it.
+//   - ForceReleaser: frees a key whoever holds it, for dlock.Client.ForceRelease
+//     (an operator clearing a stuck holder; the old holder may still run, and
+//     fencing keeps resources safe). Without it Client.ForceRelease returns an
+//     error matching ErrUnsupported; locking does not use it.
 //
 // Every backend must pass the conformance suite in package drivertest.
 package driver

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/bench"
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/measure"
 )
 
-// The benchmarks below are thin wrappers over the measuring loops of package bench,
+// The benchmarks below are thin wrappers over the measuring loops of internal/measure,
 // which the "dlock bench" command runs too: a developer's Go benchmark and a user's
 // side-by-side run measure the same thing.
 
@@ -24,7 +24,7 @@ func (h Harness) readOps(tb testing.TB) int64 {
 	return n
 }
 
-func reportLatency(b *testing.B, s *bench.Samples, prefix string) {
+func reportLatency(b *testing.B, s *measure.Samples, prefix string) {
 	b.ReportMetric(float64(s.Percentile(0.5)), prefix+"p50-ns")
 	b.ReportMetric(float64(s.Percentile(0.99)), prefix+"p99-ns")
 }
@@ -42,11 +42,11 @@ func BenchCycle(b *testing.B, h Harness) {
 	f, hasFloor := h.Floor, h.Floor != nil
 	if hasFloor {
 		b.Run("floor", func(b *testing.B) {
-			var s bench.Samples
+			var s measure.Samples
 			key := Key(b, "k")
 			b.ReportAllocs()
 			b.ResetTimer()
-			if err := bench.FloorCycles(ctx, f, key, bench.Limit{N: int64(b.N)}, &s); err != nil {
+			if err := measure.FloorCycles(ctx, f, key, measure.Limit{N: int64(b.N)}, &s); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
@@ -56,10 +56,10 @@ func BenchCycle(b *testing.B, h Harness) {
 	b.Run("dlock", func(b *testing.B) {
 		c := h.Client(b)
 		key := Key(b, "k")
-		var run bench.CycleRun
+		var run measure.CycleRun
 		b.ReportAllocs()
 		b.ResetTimer()
-		if err := bench.Cycles(ctx, c, key, bench.CyclePeers{}, bench.Limit{N: int64(b.N)}, &run); err != nil {
+		if err := measure.Cycles(ctx, c, key, measure.CyclePeers{}, measure.Limit{N: int64(b.N)}, &run); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()
@@ -68,9 +68,9 @@ func BenchCycle(b *testing.B, h Harness) {
 	if hasFloor {
 		b.Run("interleaved", func(b *testing.B) {
 			c := h.Client(b)
-			var run bench.CycleRun
+			var run measure.CycleRun
 			b.ResetTimer()
-			if err := bench.Cycles(ctx, c, Key(b, "k"), bench.CyclePeers{Floor: f, FloorKey: Key(b, "floor"), Driver: be, DriverKey: Key(b, "drv")}, bench.Limit{N: int64(b.N)}, &run); err != nil {
+			if err := measure.Cycles(ctx, c, Key(b, "k"), measure.CyclePeers{Floor: f, FloorKey: Key(b, "floor"), Driver: be, DriverKey: Key(b, "drv")}, measure.Limit{N: int64(b.N)}, &run); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
@@ -99,7 +99,7 @@ func BenchHandoff(b *testing.B, h Harness) {
 	a, c := h.Client(b), h.Client(b)
 	in, _ := c.Backend().(driver.Inspector)
 	b.ResetTimer()
-	run, err := bench.Handoff(ctx, a, c, key, bench.Limit{N: int64(b.N)}, bench.HandoffOptions{
+	run, err := measure.Handoff(ctx, a, c, key, measure.Limit{N: int64(b.N)}, measure.HandoffOptions{
 		Inspector: in, Pause: b.StopTimer, Resume: b.StartTimer, RoundTrip: h.RoundTrip,
 	})
 	b.StopTimer()
@@ -107,7 +107,7 @@ func BenchHandoff(b *testing.B, h Harness) {
 		b.Fatal(err)
 	}
 	if h.Ops != nil {
-		counted, err := bench.Handoff(ctx, a, c, key, bench.Limit{N: min(int64(b.N), 100)}, bench.HandoffOptions{
+		counted, err := measure.Handoff(ctx, a, c, key, measure.Limit{N: min(int64(b.N), 100)}, measure.HandoffOptions{
 			Inspector: in, Ops: h.Ops,
 		})
 		if err != nil {
@@ -124,7 +124,7 @@ func BenchHandoff(b *testing.B, h Harness) {
 }
 
 // Percentile returns the q-quantile (0..1) of ds, which it sorts.
-func Percentile(ds []time.Duration, q float64) time.Duration { return bench.Percentile(ds, q) }
+func Percentile(ds []time.Duration, q float64) time.Duration { return measure.Percentile(ds, q) }
 
 // BenchContended runs W workers, each with its own client, looping Lock+Release on
 // one hot key. It reports acquisitions/s, server operations per acquisition (if the
@@ -144,7 +144,7 @@ func BenchContended(b *testing.B, h Harness, workers int) {
 			start0 = h.readOps(b)
 		}
 		b.ResetTimer()
-		run, err := bench.Contend(ctx, cs, []string{key}, bench.Limit{N: int64(b.N)})
+		run, err := measure.Contend(ctx, cs, []string{key}, measure.Limit{N: int64(b.N)})
 		b.StopTimer()
 		if err != nil {
 			b.Fatal(err)
@@ -152,11 +152,11 @@ func BenchContended(b *testing.B, h Harness, workers int) {
 		if run.Overlaps > 0 {
 			b.Fatalf("%d acquisitions found the key held by another worker", run.Overlaps)
 		}
-		b.ReportMetric(bench.PerSecond(run.Acquisitions, run.Elapsed), "acq/s")
-		if lo, hi := bench.MinMax(run.Counts); hi > 0 {
+		b.ReportMetric(measure.PerSecond(run.Acquisitions, run.Elapsed), "acq/s")
+		if lo, hi := measure.MinMax(run.Counts); hi > 0 {
 			b.ReportMetric(float64(lo)/float64(hi), "min/max")
 		}
-		b.ReportMetric(bench.Jain(run.Counts), "jain")
+		b.ReportMetric(measure.Jain(run.Counts), "jain")
 		if run.Handoff.Count() > 0 {
 			reportLatency(b, &run.Handoff, "handoff-")
 		}

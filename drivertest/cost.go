@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/bench"
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/measure"
 )
 
 // Cost is what one handoff costs down a chain of waiters.
@@ -19,14 +19,14 @@ type Cost struct {
 }
 
 // HandoffCost queues waiters behind a holder, each on a client of its own, then lets
-// the key pass down the chain, and returns the cost per handoff (bench.Growth does
+// the key pass down the chain, and returns the cost per handoff (measure.Growth does
 // the work; dlock bench reports the same numbers).
 func HandoffCost(t testing.TB, h Harness, waiters int) Cost {
 	t.Helper()
 	ctx := ctxT(t)
-	var counts bench.Counts
+	var counts measure.Counts
 	client := func() *dlock.Client {
-		c, err := dlock.New(bench.Counting(h.Open(t), &counts), h.Options...)
+		c, err := dlock.New(measure.Counting(h.Open(t), &counts), h.Options...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -38,17 +38,17 @@ func HandoffCost(t testing.TB, h Harness, waiters int) Cost {
 	for i := range pool {
 		pool[i] = client()
 	}
-	o := bench.GrowthOptions{Calls: counts.Calls, Locked: counts.Locked}
+	o := measure.GrowthOptions{Calls: counts.Calls, Locked: counts.Locked}
 	o.Inspector, _ = holder.Backend().(driver.Inspector)
 	if h.Ops != nil {
 		o.Ops = h.Ops
-		overhead, err := bench.OpsOverhead(ctx, h.Ops)
+		overhead, err := measure.OpsOverhead(ctx, h.Ops)
 		if err != nil {
 			t.Fatalf("ServerOps: %v", err)
 		}
 		o.OpsOverhead = overhead
 	}
-	run, err := bench.Growth(ctx, holder, pool, Key(t, "chain"), waiters, o)
+	run, err := measure.Growth(ctx, holder, pool, Key(t, "chain"), waiters, o)
 	if err != nil {
 		t.Fatalf("chain of %d waiters: %v", waiters, err)
 	}

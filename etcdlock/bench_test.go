@@ -14,7 +14,7 @@ import (
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
-// BenchmarkCycle compares an uncontended Lock+Release with the floor (FloorCycle: one
+// BenchmarkCycle compares an uncontended Lock+Release with the floor (storeops: one
 // lease-bound create-if-absent transaction and one delete with the same client), in
 // the same run and interleaved cycle by cycle.
 func BenchmarkCycle(b *testing.B) {

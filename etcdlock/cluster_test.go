@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/internal/devserver"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -61,7 +60,7 @@ func TestClusterLeaderCrash(t *testing.T) {
 	cl := testserver.StartEtcdCluster(t, 3, 50, 500)
 	const workers, before, during, after = 4, 15, 15, 10
 	chk := &checker{holders: map[*dlock.Lease]bool{}}
-	var crashed *devserver.Member
+	var crashed *testserver.EtcdMember
 	var crashedAt, restartedAt atomic.Int64
 	var waiting atomic.Int64
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -117,7 +116,7 @@ func TestClusterLeaderCrash(t *testing.T) {
 					}
 				case n == before+during && crashed != nil:
 					t.Logf("grant %d (token %d): restarting %s", n, l.Token(), crashed.Name())
-					if err := crashed.Start(ctx); err != nil {
+					if err := crashed.Restart(); err != nil {
 						t.Error(err)
 					}
 					restartedAt.Store(int64(n))

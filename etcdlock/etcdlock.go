@@ -9,10 +9,8 @@
 // tls_ca, tls_cert, tls_key, tls_server_name (any of them turns TLS on; see
 // driver.ReadTLS), timeout (bound on each request, default 5s; a waiting Lock's
 // attempt that runs past it is retried like a refused one, so only the caller's
-// context ends a wait), dial_timeout (bound on connecting in Open, default 5s),
-// metrics (the members' Prometheus metrics pages, comma-separated, read only by
-// ServerOps for benchmarks; see WithMetrics); and the core's ttl, renew, drift,
-// owner. User and password come from the URL's user info. Unknown, repeated or
+// context ends a wait), dial_timeout (bound on connecting in Open, default 5s); and
+// the core's ttl, renew, drift, owner. User and password come from the URL's user info. Unknown, repeated or
 // malformed parameters are an error. With TLS, Open makes one handshake of its own
 // first, so that a certificate problem is reported by name at once; refused
 // credentials, a refused client certificate and denied permissions are errors
@@ -125,28 +123,25 @@ package etcdlock
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/dlockio/dlock/driver"
 )
 
+// Scheme is the URL scheme of etcd, registered with package driver.
+const Scheme = "etcd"
+
 func init() {
-	driver.Register("etcd", func(ctx context.Context, u *url.URL) (driver.Backend, error) {
+	driver.Register(Scheme, func(ctx context.Context, u *url.URL) (driver.Backend, error) {
 		return Open(ctx, u)
 	})
 }
@@ -164,80 +159,14 @@ const (
 // afresh.
 var ErrSessionLost = errors.New("etcdlock: session lease lost")
 
-// Option configures a Backend.
-type Option func(*options) error
-
-type options struct {
-	prefix     string
-	timeout    time.Duration
-	tls        *tls.Config
-	user, pass string
-	auth       bool
-	metrics    []string // metrics pages for ServerOps
-}
-
-// WithPrefix sets the key prefix (default "dlock"): non-empty and without control
-// characters once leading and trailing "/" are trimmed. Clients that should contend
-// for the same locks must use the same prefix; clients with different prefixes never
-// meet, even when one prefix lies under the other ("app" and "app/jobs").
-func WithPrefix(p string) Option {
-	return func(o *options) error {
-		p = strings.Trim(p, "/")
-		if p == "" || strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-			return fmt.Errorf("%w: etcd key prefix must be non-empty and without control characters, got %q", driver.ErrInvalid, p)
-		}
-		o.prefix = p
-		return nil
-	}
-}
-
-// WithRequestTimeout bounds every request to etcd (default 5s), also when the
-// caller's context has no deadline, so that an unreachable cluster fails a Lock call
-// instead of hanging it.
-func WithRequestTimeout(d time.Duration) Option {
-	return func(o *options) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: etcd request timeout must be positive, got %v", driver.ErrInvalid, d)
-		}
-		o.timeout = d
-		return nil
-	}
-}
-
-// WithTLS sets the TLS configuration of the connection (Open only; with New, configure
-// the clientv3.Client).
-func WithTLS(c *tls.Config) Option {
-	return func(o *options) error {
-		if c == nil {
-			return fmt.Errorf("%w: nil TLS config", driver.ErrInvalid)
-		}
-		o.tls = c.Clone()
-		return nil
-	}
-}
-
-// WithAuth sets the etcd user and password (Open only).
-func WithAuth(user, password string) Option {
-	return func(o *options) error {
-		if user == "" {
-			return fmt.Errorf("%w: empty etcd user name", driver.ErrInvalid)
-		}
-		o.user, o.pass, o.auth = user, password, true
-		return nil
-	}
-}
-
 // Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Floorer and driver.OpsCounter, and
-// is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser and driver.Bounder, and is safe for
+// concurrent use.
 type Backend struct {
 	cli     *clientv3.Client
 	own     bool // close cli in Close
 	prefix  string
 	timeout time.Duration
-
-	metrics     []string     // metrics pages read by ServerOps
-	metricsHTTP *http.Client // for them
 
 	ctx    context.Context // ends at Close; parent of background work
 	cancel context.CancelFunc
@@ -247,266 +176,22 @@ type Backend struct {
 	mu        sync.Mutex
 	closed    bool
 	sessions  map[int64]*session // live sessions by TTL in seconds
-	waiters   map[ownerKey]*waiter
-	held      map[ownerKey]*tracked
-	idleWatch bool                  // keepWatchStream runs
-	names     map[ownerKey]string   // member key name of each (key, owner) in use here
-	burned    map[string]bool       // names of ours found taken by another owner
-	firsts    map[string]firstHint  // the first member last read, by lock prefix
-	reading   map[string]*firstRead // reads of the first member under way, by lock prefix
-	id        string                // in this backend's member key names
+	waiters   map[driver.Holder]*waiter
+	held      map[driver.Holder]*tracked
+	idleWatch bool                     // keepWatchStream runs
+	names     map[driver.Holder]string // member key name of each (key, owner) in use here
+	burned    map[string]bool          // names of ours found taken by another owner
+	firsts    map[string]firstHint     // the first member last read, by lock prefix
+	reading   map[string]*firstRead    // reads of the first member under way, by lock prefix
+	id        string                   // in this backend's member key names
 }
-
-type ownerKey struct{ key, owner string }
 
 var (
 	_ driver.Notifier      = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
-	_ driver.Floorer       = (*Backend)(nil)
-	_ driver.OpsCounter    = (*Backend)(nil)
+	_ driver.Bounder       = (*Backend)(nil)
 )
-
-func defaultOptions() options {
-	return options{prefix: DefaultPrefix, timeout: DefaultTimeout}
-}
-
-// New returns a backend on an existing etcd client, which the caller keeps owning
-// (Close does not close it). WithTLS and WithAuth do not apply: configure them on the
-// client.
-func New(cli *clientv3.Client, opts ...Option) (*Backend, error) {
-	if cli == nil {
-		return nil, fmt.Errorf("%w: nil etcd client", driver.ErrInvalid)
-	}
-	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalid)
-		}
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
-	}
-	if o.tls != nil || o.auth {
-		return nil, fmt.Errorf("%w: WithTLS and WithAuth apply to Open; configure the clientv3.Client given to New", driver.ErrInvalid)
-	}
-	if o.metrics == nil {
-		o.metrics = loopbackMetrics(cli.Endpoints())
-	}
-	return newBackend(cli, o), nil
-}
-
-func newBackend(cli *clientv3.Client, o options) *Backend {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Backend{
-		cli: cli, prefix: o.prefix, timeout: o.timeout,
-		metrics: o.metrics, metricsHTTP: newMetricsClient(o.tls),
-		ctx: ctx, cancel: cancel, grant: make(chan struct{}, 1),
-		sessions: make(map[int64]*session), waiters: make(map[ownerKey]*waiter), held: make(map[ownerKey]*tracked),
-		names: make(map[ownerKey]string), burned: make(map[string]bool), firsts: make(map[string]firstHint), reading: make(map[string]*firstRead), id: newID(),
-	}
-}
-
-// Open returns a backend for an etcd:// URL; see the package documentation for its
-// parameters. Options override the URL. It checks that the cluster answers a read
-// before returning, within ctx and the dial timeout.
-func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
-	if u.Scheme != "etcd" {
-		return nil, fmt.Errorf("%w: etcdlock needs an etcd:// URL, got scheme %q", driver.ErrInvalid, u.Scheme)
-	}
-	p, err := driver.ParseParams(u)
-	if err != nil {
-		return nil, fmt.Errorf("etcdlock: %w", err)
-	}
-	o := defaultOptions()
-	if o.timeout, err = p.Duration("timeout", DefaultTimeout); err != nil {
-		return nil, err
-	}
-	dialTimeout, err := p.Duration("dial_timeout", DefaultDialTimeout)
-	if err != nil {
-		return nil, err
-	}
-	if o.tls, err = driver.ReadTLS(p); err != nil {
-		return nil, fmt.Errorf("etcdlock: %w", err)
-	}
-	metrics, err := p.String("metrics", "")
-	if err != nil {
-		return nil, err
-	}
-	if metrics != "" {
-		if err := WithMetrics(strings.Split(metrics, ",")...)(&o); err != nil {
-			return nil, err
-		}
-	}
-	if err := p.Unknown(); err != nil {
-		return nil, err
-	}
-	if path := strings.Trim(u.Path, "/"); path != "" {
-		if err := WithPrefix(path)(&o); err != nil {
-			return nil, err
-		}
-	}
-	if u.User != nil {
-		pass, ok := u.User.Password()
-		if u.User.Username() == "" || !ok {
-			return nil, fmt.Errorf("%w: etcd URL user info needs both a user name and a password", driver.ErrInvalid)
-		}
-		o.user, o.pass, o.auth = u.User.Username(), pass, true
-	}
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalid)
-		}
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
-	}
-	endpoints, err := parseEndpoints(u.Host, o.tls != nil)
-	if err != nil {
-		return nil, err
-	}
-	if o.metrics == nil {
-		o.metrics = loopbackMetrics(endpoints)
-	}
-	connectTimeout := dialTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		// clientv3.New authenticates within its dial timeout, not within ctx.
-		connectTimeout = max(min(connectTimeout, time.Until(dl)), time.Millisecond)
-	}
-	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	if o.tls != nil {
-		// gRPC retries a failed TLS handshake until the deadline and then reports
-		// only the deadline; one handshake of our own names the cause.
-		if err := probeTLS(pctx, endpoints, o.tls); err != nil {
-			return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), err)
-		}
-	}
-	cfg := clientv3.Config{
-		Endpoints:            endpoints,
-		DialTimeout:          connectTimeout,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 3 * time.Second,
-		TLS:                  o.tls,
-		Logger:               zap.NewNop(),
-	}
-	if o.auth {
-		cfg.Username, cfg.Password = o.user, o.pass
-	}
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), authErr(err))
-	}
-	b := newBackend(cli, o)
-	b.own = true
-	if _, err := cli.Get(pctx, b.prefix+"/", clientv3.WithCountOnly()); err != nil {
-		b.Close()
-		if ctx.Err() != nil {
-			err = errors.Join(err, ctx.Err())
-		}
-		return nil, fmt.Errorf("etcdlock: connect to %s: %w", driver.Redact(u), authErr(err))
-	}
-	return b, nil
-}
-
-// authErr marks etcd refusing the credentials or the permission with
-// driver.ErrAuth.
-func authErr(err error) error {
-	conv := rpctypes.Error(err)
-	for _, a := range []error{rpctypes.ErrAuthFailed, rpctypes.ErrUserEmpty, rpctypes.ErrPermissionDenied, rpctypes.ErrInvalidAuthToken} {
-		if errors.Is(err, a) || errors.Is(conv, a) {
-			return fmt.Errorf("%w: %w", driver.ErrAuth, err)
-		}
-	}
-	if st, ok := status.FromError(err); ok && (st.Code() == codes.Unauthenticated || st.Code() == codes.PermissionDenied) {
-		return fmt.Errorf("%w: %w", driver.ErrAuth, err)
-	}
-	return err
-}
-
-// refusedCert reports whether err is the server's TLS alert refusing the client's
-// certificate (or its absence).
-func refusedCert(err error) bool {
-	var opErr *net.OpError
-	if !errors.As(err, &opErr) || opErr.Op != "remote error" {
-		return false
-	}
-	msg := opErr.Err.Error()
-	return strings.Contains(msg, "certificate") || strings.Contains(msg, "access denied")
-}
-
-// probeTLS makes a TLS handshake with the endpoints in turn until one succeeds. It
-// returns nil then, or when no endpoint could be reached at all (clientv3 reports
-// that itself); it returns the handshake error when an endpoint answered but the
-// handshake failed (an unknown authority, a wrong name, a refused client
-// certificate), which is otherwise hidden behind gRPC's retries.
-func probeTLS(ctx context.Context, endpoints []string, base *tls.Config) error {
-	var failed error
-	for _, ep := range endpoints {
-		addr := strings.TrimPrefix(ep, "https://")
-		cfg := base.Clone()
-		if cfg.ServerName == "" {
-			cfg.ServerName, _, _ = net.SplitHostPort(addr)
-		}
-		cfg.NextProtos = []string{"h2"}
-		d := tls.Dialer{Config: cfg}
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err == nil {
-			// A client certificate the server refuses (TLS 1.3) is reported on the
-			// first read; an etcd server otherwise sends its HTTP/2 settings at once.
-			_ = c.SetReadDeadline(time.Now().Add(250 * time.Millisecond))
-			var one [1]byte
-			_, rerr := c.Read(one[:])
-			c.Close()
-			if refusedCert(rerr) {
-				failed = fmt.Errorf("%w: TLS handshake with %s: %w", driver.ErrAuth, addr, rerr)
-				continue
-			}
-			return nil
-		}
-		var opErr *net.OpError
-		if errors.As(err, &opErr) && opErr.Op == "dial" || ctx.Err() != nil {
-			continue // not reached: clientv3 reports it
-		}
-		if refusedCert(err) {
-			err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
-		}
-		failed = fmt.Errorf("TLS handshake with %s: %w", addr, err)
-	}
-	return failed
-}
-
-func parseEndpoints(host string, secure bool) ([]string, error) {
-	if host == "" {
-		return nil, fmt.Errorf("%w: etcd URL names no endpoint (etcd://host:2379,...)", driver.ErrInvalid)
-	}
-	var eps []string
-	for ep := range strings.SplitSeq(host, ",") {
-		if ep == "" {
-			return nil, fmt.Errorf("%w: empty endpoint in etcd URL host list %q", driver.ErrInvalid, host)
-		}
-		h, port, err := net.SplitHostPort(ep)
-		if err != nil {
-			h, port = ep, DefaultPort
-			if strings.Contains(ep, ":") && !strings.HasPrefix(ep, "[") {
-				return nil, fmt.Errorf("%w: etcd endpoint %q is not host:port", driver.ErrInvalid, ep)
-			}
-			h = strings.Trim(h, "[]")
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("%w: etcd endpoint %q has a bad port", driver.ErrInvalid, ep)
-		}
-		if h == "" {
-			return nil, fmt.Errorf("%w: etcd endpoint %q has no host", driver.ErrInvalid, ep)
-		}
-		scheme := "http://"
-		if secure {
-			scheme = "https://"
-		}
-		eps = append(eps, scheme+net.JoinHostPort(h, port))
-	}
-	return eps, nil
-}
 
 // Client returns the etcd client.
 func (b *Backend) Client() *clientv3.Client { return b.cli }
@@ -602,7 +287,6 @@ func (b *Backend) Close() error {
 	wg.Wait()
 	b.cancel()
 	b.wg.Wait()
-	b.metricsHTTP.CloseIdleConnections()
 	if b.own {
 		return b.cli.Close()
 	}

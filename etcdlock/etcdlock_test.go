@@ -17,6 +17,7 @@ import (
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/etcdlock"
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -49,10 +50,15 @@ func rawClient(t testing.TB, endpoints ...string) *clientv3.Client {
 
 func harness(t testing.TB, srv *testserver.Etcd) drivertest.Harness {
 	cli := rawClient(t, srv.Endpoint())
-	keyer, err := etcdlock.New(cli)
+	keyer, err := etcdlock.New(context.Background(), cli)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ops, err := storeops.Open(context.Background(), srv.URL("dlock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ops.Close() })
 	return drivertest.Harness{
 		Open: func(t testing.TB) driver.Backend { return open(t, srv.URL("dlock")) },
 		// A crashed holder: its session lease ends on the server.
@@ -71,6 +77,8 @@ func harness(t testing.TB, srv *testserver.Etcd) drivertest.Harness {
 		},
 		Fencing:   true,
 		FIFO:      true,
+		Ops:       ops.Ops,
+		Floor:     ops.FloorCycle,
 		RoundTrip: func(ctx context.Context) error { _, err := cli.Get(ctx, "ping"); return err },
 		Namespace: func(t testing.TB, ns string) (driver.Backend, error) {
 			u, err := url.Parse(srv.URL(""))
@@ -198,7 +206,7 @@ func TestURLParameters(t *testing.T) {
 	}
 	_ = la.Release(ctx)
 	_ = lb.Release(ctx)
-	if _, err := etcdlock.New(rawClient(t, ep), etcdlock.WithAuth("u", "p")); !errors.Is(err, dlock.ErrInvalid) {
+	if _, err := etcdlock.New(ctx, rawClient(t, ep), etcdlock.WithAuth("u", "p")); !errors.Is(err, dlock.ErrInvalid) {
 		t.Fatalf("New with WithAuth = %v, want ErrInvalid", err)
 	}
 }

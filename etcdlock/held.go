@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/dlockio/dlock/driver"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -34,17 +35,17 @@ const (
 )
 
 // track records a new grant of ok, replacing any earlier record.
-func (b *Backend) track(ok ownerKey, rev int64, s *session, ttl time.Duration) {
+func (b *Backend) track(ok driver.Holder, rev int64, s *session, ttl time.Duration) {
 	b.put(ok, &tracked{rev: rev, sess: s, grant: true}, ttl)
 }
 
 // orphan records that a member key of ok may exist on session s (nil: on any) with
 // nobody to use it, to be deleted after d.
-func (b *Backend) orphan(ok ownerKey, s *session, d time.Duration) {
+func (b *Backend) orphan(ok driver.Holder, s *session, d time.Duration) {
 	b.put(ok, &tracked{sess: s}, d)
 }
 
-func (b *Backend) put(ok ownerKey, h *tracked, d time.Duration) {
+func (b *Backend) put(ok driver.Holder, h *tracked, d time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -59,7 +60,7 @@ func (b *Backend) put(ok ownerKey, h *tracked, d time.Duration) {
 
 // touch re-arms the timer of grant h to fire ttl after from; it reports false if h is
 // no longer the current record of ok (released, swept, or replaced).
-func (b *Backend) touch(ok ownerKey, h *tracked, from time.Time, ttl time.Duration) bool {
+func (b *Backend) touch(ok driver.Holder, h *tracked, from time.Time, ttl time.Duration) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.held[ok] != h || !h.grant {
@@ -70,7 +71,7 @@ func (b *Backend) touch(ok ownerKey, h *tracked, from time.Time, ttl time.Durati
 }
 
 // untrack forgets the record of ok (only if it is h, when h is not nil).
-func (b *Backend) untrack(ok ownerKey, h *tracked) {
+func (b *Backend) untrack(ok driver.Holder, h *tracked) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	cur := b.held[ok]
@@ -83,7 +84,7 @@ func (b *Backend) untrack(ok ownerKey, h *tracked) {
 }
 
 // untrackOrphan forgets the record of ok if it is an orphan.
-func (b *Backend) untrackOrphan(ok ownerKey) {
+func (b *Backend) untrackOrphan(ok driver.Holder) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if h := b.held[ok]; h != nil && !h.grant {
@@ -95,7 +96,7 @@ func (b *Backend) untrackOrphan(ok ownerKey) {
 
 // disown turns the record of ok, if any, into an orphan to be deleted at once: its
 // release failed.
-func (b *Backend) disown(ok ownerKey) {
+func (b *Backend) disown(ok driver.Holder) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if h := b.held[ok]; h != nil {
@@ -106,7 +107,7 @@ func (b *Backend) disown(ok ownerKey) {
 
 // sweep deletes the member key of record h if it is still on h's session (with h's
 // create revision, when known), retrying with backoff while that session lives.
-func (b *Backend) sweep(ok ownerKey, h *tracked) {
+func (b *Backend) sweep(ok driver.Holder, h *tracked) {
 	b.mu.Lock()
 	if b.closed || b.held[ok] != h {
 		b.mu.Unlock()
@@ -157,7 +158,7 @@ func (b *Backend) sweep(ok ownerKey, h *tracked) {
 // send time of the last successful keep-alive plus the lease TTL, less a margin).
 func (b *Backend) Bound(key, owner string) (time.Duration, bool) {
 	b.mu.Lock()
-	h := b.held[ownerKey{key, owner}]
+	h := b.held[driver.Holder{Key: key, Owner: owner}]
 	b.mu.Unlock()
 	if h == nil || !h.grant || h.sess == nil || h.sess.isDone() {
 		return 0, false

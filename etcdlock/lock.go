@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -27,7 +26,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	waitCtx := ctx
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
-	ok := ownerKey{req.Key, req.Owner}
+	ok := driver.Holder{Key: req.Key, Owner: req.Owner}
 	var w *waiter
 	if req.Wait {
 		b.mu.Lock()
@@ -157,57 +156,79 @@ func leaseErr(err error) error {
 // attempt is one try of Acquire on session s. It is idempotent: run again after a
 // lost reply, it finds the member key the first run wrote and carries on from there.
 func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w *waiter) (driver.Grant, error) {
-	ok := ownerKey{req.Key, req.Owner}
 	prefix := b.LockPrefix(req.Key)
-	member := b.name(ok)
-
+	member := b.name(driver.Holder{Key: req.Key, Owner: req.Owner})
 	if w != nil {
-		w.markAttempted(member)
-		if rev, ws, wm := w.place(); rev > 0 && wm == member {
-			if ws != s {
-				if ws.isDone() {
-					return driver.Grant{}, fmt.Errorf("%w while waiting; the place in the queue is gone", ErrSessionLost)
-				}
-			} else if ahead, ok := w.still(s); ok {
-				return driver.Grant{}, &driver.HeldError{Ahead: ahead}
-			} else {
-				// A woken waiter: is the own key still there, and first (no member
-				// created before it)? Both reads in one transaction, so at one
-				// revision; both read keys only. (A compare over the prefix would
-				// read every member's value: the cost of a handoff would grow with
-				// the queue.)
-				resp, err := b.cli.Txn(ctx).
-					Then(clientv3.OpGet(member, clientv3.WithKeysOnly()), predecessorOp(prefix, rev)).
-					Commit()
-				if err != nil {
-					return driver.Grant{}, leaseErr(err)
-				}
-				mine, pred := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
-				if mine != nil && mine.CreateRevision == rev && pred == nil {
-					return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
-				}
-				if mine == nil || mine.CreateRevision != rev {
-					// The own key vanished while waiting: its lease expired or was
-					// revoked before this process noticed, or someone deleted it.
-					// Never take the lock on the strength of the old place.
-					return driver.Grant{}, fmt.Errorf("%w: the waiter's member key vanished while it waited; the place in the queue is gone", ErrSessionLost)
-				}
-				w.placed(-1)
-				w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
-				return driver.Grant{}, &driver.HeldError{}
-			}
+		if g, done, err := b.placedAttempt(ctx, s, w, prefix, member); done {
+			return g, err
 		}
 	}
-
-	// A waiter creates its member key and counts the members already there: none,
-	// and it holds the lock. A TryLock creates it only if nobody is there, and
-	// otherwise writes nothing. Nothing in a write reads the members sorted by create
-	// revision: etcd applies writes one at a time, and such a read makes etcd list
-	// and sort every member of the lock, so with thousands of waiters queueing at
-	// once the apply loop fell behind, writes and linearizable reads (the holder's
-	// Refresh) timed out, and the retried writes, applied all the same, added to the
-	// backlog. A count reads etcd's in-memory index only and allocates nothing.
 	put := clientv3.OpPut(member, req.Owner, clientv3.WithLease(s.id))
+	resp, hint, err := b.create(ctx, req, s, prefix, member, put)
+	if err != nil {
+		return driver.Grant{}, leaseErr(err)
+	}
+	if resp.Succeeded {
+		return b.created(ctx, req, s, w, member, resp, hint)
+	}
+	return b.exists(ctx, req, s, w, member, resp, put)
+}
+
+// placedAttempt is the attempt of a waiter w that has a place in the queue under
+// member: it reports the place while its watch runs, and when woken checks whether
+// the place is now first. done is false when the place was made on another session
+// that is still live: the attempt then goes on as a fresh one.
+func (b *Backend) placedAttempt(ctx context.Context, s *session, w *waiter, prefix, member string) (g driver.Grant, done bool, err error) {
+	w.markAttempted(member)
+	rev, ws, wm := w.place()
+	if rev <= 0 || wm != member {
+		return driver.Grant{}, false, nil
+	}
+	if ws != s {
+		if ws.isDone() {
+			return driver.Grant{}, true, fmt.Errorf("%w while waiting; the place in the queue is gone", ErrSessionLost)
+		}
+		return driver.Grant{}, false, nil
+	}
+	if ahead, ok := w.still(s); ok {
+		return driver.Grant{}, true, &driver.HeldError{Ahead: ahead}
+	}
+	// A woken waiter: is the own key still there, and first (no member created
+	// before it)? Both reads in one transaction, so at one revision; both read keys
+	// only. (A compare over the prefix would read every member's value: the cost of
+	// a handoff would grow with the queue.)
+	resp, err := b.cli.Txn(ctx).
+		Then(clientv3.OpGet(member, clientv3.WithKeysOnly()), predecessorOp(prefix, rev)).
+		Commit()
+	if err != nil {
+		return driver.Grant{}, true, leaseErr(err)
+	}
+	mine, pred := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
+	if mine != nil && mine.CreateRevision == rev && pred == nil {
+		return driver.Grant{Token: uint64(rev), Lost: s.done}, true, nil
+	}
+	if mine == nil || mine.CreateRevision != rev {
+		// The own key vanished while waiting: its lease expired or was revoked
+		// before this process noticed, or someone deleted it. Never take the lock
+		// on the strength of the old place.
+		return driver.Grant{}, true, fmt.Errorf("%w: the waiter's member key vanished while it waited; the place in the queue is gone", ErrSessionLost)
+	}
+	w.placed(-1)
+	w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
+	return driver.Grant{}, true, &driver.HeldError{}
+}
+
+// create is the attempt's write, guarded by "the own member key does not exist".
+// A waiter creates its member key and counts the members already there: none, and
+// it holds the lock. A TryLock creates it only if nobody is there, and otherwise
+// writes nothing. Nothing in a write reads the members sorted by create revision:
+// etcd applies writes one at a time, and such a read makes etcd list and sort every
+// member of the lock, so with thousands of waiters queueing at once the apply loop
+// fell behind, writes and linearizable reads (the holder's Refresh) timed out, and
+// the retried writes, applied all the same, added to the backlog. A count reads
+// etcd's in-memory index only and allocates nothing. It returns the first-member
+// hint it read with the write (a waiter that may resume a grant of its owner's).
+func (b *Backend) create(ctx context.Context, req driver.Request, s *session, prefix, member string, put clientv3.Op) (*clientv3.TxnResponse, firstHint, error) {
 	tail := tailKey(prefix)
 	putTail := clientv3.OpPut(tail, member, clientv3.WithLease(s.id))
 	var thenOps, elseOps []clientv3.Op
@@ -238,78 +259,66 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 		Then(thenOps...).
 		Else(elseOps...).
 		Commit()
-	if err != nil {
-		return driver.Grant{}, leaseErr(err)
-	}
+	return resp, hint, err
+}
+
+// created finishes an attempt whose write went through (resp): a TryLock's took the
+// lock or found it taken; a waiter's member key was created at resp's revision,
+// with the members counted then ahead of it.
+func (b *Backend) created(ctx context.Context, req driver.Request, s *session, w *waiter, member string, resp *clientv3.TxnResponse, hint firstHint) (driver.Grant, error) {
 	rev := resp.Header.Revision
-	if resp.Succeeded {
-		if !req.Wait {
-			nested := resp.Responses[0].GetResponseTxn()
-			if nested.GetSucceeded() {
-				return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
-			}
-			if first := firstKV(nested.GetResponses()[0]); first != nil && string(first.Value) == req.Owner && req.Reenter {
-				return b.resume(ctx, ok, first, s, "")
-			}
-			return driver.Grant{}, &driver.HeldError{}
-		}
-		count := resp.Responses[0].GetResponseRange().GetCount()
-		if count == 0 {
+	if !req.Wait {
+		nested := resp.Responses[0].GetResponseTxn()
+		if nested.GetSucceeded() {
 			return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 		}
-		ahead := max(int(count)-1, 0)
-		if pred := firstKV(resp.Responses[1]); pred != nil && w != nil && pred.ModRevision < rev {
-			// The tail names the member that queued just before this one, created
-			// at the tail's mod revision: watch it, once the watch has found it
-			// still there (else the waiter is woken, and its next attempt reads
-			// the queue). No request more, and nothing that grows with the queue,
-			// unless the request may resume a grant of its owner's: then the
-			// first member is read (keys only) to see whether it is one.
-			if req.Reenter {
-				// The first member this backend last read, if it is still there,
-				// is still first (no member can be created ahead of it): read with
-				// the write, it costs nothing more. Else the first is read.
-				var first *mvccpb.KeyValue
-				if hint.name != "" {
-					if kv := firstKV(resp.Responses[2]); kv != nil && kv.CreateRevision == hint.rev {
-						first = kv
-					}
-				}
-				if first == nil {
-					first, err = b.readFirst(ctx, prefix, rev)
-					if err != nil {
-						return driver.Grant{}, leaseErr(err)
-					}
-					if first != nil && first.CreateRevision == rev {
-						return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
-					}
-					if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
-						return driver.Grant{}, err
-					} else if kv != nil {
-						return b.resume(ctx, ok, kv, s, member)
-					}
-				} else if !b.ours(string(first.Key)) && string(first.Value) == req.Owner {
-					return b.resume(ctx, ok, first, s, member)
-				}
-			}
-			w.placed(ahead)
-			w.follow(string(pred.Value), pred.ModRevision, 0, s, rev, member)
-			return driver.Grant{}, &driver.HeldError{Ahead: ahead}
+		if first := firstKV(nested.GetResponses()[0]); first != nil && string(first.Value) == req.Owner && req.Reenter {
+			return b.resume(ctx, driver.Holder{Key: req.Key, Owner: req.Owner}, first, s, "")
 		}
+		return driver.Grant{}, &driver.HeldError{}
+	}
+	count := resp.Responses[0].GetResponseRange().GetCount()
+	if count == 0 {
+		return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
+	}
+	ahead := max(int(count)-1, 0)
+	pred := firstKV(resp.Responses[1])
+	if pred == nil || w == nil || pred.ModRevision >= rev {
 		// Members were there: read the one just ahead (and the first, for a
 		// request that may resume a grant of its owner's) in a read-only
 		// transaction, which etcd serves beside its apply loop.
 		return b.queued(ctx, req, s, w, member, rev, ahead)
 	}
+	// The tail names the member that queued just before this one, created at the
+	// tail's mod revision: watch it, once the watch has found it still there (else
+	// the waiter is woken, and its next attempt reads the queue). No request more,
+	// and nothing that grows with the queue, unless the request may resume a grant
+	// of its owner's: then the first member is read (keys only) to see whether it
+	// is one.
+	if req.Reenter {
+		var hinted *mvccpb.KeyValue
+		if hint.name != "" {
+			hinted = firstKV(resp.Responses[2])
+		}
+		if g, done, err := b.resumeFirst(ctx, req, s, member, hint, hinted, rev, rev); done {
+			return g, err
+		}
+	}
+	w.placed(ahead)
+	w.follow(string(pred.Value), pred.ModRevision, 0, s, rev, member)
+	return driver.Grant{}, &driver.HeldError{Ahead: ahead}
+}
 
-	// The member key exists: the same grant (re-entry, or a retry after a lost
-	// reply), or a place in the queue.
+// exists finishes an attempt that found its member key (resp, with put the write
+// of the key on session s): the same grant (re-entry, or a retry after a lost
+// reply), or a place in the queue.
+func (b *Backend) exists(ctx context.Context, req driver.Request, s *session, w *waiter, member string, resp *clientv3.TxnResponse, put clientv3.Op) (driver.Grant, error) {
 	mine := firstKV(resp.Responses[0])
 	if mine == nil {
 		return driver.Grant{}, errors.New("member key vanished during the read") // transient
 	}
 	if string(mine.Value) != req.Owner {
-		b.burn(ok, member)
+		b.burn(driver.Holder{Key: req.Key, Owner: req.Owner}, member)
 		return driver.Grant{}, errNameTaken
 	}
 	if !req.Wait {
@@ -319,26 +328,28 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 		}
 		if first.CreateRevision != mine.CreateRevision {
 			if req.Reenter {
-				if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
-					return driver.Grant{}, err
-				} else if kv != nil {
-					return b.resume(ctx, ok, kv, s, member)
+				if g, done, err := b.resumeCallers(ctx, req, s, first, member); done {
+					return g, err
 				}
 			}
 			return driver.Grant{}, &driver.HeldError{}
 		}
+	} else if g, done, err := b.requeue(ctx, req, s, w, mine, member, put); done {
+		return g, err
 	}
-	if req.Wait {
-		if g, done, err := b.requeue(ctx, req, s, w, mine, member, put); done {
-			return g, err
-		}
-	}
-	// Keep the key on this session's lease (the create revision, the token, stays).
+	return b.keep(ctx, req, s, w, mine, member, put)
+}
+
+// keep keeps the existing member key mine on session s's lease (its create
+// revision, the token, stays) and reads whether it is first, and else the member
+// just ahead of it, which a waiter watches.
+func (b *Backend) keep(ctx context.Context, req driver.Request, s *session, w *waiter, mine *mvccpb.KeyValue, member string, put clientv3.Op) (driver.Grant, error) {
+	prefix := b.LockPrefix(req.Key)
 	ops := []clientv3.Op{firstKeyOp(prefix), predecessorOp(prefix, mine.CreateRevision)}
 	if mine.Lease != int64(s.id) {
 		ops = append(ops, put)
 	}
-	resp, err = b.cli.Txn(ctx).
+	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(member), "=", mine.CreateRevision)).
 		Then(ops...).
 		Commit()
@@ -353,10 +364,8 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 		return driver.Grant{Token: uint64(mine.CreateRevision), Lost: s.done}, nil
 	}
 	if req.Reenter {
-		if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
-			return driver.Grant{}, err
-		} else if kv != nil {
-			return b.resume(ctx, ok, kv, s, member)
+		if g, done, err := b.resumeCallers(ctx, req, s, first, member); done {
+			return g, err
 		}
 	}
 	if pred := firstKV(resp.Responses[1]); w != nil && pred != nil {
@@ -365,187 +374,44 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 	return driver.Grant{}, &driver.HeldError{}
 }
 
-// firstHint is a member of a lock that an attempt read as first, which it stays for
-// as long as its key exists with the same create revision.
-type firstHint struct {
-	name string
-	rev  int64
-}
-
-// maxFirstHints bounds Backend.firsts (one entry per lock waited on with Reenter).
-const maxFirstHints = 1024
-
-func (b *Backend) firstHint(prefix string) firstHint {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.firsts[prefix]
-}
-
-func (b *Backend) setFirstHint(prefix string, first *mvccpb.KeyValue) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if first == nil {
-		delete(b.firsts, prefix)
-		return
-	}
-	if len(b.firsts) >= maxFirstHints {
-		clear(b.firsts)
-	}
-	b.firsts[prefix] = firstHint{string(first.Key), first.CreateRevision}
-}
-
-// requeue carries on a waiting attempt whose member key mine exists (a retry after
-// a lost reply, or a place whose watch ended) without a read of the queue sorted by
-// create revision: the tail as it was just before the key was created names the
-// member that queued just ahead of it, read from etcd's history. It moves the key
-// onto session s if it is on another (put), checks a first member the request may
-// resume, and watches that member. done is false when the history has no answer
-// (compacted, or no tail then): the caller reads the queue instead.
-func (b *Backend) requeue(ctx context.Context, req driver.Request, s *session, w *waiter, mine *mvccpb.KeyValue, member string, put clientv3.Op) (g driver.Grant, done bool, err error) {
-	ok := ownerKey{req.Key, req.Owner}
-	prefix := b.LockPrefix(req.Key)
-	rev := mine.CreateRevision
-	ops := []clientv3.Op{clientv3.OpGet(tailKey(prefix), clientv3.WithRev(rev-1))}
-	var hint firstHint
-	if req.Reenter {
-		if hint = b.firstHint(prefix); hint.name != "" {
-			ops = append(ops, clientv3.OpGet(hint.name))
-		}
-	}
-	if mine.Lease != int64(s.id) {
-		ops = append(ops, put)
-	}
-	resp, err := b.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(member), "=", rev)).
-		Then(ops...).
-		Commit()
+// resumeCallers resumes first (read keys only) if it is a grant of the caller's
+// under another client's name (see callerHolds), deleting member, the caller's own
+// place. done is false when it is not.
+func (b *Backend) resumeCallers(ctx context.Context, req driver.Request, s *session, first *mvccpb.KeyValue, member string) (g driver.Grant, done bool, err error) {
+	kv, err := b.callerHolds(ctx, first, req.Owner)
 	if err != nil {
-		if errors.Is(err, rpctypes.ErrCompacted) {
-			return driver.Grant{}, false, nil
-		}
-		return driver.Grant{}, true, leaseErr(err)
+		return driver.Grant{}, true, err
 	}
-	if !resp.Succeeded {
-		return driver.Grant{}, true, errors.New("member key vanished while it was read") // transient
-	}
-	pred := firstKV(resp.Responses[0])
-	if pred == nil || pred.ModRevision >= rev || string(pred.Value) == member || w == nil {
+	if kv == nil {
 		return driver.Grant{}, false, nil
 	}
-	if req.Reenter {
-		var first *mvccpb.KeyValue
-		if hint.name != "" {
-			if kv := firstKV(resp.Responses[1]); kv != nil && kv.CreateRevision == hint.rev {
-				first = kv
-			}
-		}
-		if first == nil {
-			first, err = b.readFirst(ctx, prefix, resp.Header.Revision)
-			if err != nil {
-				return driver.Grant{}, true, leaseErr(err)
-			}
-			if first != nil && first.CreateRevision == rev {
-				return driver.Grant{Token: uint64(rev), Lost: s.done}, true, nil
-			}
-			if kv, err := b.callerHolds(ctx, first, req.Owner); err != nil {
-				return driver.Grant{}, true, err
-			} else if kv != nil {
-				g, err := b.resume(ctx, ok, kv, s, member)
-				return g, true, err
-			}
-		} else if !b.ours(string(first.Key)) && string(first.Value) == req.Owner {
-			g, err := b.resume(ctx, ok, first, s, member)
+	g, err = b.resume(ctx, driver.Holder{Key: req.Key, Owner: req.Owner}, kv, s, member)
+	return g, true, err
+}
+
+// resumeFirst is the check of a waiting request that says Reenter, whose member key
+// was created at myRev: it resumes the first member if that is a grant of the
+// caller's under another client's name. The first member is hinted, read with the
+// write, when it is still the one hint names (no member can be created ahead of
+// it, so it is still first: this costs nothing more); else it is read, at readAt or
+// later, and the attempt holds the lock if its own key is first. done is false
+// when the attempt goes on as a place in the queue.
+func (b *Backend) resumeFirst(ctx context.Context, req driver.Request, s *session, member string, hint firstHint, hinted *mvccpb.KeyValue, readAt, myRev int64) (g driver.Grant, done bool, err error) {
+	if hinted != nil && hinted.CreateRevision == hint.rev {
+		if !b.ours(string(hinted.Key)) && string(hinted.Value) == req.Owner {
+			g, err := b.resume(ctx, driver.Holder{Key: req.Key, Owner: req.Owner}, hinted, s, member)
 			return g, true, err
 		}
+		return driver.Grant{}, false, nil
 	}
-	w.placed(-1)
-	w.follow(string(pred.Value), pred.ModRevision, 0, s, rev, member)
-	return driver.Grant{}, true, &driver.HeldError{}
-}
-
-// firstRead is a read of the first member of a lock under way, which the
-// attempts of this backend that need it at the same time share.
-type firstRead struct {
-	done  chan struct{}
-	first *mvccpb.KeyValue
-	rev   int64 // the revision read at
-	err   error
-}
-
-// readFirst reads the first member of the lock, keys only, at a revision at or
-// after rev, and records it as the hint. Attempts that need it at the same time
-// share one read: sorted by create revision, it costs the server a listing of every
-// member, and thousands of waiters queueing at once would each make one.
-func (b *Backend) readFirst(ctx context.Context, prefix string, rev int64) (*mvccpb.KeyValue, error) {
-	for {
-		b.mu.Lock()
-		r := b.reading[prefix]
-		mine := r == nil
-		if mine {
-			r = &firstRead{done: make(chan struct{})}
-			b.reading[prefix] = r
-		}
-		b.mu.Unlock()
-		if mine {
-			resp, err := b.cli.Txn(ctx).Then(firstKeyOp(prefix)).Commit()
-			if err == nil {
-				r.first, r.rev = firstKV(resp.Responses[0]), resp.Header.Revision
-				b.setFirstHint(prefix, r.first)
-			}
-			r.err = err
-			b.mu.Lock()
-			delete(b.reading, prefix)
-			b.mu.Unlock()
-			close(r.done)
-			return r.first, err
-		}
-		select {
-		case <-r.done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		if r.err == nil && r.rev >= rev {
-			return r.first, nil
-		}
-		// That read failed, or was made before the own key was written: read again.
-	}
-}
-
-// queued finishes a waiting attempt that created member key member at revision
-// rev, with ahead members ahead of it then (the holder not counted): it reads the
-// member just ahead, keys only, and the first one when the request may resume a
-// grant of its owner's, in a read-only transaction (no write: etcd serves it beside
-// its apply loop, at one revision).
-func (b *Backend) queued(ctx context.Context, req driver.Request, s *session, w *waiter, member string, rev int64, ahead int) (driver.Grant, error) {
-	ok := ownerKey{req.Key, req.Owner}
-	prefix := b.LockPrefix(req.Key)
-	ops := []clientv3.Op{predecessorOp(prefix, rev)}
-	if req.Reenter {
-		ops = append(ops, firstKeyOp(prefix))
-	}
-	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	first, err := b.readFirst(ctx, b.LockPrefix(req.Key), readAt)
 	if err != nil {
-		return driver.Grant{}, leaseErr(err)
+		return driver.Grant{}, true, leaseErr(err)
 	}
-	pred := firstKV(resp.Responses[0])
-	if pred == nil {
-		// The members ahead left meanwhile: the own key is first.
-		return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
+	if first != nil && first.CreateRevision == myRev {
+		return driver.Grant{Token: uint64(myRev), Lost: s.done}, true, nil
 	}
-	if req.Reenter {
-		if kv, err := b.callerHolds(ctx, firstKV(resp.Responses[1]), req.Owner); err != nil {
-			return driver.Grant{}, err
-		} else if kv != nil {
-			return b.resume(ctx, ok, kv, s, member)
-		}
-	}
-	// Without Reenter, a holder of the same owner id (another client or
-	// process) is like any other: the own member key waits behind it.
-	if w != nil {
-		w.placed(ahead)
-		w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
-	}
-	return driver.Grant{}, &driver.HeldError{Ahead: ahead}
+	return b.resumeCallers(ctx, req, s, first, member)
 }
 
 // resume takes over the grant first, which the owner holds under another member key
@@ -554,15 +420,15 @@ func (b *Backend) queued(ctx context.Context, req driver.Request, s *session, w 
 // another live process may use the same owner id): it moves the key onto
 // session s, keeping its create revision and so its token, and deletes extra, a place
 // this attempt queued meanwhile.
-func (b *Backend) resume(ctx context.Context, ok ownerKey, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {
+func (b *Backend) resume(ctx context.Context, ok driver.Holder, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {
 	name := string(first.Key)
-	ops := []clientv3.Op{clientv3.OpPut(name, ok.owner, clientv3.WithLease(s.id))}
+	ops := []clientv3.Op{clientv3.OpPut(name, ok.Owner, clientv3.WithLease(s.id))}
 	if extra != "" {
 		ops = append(ops, clientv3.OpDelete(extra))
 	}
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(name), "=", first.CreateRevision),
-			clientv3.Compare(clientv3.Value(name), "=", ok.owner)).
+			clientv3.Compare(clientv3.Value(name), "=", ok.Owner)).
 		Then(ops...).
 		Commit()
 	if err != nil {
@@ -573,258 +439,4 @@ func (b *Backend) resume(ctx context.Context, ok ownerKey, first *mvccpb.KeyValu
 	}
 	b.adopt(ok, name)
 	return driver.Grant{Token: uint64(first.CreateRevision), Lost: s.done}, nil
-}
-
-// Refresh implements driver.Backend. The session lease is kept alive in the
-// background; Refresh checks that the grant made through this backend is still
-// there: its member key exists with the grant's create revision and owner, first in
-// line, on a live session.
-func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	ctx, cancel := b.opCtx(ctx)
-	defer cancel()
-	ok := ownerKey{key, owner}
-	b.mu.Lock()
-	h, name := b.held[ok], b.names[ok]
-	b.mu.Unlock()
-	if h == nil || !h.grant {
-		return wrap("refresh", key, fmt.Errorf("%w: no grant of this owner through this client", driver.ErrNotHeld))
-	}
-	started := time.Now()
-	prefix := b.LockPrefix(key)
-	var resp *clientv3.TxnResponse
-	err := b.retry(ctx, func(ctx context.Context) (err error) {
-		// The first member keys only: its create revision is all that is compared.
-		resp, err = b.cli.Txn(ctx).Then(clientv3.OpGet(name), firstKeyOp(prefix)).Commit()
-		return err
-	})
-	if err != nil {
-		return wrap("refresh", key, err)
-	}
-	mine, first := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
-	var why string
-	switch {
-	case mine == nil:
-		why = "the member key is gone (released, expired or force-released)"
-	case mine.CreateRevision != h.rev || string(mine.Value) != owner:
-		why = "the member key was deleted and created again"
-	case first == nil || first.CreateRevision != mine.CreateRevision:
-		why = "the member key is not first in line"
-	case mine.Lease != int64(h.sess.id):
-		why = "the grant was resumed on another session with the same owner id"
-	case h.sess.isDone():
-		why = "the session lease ended"
-	case !b.touch(ok, h, started, ttl):
-		why = "the core did not refresh the grant within its TTL, so this client dropped it"
-	}
-	if why != "" {
-		b.untrack(ok, h)
-		return wrap("refresh", key, fmt.Errorf("%w: %s", driver.ErrNotHeld, why))
-	}
-	return nil
-}
-
-// deleteOwn deletes member key name if its value is owner. A name of this backend's
-// own that it holds a record for needs no check (trusted): only this backend writes
-// it, or another that resumed its grant, with the same owner.
-func (b *Backend) deleteOwn(ctx context.Context, name, owner string, trusted bool) (bool, error) {
-	var deleted bool
-	err := b.retry(ctx, func(ctx context.Context) error {
-		if trusted && b.ours(name) {
-			// The lock's tail goes too if it names this key (see tailSep).
-			tail := tailOf(name)
-			resp, err := b.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.Value(tail), "=", name)).
-				Then(clientv3.OpDelete(name), clientv3.OpDelete(tail)).
-				Else(clientv3.OpDelete(name)).
-				Commit()
-			if err == nil {
-				deleted = resp.Responses[0].GetResponseDeleteRange().GetDeleted() > 0
-			}
-			return err
-		}
-		resp, err := b.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.Value(name), "=", owner)).
-			Then(clientv3.OpDelete(name)).
-			Commit()
-		if err == nil {
-			deleted = resp.Succeeded && resp.Responses[0].GetResponseDeleteRange().GetDeleted() > 0
-		}
-		return err
-	})
-	return deleted, err
-}
-
-// Release implements driver.Backend: it deletes the owner's member key, which wakes
-// the one waiter that watches it. An owner that has no member key through this
-// backend (a restarted process cleaning up after itself) has every member key of
-// the lock with its owner id deleted.
-func (b *Backend) Release(ctx context.Context, key, owner string) error {
-	ctx, cancel := b.opCtx(ctx)
-	defer cancel()
-	ok := ownerKey{key, owner}
-	name, found := b.assigned(ok)
-	if !found {
-		return b.releaseByOwner(ctx, key, owner)
-	}
-	deleted, err := b.deleteOwn(ctx, name, owner, true)
-	if err != nil {
-		// Delete it in the background, with retries, so that it does not stay on
-		// this process's session for as long as the session lives.
-		b.disown(ok)
-		return wrap("release", key, err)
-	}
-	b.untrack(ok, nil)
-	b.freeName(ok)
-	if !deleted {
-		return wrap("release", key, driver.ErrNotHeld)
-	}
-	return nil
-}
-
-func (b *Backend) releaseByOwner(ctx context.Context, key, owner string) error {
-	var resp *clientv3.GetResponse
-	err := b.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = b.cli.Get(ctx, b.LockPrefix(key), clientv3.WithPrefix())
-		return err
-	})
-	if err != nil {
-		return wrap("release", key, err)
-	}
-	n := 0
-	for _, kv := range resp.Kvs {
-		if string(kv.Value) != owner {
-			continue
-		}
-		deleted, err := b.deleteOwn(ctx, string(kv.Key), owner, false)
-		if err != nil {
-			return wrap("release", key, err)
-		}
-		if deleted {
-			n++
-		}
-	}
-	if n == 0 {
-		return wrap("release", key, driver.ErrNotHeld)
-	}
-	return nil
-}
-
-// ForceRelease implements driver.ForceReleaser: it deletes the first member key,
-// whoever owns it. The next grant has a larger create revision, so a fenced resource
-// rejects the old holder.
-func (b *Backend) ForceRelease(ctx context.Context, key string) error {
-	ctx, cancel := b.opCtx(ctx)
-	defer cancel()
-	prefix := b.LockPrefix(key)
-	for {
-		var resp *clientv3.GetResponse
-		err := b.retry(ctx, func(ctx context.Context) (err error) {
-			resp, err = b.cli.Get(ctx, prefix, clientv3.WithFirstCreate()...)
-			return err
-		})
-		if err != nil {
-			return wrap("force release", key, err)
-		}
-		if len(resp.Kvs) == 0 {
-			return wrap("force release", key, driver.ErrNotHeld)
-		}
-		kv := resp.Kvs[0]
-		var tr *clientv3.TxnResponse
-		err = b.retry(ctx, func(ctx context.Context) (err error) {
-			tr, err = b.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)).
-				Then(clientv3.OpDelete(string(kv.Key))).
-				Commit()
-			return err
-		})
-		if err != nil {
-			return wrap("force release", key, err)
-		}
-		if tr.Succeeded {
-			return nil
-		}
-		// The holder left meanwhile; release whoever holds it now.
-	}
-}
-
-// Inspect implements driver.Inspector. It reads the first member keys only, with
-// the count, then that member's value (see firstKeyOp): two reads of one key each
-// instead of one that would read every member's value.
-func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
-	ctx, cancel := b.opCtx(ctx)
-	defer cancel()
-	prefix := b.LockPrefix(key)
-	var first *mvccpb.KeyValue
-	var count int64
-	for first == nil {
-		var resp *clientv3.TxnResponse
-		err := b.retry(ctx, func(ctx context.Context) (err error) {
-			resp, err = b.cli.Txn(ctx).Then(
-				firstKeyOp(prefix),
-				clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()),
-			).Commit()
-			return err
-		})
-		if err != nil {
-			return driver.Info{}, wrap("inspect", key, err)
-		}
-		fk := firstKV(resp.Responses[0])
-		if fk == nil {
-			return driver.Info{}, wrap("inspect", key, driver.ErrNotHeld)
-		}
-		count = resp.Responses[1].GetResponseRange().GetCount()
-		var g *clientv3.GetResponse
-		err = b.retry(ctx, func(ctx context.Context) (err error) {
-			g, err = b.cli.Get(ctx, string(fk.Key))
-			return err
-		})
-		if err != nil {
-			return driver.Info{}, wrap("inspect", key, err)
-		}
-		if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == fk.CreateRevision {
-			first = g.Kvs[0]
-		}
-		// Else the first member left between the reads: read again.
-	}
-	info := driver.Info{
-		Key: key, Owner: string(first.Value), Token: uint64(first.CreateRevision),
-		Waiters: int(max(count-1, 0)),
-	}
-	if first.Lease != 0 {
-		var tr *clientv3.LeaseTimeToLiveResponse
-		err := b.retry(ctx, func(ctx context.Context) (err error) {
-			tr, err = b.cli.TimeToLive(ctx, clientv3.LeaseID(first.Lease))
-			return err
-		})
-		if err != nil {
-			return driver.Info{}, wrap("inspect", key, err)
-		}
-		if tr.TTL > 0 {
-			info.TTL = time.Duration(tr.TTL) * time.Second
-		}
-	}
-	return info, nil
-}
-
-// FloorCycle implements driver.Floorer: the least a correct etcd lock does, with the
-// same client and none of dlock: one create-if-absent transaction bound to a lease
-// granted beforehand, then a delete. Benchmarks compare a Lock+Release cycle with it.
-func (b *Backend) FloorCycle(ctx context.Context, key string) error {
-	s, err := b.session(ctx, 15*time.Second)
-	if err != nil {
-		return err
-	}
-	k := b.prefix + "/\x00floor/" + key // in the prefix range, in no lock's
-	resp, err := b.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, "floor", clientv3.WithLease(s.id))).
-		Commit()
-	if err != nil {
-		return err
-	}
-	if !resp.Succeeded {
-		return fmt.Errorf("floor key %q held", k)
-	}
-	_, err = b.cli.Delete(ctx, k)
-	return err
 }

@@ -1,10 +1,10 @@
 package etcdlock
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"strconv"
 	"strings"
+
+	"github.com/dlockio/dlock/driver"
 )
 
 // Lock ranges.
@@ -76,20 +76,17 @@ func lockPrefix(prefix, key string) string {
 // another owner (our grant was resumed elsewhere and the name reused here), it is
 // burned: never used again by this backend.
 
-func newID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// newID returns a backend's id in its member key names: 8 random bytes, hex.
+func newID() string { return driver.RandomHex(8) }
 
 // name returns the member key name of ok, assigning one if it has none.
-func (b *Backend) name(ok ownerKey) string {
+func (b *Backend) name(ok driver.Holder) string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if n, found := b.names[ok]; found {
 		return n
 	}
-	base := b.LockPrefix(ok.key) + b.id + "."
+	base := b.LockPrefix(ok.Key) + b.id + "."
 	for i := 0; ; i++ {
 		n := base + strconv.Itoa(i)
 		if !b.burned[n] && !b.inUseLocked(n) {
@@ -114,7 +111,7 @@ func (b *Backend) ours(name string) bool {
 }
 
 // assigned returns the member key name of ok, if it has one.
-func (b *Backend) assigned(ok ownerKey) (string, bool) {
+func (b *Backend) assigned(ok driver.Holder) (string, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n, found := b.names[ok]
@@ -122,14 +119,14 @@ func (b *Backend) assigned(ok ownerKey) (string, bool) {
 }
 
 // adopt makes name (a grant being resumed) the member key name of ok.
-func (b *Backend) adopt(ok ownerKey, name string) {
+func (b *Backend) adopt(ok driver.Holder, name string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.names[ok] = name
 }
 
 // burn retires ok's name, found occupied by another owner.
-func (b *Backend) burn(ok ownerKey, name string) {
+func (b *Backend) burn(ok driver.Holder, name string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.burned[name] = true
@@ -139,13 +136,13 @@ func (b *Backend) burn(ok ownerKey, name string) {
 }
 
 // freeName releases ok's name if nothing here answers for it any more.
-func (b *Backend) freeName(ok ownerKey) {
+func (b *Backend) freeName(ok driver.Holder) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.freeNameLocked(ok)
 }
 
-func (b *Backend) freeNameLocked(ok ownerKey) {
+func (b *Backend) freeNameLocked(ok driver.Holder) {
 	if b.held[ok] == nil && b.waiters[ok] == nil {
 		delete(b.names, ok)
 	}

@@ -28,7 +28,7 @@ var trickyNames = [][4]string{
 
 // prefixOf returns what WithPrefix keeps of p, or false if it refuses p.
 func prefixOf(p string) (string, bool) {
-	var o options
+	var o config
 	if WithPrefix(p)(&o) != nil {
 		return "", false
 	}

@@ -96,3 +96,30 @@ func TestQueueTail(t *testing.T) {
 		t.Fatalf("tail = %q after the member it names was released, want it gone", got)
 	}
 }
+
+// A waiting attempt that queues reports the members ahead of its own, the holder not
+// counted (driver.HeldError.Ahead), read from the count of the reply it gets anyway.
+func TestPlaceInQueue(t *testing.T) {
+	srv := testserver.StartEtcd(t)
+	ctx := context.Background()
+	b := open(t, srv.URL("place"))
+	defer b.Close()
+	if _, err := b.Acquire(ctx, driver.Request{Key: "k", Owner: "holder", TTL: 10e9}); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range []string{"w0", "w1", "w2"} {
+		_, err := b.Acquire(ctx, driver.Request{Key: "k", Owner: w, TTL: 10e9, Wait: true, Patience: 10e9})
+		var held *driver.HeldError
+		if !errors.As(err, &held) {
+			t.Fatalf("%s: %v, want a *driver.HeldError", w, err)
+		}
+		if held.Ahead != i {
+			t.Fatalf("%s queued with %d ahead, want %d", w, held.Ahead, i)
+		}
+	}
+	for _, o := range []string{"holder", "w0", "w1", "w2"} {
+		if err := b.Release(ctx, "k", o); err != nil {
+			t.Fatalf("release %s: %v", o, err)
+		}
+	}
+}

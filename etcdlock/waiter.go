@@ -23,7 +23,7 @@ func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, 
 	if b.closed {
 		return nil, driver.ErrClosed
 	}
-	b.waiters[ownerKey{key, owner}] = w
+	b.waiters[driver.Holder{Key: key, Owner: owner}] = w
 	return w, nil
 }
 
@@ -272,8 +272,8 @@ func (w *waiter) watch(ctx context.Context, gen int64, predKey string, predRev, 
 func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	b := w.b
 	b.mu.Lock()
-	if b.waiters[ownerKey{w.key, w.owner}] == w {
-		delete(b.waiters, ownerKey{w.key, w.owner})
+	if b.waiters[driver.Holder{Key: w.key, Owner: w.owner}] == w {
+		delete(b.waiters, driver.Holder{Key: w.key, Owner: w.owner})
 	}
 	closed := b.closed
 	b.mu.Unlock()
@@ -282,7 +282,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	w.stopWatchLocked()
 	attempted, sess, member := w.attempted, w.sess, w.member
 	w.mu.Unlock()
-	ok := ownerKey{w.key, w.owner}
+	ok := driver.Holder{Key: w.key, Owner: w.owner}
 	if acquired || !attempted || closed {
 		b.freeName(ok)
 		return nil

@@ -16,51 +16,12 @@ package memlock
 
 import (
 	"context"
-	"fmt"
-	"net/url"
 	"sync"
 	"time"
 
 	"github.com/dlockio/dlock/clock"
 	"github.com/dlockio/dlock/driver"
 )
-
-func init() {
-	driver.Register("mem", open)
-}
-
-var named struct {
-	sync.Mutex
-	stores map[string]*Store
-}
-
-func open(_ context.Context, u *url.URL) (driver.Backend, error) {
-	p, err := driver.ParseParams(u)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.Unknown(); err != nil {
-		return nil, err
-	}
-	if u.User != nil || u.Path != "" && u.Path != "/" || u.Opaque != "" {
-		return nil, fmt.Errorf("%w: mem URL is mem://NAME (got a path, opaque part or user)", driver.ErrInvalid)
-	}
-	name := u.Host
-	if name == "" {
-		name = "default"
-	}
-	named.Lock()
-	defer named.Unlock()
-	if named.stores == nil {
-		named.stores = make(map[string]*Store)
-	}
-	s := named.stores[name]
-	if s == nil {
-		s = NewStore(clock.Real)
-		named.stores[name] = s
-	}
-	return s.Backend(), nil
-}
 
 // Store is the shared lock state. It is safe for concurrent use.
 type Store struct {
@@ -70,7 +31,7 @@ type Store struct {
 	locks    map[string]*entry
 	counters map[string]uint64 // last token per key; never reset
 	queues   map[string][]place
-	watchers map[watchKey]*waiter
+	watchers map[driver.Holder]*waiter
 }
 
 type entry struct {
@@ -89,8 +50,6 @@ type place struct {
 	deadline time.Time     // dropped if no attempt is seen before
 }
 
-type watchKey struct{ key, owner string }
-
 // NewStore returns an empty store whose TTLs run on clk.
 func NewStore(clk clock.Clock) *Store {
 	return &Store{
@@ -98,7 +57,7 @@ func NewStore(clk clock.Clock) *Store {
 		locks:    make(map[string]*entry),
 		counters: make(map[string]uint64),
 		queues:   make(map[string][]place),
-		watchers: make(map[watchKey]*waiter),
+		watchers: make(map[driver.Holder]*waiter),
 	}
 }
 
@@ -186,7 +145,7 @@ func (s *Store) handOffLocked(key string, now time.Time) {
 	s.counters[key]++
 	e := &entry{owner: head.owner, token: s.counters[key], expires: now.Add(head.ttl)}
 	s.locks[key] = e
-	if w := s.watchers[watchKey{key, head.owner}]; w != nil {
+	if w := s.watchers[driver.Holder{Key: key, Owner: head.owner}]; w != nil {
 		e.handedTo = w
 		w.handed = &handed{token: e.token, at: now}
 		w.wake()
@@ -198,7 +157,7 @@ func (s *Store) handOffLocked(key string, now time.Time) {
 type Backend struct {
 	s *Store
 
-	waiters map[watchKey]*waiter // this connection's own; guarded by Store.mu
+	waiters map[driver.Holder]*waiter // this connection's own; guarded by Store.mu
 
 	mu     sync.Mutex
 	closed bool
@@ -239,7 +198,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		// Only this connection's own waiter: another client of the same owner id
 		// must not claim it, and a grant handed to this one stays claimable even
 		// if another client's Watch of the same owner id replaced it in the store.
-		if w := b.waiters[watchKey{req.Key, req.Owner}]; w != nil && w.handed != nil {
+		if w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]; w != nil && w.handed != nil {
 			h := w.handed
 			w.handed = nil
 			if e != nil && e.owner == req.Owner && e.token == h.token {
@@ -328,11 +287,11 @@ func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, 
 	}
 	w := &waiter{s: b.s, b: b, key: key, owner: owner, c: make(chan struct{}, 1)}
 	b.s.mu.Lock()
-	b.s.watchers[watchKey{key, owner}] = w
+	b.s.watchers[driver.Holder{Key: key, Owner: owner}] = w
 	if b.waiters == nil {
-		b.waiters = make(map[watchKey]*waiter)
+		b.waiters = make(map[driver.Holder]*waiter)
 	}
-	b.waiters[watchKey{key, owner}] = w
+	b.waiters[driver.Holder{Key: key, Owner: owner}] = w
 	b.s.mu.Unlock()
 	return w, nil
 }
@@ -364,11 +323,11 @@ func (w *waiter) Stop(_ context.Context, acquired bool) error {
 	s := w.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.watchers[watchKey{w.key, w.owner}] == w {
-		delete(s.watchers, watchKey{w.key, w.owner})
+	if s.watchers[driver.Holder{Key: w.key, Owner: w.owner}] == w {
+		delete(s.watchers, driver.Holder{Key: w.key, Owner: w.owner})
 	}
-	if w.b.waiters[watchKey{w.key, w.owner}] == w {
-		delete(w.b.waiters, watchKey{w.key, w.owner})
+	if w.b.waiters[driver.Holder{Key: w.key, Owner: w.owner}] == w {
+		delete(w.b.waiters, driver.Holder{Key: w.key, Owner: w.owner})
 	}
 	if !acquired {
 		s.dequeueLocked(w.key, w.owner)

@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/dlockio/dlock/driver"
 )
 
 // ErrNotReplicated means a write was not acknowledged by the required number of
@@ -22,48 +18,6 @@ var ErrNotReplicated = errors.New("redislock: write not acknowledged by enough r
 // grants in a crash: it does not append every write to its AOF and fsync it
 // (appendonly yes, appendfsync always).
 var ErrNotDurable = errors.New("redislock: server does not persist every write (needs appendonly yes and appendfsync always)")
-
-// WithReplicas makes every acquire and refresh wait until n replicas acknowledged
-// it (WAIT n timeout, sent on the same connection in the same round trip). Fewer
-// acknowledgements within timeout fail the operation; a failed acquire is released
-// again. A grant handed over at release is not used as it is then: the waiter's own
-// attempt re-enters it, followed by WAIT (a handoff costs two requests again). This
-// narrows, but does not close, the failover window of asynchronous replication: a
-// replica that acknowledged has the grant in memory, not on disk, and Redis does not
-// promise to promote that replica. Fencing tokens still matter.
-func WithReplicas(n int, timeout time.Duration) Option {
-	return func(b *Backend) error {
-		if n < 0 || n > 64 {
-			return fmt.Errorf("%w: replicas must be between 0 and 64, got %d", driver.ErrInvalid, n)
-		}
-		if n > 0 && timeout < time.Millisecond {
-			return fmt.Errorf("%w: replica timeout must be at least 1ms (WAIT 0 would block forever), got %v", driver.ErrInvalid, timeout)
-		}
-		b.replicas, b.replicaTimeout = n, timeout
-		return nil
-	}
-}
-
-// WithStrict makes Verify refuse a server that cannot keep a grant across its own
-// crash and restart (see ErrNotDurable).
-func WithStrict() Option {
-	return func(b *Backend) error {
-		b.strict = true
-		return nil
-	}
-}
-
-// WithLogger sets where the backend reports the server's persistence settings and
-// replication trouble (default: discard).
-func WithLogger(l *slog.Logger) Option {
-	return func(b *Backend) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", driver.ErrInvalid)
-		}
-		b.logger = l
-		return nil
-	}
-}
 
 // Persistence describes how the server keeps data across a restart.
 type Persistence struct {
@@ -188,29 +142,6 @@ func (b *Backend) runScript(ctx context.Context, s *redis.Script, keys []string,
 		}
 		return cmd, nil
 	}
-}
-
-func parseDurability(p *driver.Params) ([]Option, error) {
-	var opts []Option
-	n, err := p.Int("replicas", 0)
-	if err != nil {
-		return nil, err
-	}
-	timeout, err := p.Duration("replica_timeout", 50*time.Millisecond)
-	if err != nil {
-		return nil, err
-	}
-	if n > 0 {
-		opts = append(opts, WithReplicas(n, timeout))
-	}
-	strict, err := p.Bool("strict", false)
-	if err != nil {
-		return nil, err
-	}
-	if strict {
-		opts = append(opts, WithStrict())
-	}
-	return opts, nil
 }
 
 // waitAOF reports whether to use WAITAOF (Redis 7.2 and later, with the AOF on):

@@ -194,7 +194,7 @@ func TestDurableServerKeepsGrantAcrossCrash(t *testing.T) {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
-	b, err := redislock.New(rdb)
+	b, err := redislock.New(ctx, rdb)
 	if err != nil {
 		t.Fatal(err)
 	}

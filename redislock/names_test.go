@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +39,6 @@ func names(p, k, o string) map[string]string {
 		"token":  lockKey(p, k) + tokenSuffix,
 		"queue":  queueKey(p, k),
 		"waiter": waiterKey(p, k, o),
-		"floor":  floorKey(p, k),
 	}
 }
 
@@ -51,8 +51,8 @@ func FuzzKeyNames(f *testing.F) {
 		f.Add(s[0], s[1], s[2], s[3], s[4], s[5])
 	}
 	f.Fuzz(func(t *testing.T, p1, k1, o1, p2, k2, o2 string) {
-		var b Backend
-		if WithPrefix(p1)(&b) != nil || WithPrefix(p2)(&b) != nil ||
+		var c config
+		if WithPrefix(p1)(&c) != nil || WithPrefix(p2)(&c) != nil ||
 			driver.ValidateKey(k1) != nil || driver.ValidateKey(k2) != nil ||
 			driver.ValidateOwner(o1) != nil || driver.ValidateOwner(o2) != nil {
 			t.Skip()
@@ -69,26 +69,53 @@ func FuzzKeyNames(f *testing.F) {
 				t.Fatalf("%s of (%q, %q) = %q does not start with the prefix and \":\"", kind1, p1, k1, a)
 			}
 		}
-		// The scripts find the key 7 bytes after the prefix in a lock key, and
-		// the prefix 30 bytes before the end of a wake channel.
+		// The scripts find the key after the prefix and lockPart in a lock key, and
+		// the prefix before the last wakePart of a wake channel.
 		if got := lockKey(p1, k1)[len(p1)+len(lockPart):]; got != k1 {
 			t.Fatalf("key in the lock key = %q, want %q", got, k1)
 		}
-		id := strings.Repeat("0", 24)
+		id := driver.RandomHex(wakeIDBytes)
 		ch1, ch2 := wakeChannel(p1, id), wakeChannel(p2, id)
-		if (ch1 == ch2) != (p1 == p2) || len(ch1)-30 != len(p1) {
+		if (ch1 == ch2) != (p1 == p2) || ch1[:strings.LastIndex(ch1, wakePart)] != p1 {
 			t.Fatalf("wake channels %q, %q", ch1, ch2)
 		}
 	})
+}
+
+// The key name parts in scripts/names.lua are the Go constants', and acquire.lua
+// finds the prefix of a channel by its wakePart.
+func TestScriptNameParts(t *testing.T) {
+	src := scriptSource("names.lua")
+	_, decl, ok := strings.Cut(src, "local LOCK, QUEUE, WAITER, SEP, TOKEN = ")
+	if !ok {
+		t.Fatalf("names.lua declares no LOCK, QUEUE, WAITER, SEP, TOKEN:\n%s", src)
+	}
+	decl, _, _ = strings.Cut(decl, "\n")
+	var got []string
+	for i, part := range strings.Split(decl, ", ") {
+		lit, err := strconv.Unquote(`"` + strings.ReplaceAll(strings.Trim(part, "'"), `\31`, `\x1f`) + `"`)
+		if err != nil {
+			t.Fatalf("part %d, %s: %v", i, part, err)
+		}
+		got = append(got, lit)
+	}
+	if want := []string{lockPart, queuePart, waiterPart, ownerSep, tokenSuffix}; !slices.Equal(got, want) {
+		t.Fatalf("names.lua parts %q, want %q", got, want)
+	}
+	if pat := "'^(.*)" + wakePart + "%x+$'"; !strings.Contains(scriptSource("acquire.lua"), pat) {
+		t.Fatalf("acquire.lua does not find the prefix with %s", pat)
+	}
+	for _, f := range []string{"acquire", "refresh", "release", "withdraw", "force_release", "inspect"} {
+		if src := scriptSource(f + ".lua"); strings.Contains(src, includeLine) || !strings.HasPrefix(src, "-- "+f+".lua: ") {
+			t.Errorf("%s.lua: an include left, or no header", f)
+		}
+	}
 }
 
 // TestScriptKeyNames checks that the scripts derive the queue and waiter keys that
 // the key layout names: a waiter queued behind a holder makes exactly the lock,
 // token, queue and waiter keys, found by Inspect; giving up removes its two.
 func TestScriptKeyNames(t *testing.T) {
-	if len(lockPart) != 6 {
-		t.Fatalf("lockPart is %d bytes; the scripts count on 6", len(lockPart))
-	}
 	srv := testserver.StartRedis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -131,9 +158,6 @@ func TestScriptKeyNames(t *testing.T) {
 		t.Fatalf("keys after the waiter gave up = %q, want %q", got, want)
 	}
 	if err := b.Release(ctx, key, "bob"); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.FloorCycle(ctx, key); err != nil {
 		t.Fatal(err)
 	}
 	if got := all(); !slices.Equal(got, []string{b.TokenKey(key)}) {

@@ -48,7 +48,6 @@ var redisParams = map[string]redisParam{
 	"conn_max_lifetime":          {kind: 'd'},
 	"max_conn_age":               {kind: 'd'},
 	"conn_max_lifetime_jitter":   {kind: 'd'},
-	"skip_verify":                {kind: 'b'},
 }
 
 // maxRedisDuration bounds the duration options: go-redis multiplies a plain number by
@@ -75,9 +74,6 @@ func redisOptions(u *url.URL, p *driver.Params) (*redis.Options, error) {
 			return nil, err
 		}
 		pass.Set(name, s)
-	}
-	if pass.Has("skip_verify") && u.Scheme != "rediss" {
-		return nil, fmt.Errorf("%w: redislock: skip_verify needs the rediss:// scheme", driver.ErrInvalid)
 	}
 	if pass.Has("db") && u.Scheme != "unix" && strings.Trim(u.Path, "/") != "" {
 		return nil, fmt.Errorf("%w: redislock: the database is given twice, in the URL path and as db=", driver.ErrInvalid)

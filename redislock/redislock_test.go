@@ -13,9 +13,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/bench"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/measure"
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/redislock"
 )
@@ -56,12 +57,19 @@ func serverAndClient(t *testing.T) (*redis.Client, *dlock.Client) {
 
 func harness(t testing.TB, srv *testserver.Redis) drivertest.Harness {
 	rdb := rawClient(t, srv)
-	keyer, err := redislock.New(rdb)
+	keyer, err := redislock.New(context.Background(), rdb)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ops, err := storeops.Open(context.Background(), srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ops.Close() })
 	return drivertest.Harness{
-		Open: func(t testing.TB) driver.Backend { return open(t, srv.URL()) },
+		Ops:   ops.Ops,
+		Floor: ops.FloorCycle,
+		Open:  func(t testing.TB) driver.Backend { return open(t, srv.URL()) },
 		Expire: func(t testing.TB, key string) {
 			if err := rdb.Del(context.Background(), keyer.LockKey(key)).Err(); err != nil {
 				t.Fatal(err)
@@ -168,10 +176,8 @@ func TestTokensRiseWhenCounterGoesBack(t *testing.T) {
 	}
 }
 
-// A plain attempt runs a script with its TTL written in, one per TTL for the first
-// few TTLs, then the script that takes the TTL as an argument: either way the key
-// gets the TTL asked for and the tokens keep rising, and Redis is not left with a
-// script per TTL.
+// Plain attempts with many TTLs: the key gets the TTL asked for, the tokens keep
+// rising, and Redis is not left with a script per TTL.
 func TestPlainAttemptsAcrossManyTTLs(t *testing.T) {
 	ctx := context.Background()
 	rdb, c := serverAndClient(t)
@@ -358,8 +364,8 @@ func TestHandoffIsOneRequest(t *testing.T) {
 		for i := range pool {
 			pool[i] = h.Client(t)
 		}
-		run, err := bench.Growth(context.Background(), holder, pool, drivertest.Key(t, "k"), waiters,
-			bench.GrowthOptions{Inspector: holder.Backend().(driver.Inspector), Ops: scripts})
+		run, err := measure.Growth(context.Background(), holder, pool, drivertest.Key(t, "k"), waiters,
+			measure.GrowthOptions{Inspector: holder.Backend().(driver.Inspector), Ops: scripts})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -112,4 +114,54 @@ func mustParse(t *testing.T, raw string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// TLS from the URL: rediss:// has it on, redis:// with tls=true or a tls_*
+// parameter turns it on (driver.ReadTLS), rediss:// with tls=false and
+// skip_verify without TLS are errors, and without the CA the server's certificate
+// is refused.
+func TestOpenTLS(t *testing.T) {
+	files := testserver.NewTLSFiles(t)
+	srv, port := testserver.StartRedisTLS(t, files)
+	host := "127.0.0.1:" + strconv.Itoa(port)
+	ca := "tls_ca=" + url.QueryEscape(files.CA)
+	for _, raw := range []string{
+		"rediss://" + host + "/0?" + ca,
+		"redis://" + host + "?tls=true&" + ca,
+		"redis://" + host + "?" + ca + "&tls_server_name=localhost",
+		"rediss://" + host + "?skip_verify=true",
+	} {
+		b, err := openURL(raw)
+		if err != nil {
+			t.Errorf("Open(%s): %v", raw, err)
+			continue
+		}
+		if _, err := b.Acquire(context.Background(), driver.Request{Key: "k", Owner: "o", TTL: time.Second}); err != nil {
+			t.Errorf("%s: Acquire: %v", raw, err)
+		}
+		if err := b.Release(context.Background(), "k", "o"); err != nil {
+			t.Errorf("%s: Release: %v", raw, err)
+		}
+		b.Close()
+	}
+	for _, raw := range []string{
+		"rediss://" + host + "?tls=false",
+		"rediss://" + host + "?tls=false&" + ca,
+		"redis://" + srv.Addr() + "?skip_verify=true",
+		"redis://" + srv.Addr() + "?tls=false&skip_verify=true",
+		"unix:///tmp/none.sock?tls=true",
+	} {
+		if b, err := openURL(raw); err == nil {
+			b.Close()
+			t.Errorf("Open(%s) succeeded", raw)
+		} else if !errors.Is(err, driver.ErrInvalid) {
+			t.Errorf("Open(%s) = %v, want ErrInvalid", raw, err)
+		}
+	}
+	if b, err := openURL("rediss://" + host); err == nil {
+		b.Close()
+		t.Fatal("Open without the CA succeeded")
+	} else if !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("Open without the CA = %v, want a certificate error", err)
+	}
 }

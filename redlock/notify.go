@@ -30,16 +30,14 @@ import (
 // One release sends one message per node, with a nonce shared by its copies. The
 // client wakes the first local waiter a copy names, and again when copies from a
 // majority have arrived, in case its attempt came before the release had reached a
-// majority; so a release wakes at most one waiter per client, at most twice. If the named waiter vanished without withdrawing (its process
-// died), others wait for their fallback timer until its place lapses.
+// majority; so a release wakes at most one waiter per client, at most twice. If
+// the named waiter vanished without withdrawing (its process died), others wait for their fallback timer until its place lapses.
 
 const (
 	subscribeTimeout = time.Second
 	listenBackoff    = 100 * time.Millisecond
 	recentReleases   = 64
 )
-
-type waitKey struct{ key, owner string }
 
 type waiter struct {
 	b          *Backend
@@ -77,7 +75,7 @@ func (b *Backend) stillQueued(req driver.Request) (int, bool) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	w := b.waiters[waitKey{req.Key, req.Owner}]
+	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 	if w == nil || !w.local || w.ahead < 1 || time.Since(w.checked) >= recheck {
 		return 0, false
 	}
@@ -105,24 +103,24 @@ func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, 
 		return nil, driver.ErrClosed
 	}
 	w := &waiter{b: b, key: key, owner: owner, since: time.Now().UnixMilli(), c: make(chan struct{}, 1)}
-	b.waiters[waitKey{key, owner}] = w
+	b.waiters[driver.Holder{Key: key, Owner: owner}] = w
 	return w, nil
 }
 
 // waitArgs returns the acquire script's wait flag and waiting-since time.
 func (b *Backend) waitArgs(req driver.Request) (wait string, since int64) {
 	if !req.Wait {
-		return "0", 0
+		return waitNo, 0
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if w := b.waiters[waitKey{req.Key, req.Owner}]; w != nil {
+	if w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]; w != nil {
 		if w.queued {
-			return "2", w.since
+			return waitRecorded, w.since
 		}
-		return "1", w.since
+		return waitRecord, w.since
 	}
-	return "1", time.Now().UnixMilli()
+	return waitRecord, time.Now().UnixMilli()
 }
 
 // queued is called when an attempt with Wait found the key held: the waiter is now
@@ -135,7 +133,7 @@ func (b *Backend) queued(key, owner string, ahead int, local bool) {
 	if b.closed {
 		return
 	}
-	if w := b.waiters[waitKey{key, owner}]; w != nil {
+	if w := b.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
 		w.queued = true
 		w.local, w.checked, w.ahead = local, time.Now(), ahead
 	}
@@ -248,7 +246,7 @@ func (b *Backend) wake(payload string) {
 	}
 	r.copies++
 	if r.target == nil {
-		if w := b.waiters[waitKey{key, owner}]; w != nil {
+		if w := b.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
 			r.target = w
 			w.signal()
 			return
@@ -274,7 +272,7 @@ func (w *waiter) signal() {
 func (b *Backend) isQueued(key, owner string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	w := b.waiters[waitKey{key, owner}]
+	w := b.waiters[driver.Holder{Key: key, Owner: owner}]
 	return w != nil && w.queued
 }
 
@@ -286,8 +284,8 @@ func (w *waiter) C() <-chan struct{} { return w.c }
 func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	b := w.b
 	b.mu.Lock()
-	if b.waiters[waitKey{w.key, w.owner}] == w {
-		delete(b.waiters, waitKey{w.key, w.owner})
+	if b.waiters[driver.Holder{Key: w.key, Owner: w.owner}] == w {
+		delete(b.waiters, driver.Holder{Key: w.key, Owner: w.owner})
 	}
 	queued := w.queued
 	b.mu.Unlock()
@@ -302,7 +300,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 
 // withdraw removes owner's place from the wait sets of the given nodes.
 func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int) error {
-	wait, prefix := b.keys(key)[2:], b.waiterPrefix(key)
+	wait, prefix := []string{waitSetKey(b.cfg.prefix, key)}, b.waiterPrefix(key)
 	r := fanout(ctx, b, idx, func(ctx context.Context, n *node) (int64, error) {
 		return withdrawScript.Run(ctx, n.rdb, wait, owner, prefix).Int64()
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/redlock"
 )
@@ -51,10 +52,11 @@ const testQuery = "node_timeout=250ms"
 
 func harness(t testing.TB, nodes []*testserver.Redis) drivertest.Harness {
 	raw := rawClients(t, nodes)
-	keyer, err := redlock.New(raw)
+	keyer, err := redlock.New(context.Background(), raw)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ops := store(t, testserver.RedlockURL(nodes, testQuery))
 	return drivertest.Harness{
 		Open: func(t testing.TB) driver.Backend { return open(t, testserver.RedlockURL(nodes, testQuery)) },
 		Expire: func(t testing.TB, key string) {
@@ -78,7 +80,21 @@ func harness(t testing.TB, nodes []*testserver.Redis) drivertest.Harness {
 			}
 			return b, nil
 		},
+		Ops:   ops.Ops,
+		Floor: ops.FloorCycle,
 	}
+}
+
+// store opens the direct connection to the nodes of rawURL that counts their
+// operations and runs the floor, closed at the end of the test.
+func store(t testing.TB, rawURL string) storeops.Store {
+	t.Helper()
+	s, err := storeops.Open(context.Background(), rawURL)
+	if err != nil {
+		t.Fatalf("storeops.Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 func ctxT(t testing.TB) context.Context {
@@ -510,7 +526,7 @@ func TestMixedAuth(t *testing.T) {
 	for _, c := range clients {
 		defer c.Close()
 	}
-	b, err := redlock.New(clients, redlock.WithNodeTimeout(100*time.Millisecond))
+	b, err := redlock.New(ctx, clients, redlock.WithNodeTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -691,5 +707,32 @@ func TestFencingGuessAndResume(t *testing.T) {
 	}
 	if err := b.Release(ctx, key, "alice"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Open applies the URL's parameters, then its options, which win; a bad option is
+// an error matching ErrInvalid.
+func TestOpenOptions(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 3)
+	u, err := url.Parse(testserver.RedlockURL(nodes, "prefix=fromurl&dial_timeout=1s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	b, err := redlock.Open(ctx, u, redlock.WithPrefix("fromopt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if k := b.LockKey("k"); !strings.HasPrefix(k, "fromopt:") {
+		t.Fatalf("LockKey = %q, want the option's prefix", k)
+	}
+	for _, o := range []redlock.Option{nil, redlock.WithDialTimeout(0), redlock.WithPrefix("a b")} {
+		if b, err := redlock.Open(ctx, u, o); !errors.Is(err, driver.ErrInvalid) {
+			if err == nil {
+				b.Close()
+			}
+			t.Errorf("Open with a bad option = %v, want ErrInvalid", err)
+		}
 	}
 }

@@ -57,8 +57,9 @@ func TestQueuedWaiterAnswersLocally(t *testing.T) {
 	}
 	// The subscriptions start with the first queued attempt; until every node has
 	// confirmed its own, attempts ask the nodes.
+	direct := store(t, u)
 	ops := func() int64 {
-		n, err := hb.ServerOps(ctx)
+		n, err := direct.Ops(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

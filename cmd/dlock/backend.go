@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/cmd/dlock/internal/runner"
 	"github.com/dlockio/dlock/driver"
-	"github.com/dlockio/dlock/internal/runner"
 )
 
 // passwordHelp documents, in each command's --help, how to give a password without
@@ -48,6 +48,11 @@ func openBackend(cmd *cobra.Command, rawURL string, opts ...dlock.Option) (*dloc
 	if err != nil {
 		return nil, err
 	}
+	l, err := logger(cmd, cmd.ErrOrStderr())
+	if err != nil {
+		return nil, err
+	}
+	opts = append([]dlock.Option{dlock.WithLogger(l)}, opts...)
 	octx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
 	defer cancel()
 	c, err := dlock.Open(octx, rawURL, opts...)

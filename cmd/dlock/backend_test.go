@@ -7,7 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dlockio/dlock/internal/runner"
+	"github.com/dlockio/dlock/cmd/dlock/internal/runner"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/dlockio/dlock/bench"
+	"github.com/dlockio/dlock/cmd/dlock/internal/bench"
 	"github.com/dlockio/dlock/driver"
 )
 

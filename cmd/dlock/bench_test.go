@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dlockio/dlock/bench"
+	"github.com/dlockio/dlock/cmd/dlock/internal/bench"
 )
 
 func TestBenchUsageErrors(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/dlockio/dlock/check"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check"
 )
 
 func init() {

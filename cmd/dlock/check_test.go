@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlockio/dlock/check"
+	"github.com/dlockio/dlock/cmd/dlock/internal/check"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 

@@ -19,7 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/dlockio/dlock/internal/devserver"
+	"github.com/dlockio/dlock/cmd/dlock/internal/devserver"
 )
 
 func init() { register(newDemoCommand) }

@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.etcd.io/etcd/api/v3/version"
 
-	"github.com/dlockio/dlock/internal/devserver"
+	"github.com/dlockio/dlock/cmd/dlock/internal/devserver"
 )
 
 func init() { register(newDevCommand) }

@@ -36,11 +36,7 @@ waiters (-1 when the backend cannot tell). A free key is reported as free (exit 
 				return err
 			}
 			defer c.Close()
-			in, ok := c.Backend().(driver.Inspector)
-			if !ok {
-				return fmt.Errorf("%w: inspect", dlock.ErrUnsupported)
-			}
-			info, err := in.Inspect(cmd.Context(), args[0])
+			info, err := c.Inspect(cmd.Context(), args[0])
 			held := err == nil
 			if err != nil && !errors.Is(err, dlock.ErrNotHeld) {
 				return exitCodeError{code: 69, err: err}

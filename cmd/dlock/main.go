@@ -6,10 +6,18 @@ package main
 import (
 	"os"
 
-	"github.com/dlockio/dlock/internal/runner"
+	"github.com/dlockio/dlock/cmd/dlock/internal/devserver"
+	"github.com/dlockio/dlock/cmd/dlock/internal/runner"
+	"github.com/dlockio/dlock/internal/testserver"
 )
 
 func main() {
-	runner.MaybeRunWatchdog() // dlock run's watchdog is dlock started again
+	runner.MaybeRunWatchdog()  // dlock run's watchdog is dlock started again
+	devserver.MaybeRunMember() // so is each etcd member that bench and check start
+	if os.Getenv(testserver.EtcdMemberEnv) == "" {
+		if self, err := os.Executable(); err == nil {
+			_ = os.Setenv(testserver.EtcdMemberEnv, self)
+		}
+	}
 	os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }

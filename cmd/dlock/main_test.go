@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/internal/runner"
+	"github.com/dlockio/dlock/cmd/dlock/internal/runner"
 )
 
 // TestMain lets the test binary stand in for the dlock program: with

@@ -23,6 +23,9 @@ func newReleaseCommand(e *env) *cobra.Command {
 The old holder may still be running and will only notice at its next renewal. The
 next grant's fencing token is larger than the old holder's, so resources that check
 tokens stay safe; resources that do not check them are not protected.
+
+A key that is free already is reported as free, and the exit status is 0, as after
+a release: the command can run unconditionally in scripts.
 ` + passwordHelp,
 		Example: `  dlock release --force --backend redis://127.0.0.1:6379/0 nightly-report`,
 		Args:    usageArgs(cobra.ExactArgs(1)),
@@ -38,13 +41,11 @@ tokens stay safe; resources that do not check them are not protected.
 				return err
 			}
 			defer c.Close()
-			fr, ok := c.Backend().(driver.ForceReleaser)
-			if !ok {
-				return fmt.Errorf("%w: release --force", dlock.ErrUnsupported)
-			}
-			switch err := fr.ForceRelease(cmd.Context(), args[0]); {
+			switch err := c.ForceRelease(cmd.Context(), args[0]); {
 			case errors.Is(err, dlock.ErrNotHeld):
-				return fmt.Errorf("%s was not held", args[0])
+				// The goal, a free key, is met: scripts may release unconditionally.
+				fmt.Fprintf(e.stderr, "dlock: %s was free; nothing to release\n", args[0])
+				return nil
 			case err != nil:
 				return exitCodeError{code: 69, err: err}
 			}

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/dlockio/dlock/cmd/dlock/internal/errline"
 
 	_ "github.com/dlockio/dlock/all" // every backend, for URLs given on the command line
 )
@@ -101,7 +104,19 @@ being fenced off. "dlock dev" runs an etcd server for development.`,
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	// "dlock completion" is this command's own (completion.go), with install notes.
 	root.CompletionOptions.DisableDefaultCmd = true
+	root.Version = "set" // any value turns --version on; the template prints the build
+	root.SetVersionTemplate(versionText(debug.ReadBuildInfo()))
+	logLevelFlag(root)
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		l, err := logger(cmd, e.stderr)
+		if err != nil {
+			return err
+		}
+		setRedisLogger(l)
+		return nil
+	}
 	for _, newCommand := range commands {
 		root.AddCommand(newCommand(e))
 	}
@@ -133,20 +148,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return exitError
 }
 
-// message is the one line printed for err: "dlock: " and the error. The library's
-// errors start with "dlock: " themselves (as a Go package's errors name the
-// package); that prefix is not repeated.
-func message(err error) string {
-	return "dlock: " + strings.TrimPrefix(oneLine(err), "dlock: ")
-}
+// message is the one line printed for err: "dlock: " and the error flattened to
+// one line (see errline). The library's errors start with "dlock: " themselves (as a
+// Go package's errors name the package); that prefix is not repeated.
+func message(err error) string { return errline.Message(err.Error()) }
 
-// oneLine joins the lines of a multi-line error (errors.Join) with "; ".
-func oneLine(err error) string {
-	var parts []string
-	for line := range strings.SplitSeq(err.Error(), "\n") {
-		if line = strings.TrimSpace(line); line != "" {
-			parts = append(parts, line)
-		}
-	}
-	return strings.Join(parts, "; ")
-}
+// oneLine is err flattened to one line, without the "dlock: " prefix.
+func oneLine(err error) string { return errline.Line(err.Error()) }

@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/internal/runner"
+	"github.com/dlockio/dlock/cmd/dlock/internal/runner"
 )
 
 func init() { register(newRunCommand) }
@@ -31,6 +31,12 @@ command sees DLOCK_KEY, DLOCK_TOKEN (the fencing token: pass it to what you writ
 so stale holders can be rejected) and DLOCK_HELD=1; it does not see the backend's
 password (DLOCK_PASSWORD, and DLOCK_URL if it holds a password, are removed).
 
+While it waits for KEY (--wait), dlock shows who holds it on one line of stderr:
+the holder's owner id, its fencing token, the time left before its grant expires
+unless renewed, and the number of waiters when the backend tells. On a terminal
+the line is rewritten in place each second; elsewhere a line is printed when the
+holder, token or queue changes. --quiet turns it off.
+
 The command runs in its own process group, and dlock acts on the whole group:
   - INT, TERM and HUP sent to dlock are forwarded to the group;
   - if the lease is lost, the group gets SIGTERM, then SIGKILL after --grace, and
@@ -45,6 +51,19 @@ the instant between starting the command and arming the watchdog, the command's
 descendants. As the group is not the terminal's foreground group, a command that
 reads from the terminal is stopped (SIGTTIN): give it its input another way. The
 lock protects a resource only as far as it checks DLOCK_TOKEN.
+
+On Windows, which has neither process groups nor signals, what differs is:
+  - the command and every process it starts run in a job object that they cannot
+    leave; when dlock ends in any way, killed included, Windows ends every process
+    still in it, so there is no watchdog process. The command is created suspended
+    and resumed once in the job: none of its code runs outside it;
+  - the command leads its own console process group: Ctrl-C, Ctrl-Break or closing
+    the console reach dlock, which forwards them as CTRL_BREAK_EVENT; above,
+    SIGTERM means CTRL_BREAK_EVENT and SIGKILL means terminating the job (exit
+    status 1). Processes without a console, or in a console group of their own,
+    get no CTRL_BREAK_EVENT, only the termination after --grace;
+  - if the job object cannot be made (a rare system policy), dlock says so and
+    the command runs as a single process that would outlive a killed dlock.
 ` + passwordHelp + `
 
 Exit codes:
@@ -121,7 +140,7 @@ Exit codes:
 	cmd.Flags().DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL to the command's process group (lease lost, or processes left when the command exits)")
 	cmd.Flags().StringVar(&owner, "owner", "", "stable owner id ([A-Za-z0-9._:-]); another run with the same id is refused while this one holds the lock (see --resume)")
 	cmd.Flags().BoolVar(&resume, "resume", false, "with --owner: take over the lock if that owner id already holds it (a restarted job picking up its lease); only if no other live run uses that id, else both hold at once")
-	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only errors")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only errors (no status while waiting, no \"acquired\" line)")
 	return cmd
 }
 

@@ -67,7 +67,7 @@ func testInterleaved(t *testing.T, cli *clientv3.Client) {
 
 // lockClient is a dlock client on its own etcd connection, and its backend.
 func lockClient(t *testing.T, srv *testserver.Etcd) (*dlock.Client, *etcdlock.Backend) {
-	b, err := etcdlock.New(client(t, srv))
+	b, err := etcdlock.New(context.Background(), client(t, srv))
 	if err != nil {
 		t.Fatal(err)
 	}

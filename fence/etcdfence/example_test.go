@@ -13,7 +13,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	cli, _ := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
-	b, _ := etcdlock.New(cli)
+	b, _ := etcdlock.New(ctx, cli)
 	c, _ := dlock.New(b)
 	_ = c.Do(ctx, "config", func(ctx context.Context, l *dlock.Lease) error {
 		token := uint64(l.Token())

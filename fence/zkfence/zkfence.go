@@ -140,18 +140,9 @@ func (g *Guard) Write(ctx context.Context, resource string, token uint64, ops ..
 	if err := fence.CheckResource(guardName, resource); err != nil {
 		return nil, err
 	}
-	if resource == "." || resource == ".." {
-		return nil, fence.Invalid(guardName, "resource name %q", resource)
-	}
-	path := g.Path(resource)
-	for i, op := range ops {
-		p, err := opPath(op)
-		if err != nil {
-			return nil, err
-		}
-		if p == path {
-			return nil, fence.Invalid(guardName, "operation %d writes the fence node %s itself", i, path)
-		}
+	path, err := g.checkOps(resource, ops)
+	if err != nil {
+		return nil, err
 	}
 	enc := []byte(fence.Encode(token))
 	st, fresh := g.remembered(path)
@@ -214,6 +205,25 @@ func (g *Guard) Write(ctx context.Context, resource string, token uint64, ops ..
 		}
 	}
 	return nil, fmt.Errorf("dlock: fence: %s: the fence node %s kept moving, %d attempts", guardName, path, attempts)
+}
+
+// checkOps returns the fence node's path for resource, refusing a bad name and
+// operations that would write the fence node itself.
+func (g *Guard) checkOps(resource string, ops []any) (string, error) {
+	if resource == "." || resource == ".." {
+		return "", fence.Invalid(guardName, "resource name %q", resource)
+	}
+	path := g.Path(resource)
+	for i, op := range ops {
+		p, err := opPath(op)
+		if err != nil {
+			return "", err
+		}
+		if p == path {
+			return "", fence.Invalid(guardName, "operation %d writes the fence node %s itself", i, path)
+		}
+	}
+	return path, nil
 }
 
 // ensureRoot creates the root path, a component at a time.

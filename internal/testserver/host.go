@@ -5,18 +5,27 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"testing"
 )
 
-// Host lets the server helpers of this package run outside a test (dlock bench and
-// dlock check start real servers with them). It is a testing.TB whose Fatal and Skip
-// end the helper with an error (returned by Try), whose Cleanup functions run at
-// Close, and whose TempDir is under one directory removed at Close. Methods it does
-// not override belong to the nil embedded TB and would panic; the helpers do not
-// use them.
-type Host struct {
-	testing.TB
+// TB is what the server helpers of this package need from their caller: the part
+// of testing.TB they use. A *testing.T or *testing.B is one; so is a Host, which
+// lets the helpers run outside a test without linking package testing.
+type TB interface {
+	Helper()
+	Cleanup(func())
+	TempDir() string
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Error(args ...any)
+	Errorf(format string, args ...any)
+	Skipf(format string, args ...any)
+}
 
+// Host lets the server helpers of this package run outside a test (dlock bench and
+// dlock check start real servers with them). It is a TB whose Fatal and Skip end
+// the helper with an error (returned by Try), whose Cleanup functions run at Close,
+// and whose TempDir is under one directory removed at Close.
+type Host struct {
 	name, dir string
 
 	mu       sync.Mutex
@@ -42,15 +51,6 @@ type hostAbort struct{ err error }
 // Helper does nothing.
 func (h *Host) Helper() {}
 
-// Name returns the host's name.
-func (h *Host) Name() string { return h.name }
-
-// Logf discards the message.
-func (h *Host) Logf(string, ...any) {}
-
-// Log discards the message.
-func (h *Host) Log(...any) {}
-
 // Fatalf ends the running helper with an error.
 func (h *Host) Fatalf(f string, a ...any) { panic(hostAbort{fmt.Errorf(f, a...)}) }
 
@@ -63,23 +63,8 @@ func (h *Host) Errorf(f string, a ...any) { panic(hostAbort{fmt.Errorf(f, a...)}
 // Error ends the running helper with an error.
 func (h *Host) Error(a ...any) { panic(hostAbort{errors.New(fmt.Sprint(a...))}) }
 
-// FailNow ends the running helper with an error.
-func (h *Host) FailNow() { panic(hostAbort{errors.New("failed")}) }
-
 // Skipf ends the running helper with an error.
 func (h *Host) Skipf(f string, a ...any) { panic(hostAbort{fmt.Errorf(f, a...)}) }
-
-// Skip ends the running helper with an error.
-func (h *Host) Skip(a ...any) { panic(hostAbort{errors.New(fmt.Sprint(a...))}) }
-
-// SkipNow ends the running helper with an error.
-func (h *Host) SkipNow() { panic(hostAbort{errors.New("skipped")}) }
-
-// Failed reports false: a failure ends the helper instead.
-func (h *Host) Failed() bool { return false }
-
-// Skipped reports false.
-func (h *Host) Skipped() bool { return false }
 
 // Cleanup registers f to run at Close.
 func (h *Host) Cleanup(f func()) {
@@ -101,8 +86,8 @@ func (h *Host) TempDir() string {
 	return d
 }
 
-// Try runs f with the host as its testing.TB, turning a Fatal or Skip into an error.
-func Try[T any](h *Host, f func(testing.TB) T) (v T, err error) {
+// Try runs f with the host as its TB, turning a Fatal or Skip into an error.
+func Try[T any](h *Host, f func(TB) T) (v T, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			a, ok := r.(hostAbort)

@@ -14,7 +14,7 @@ func TestHost(t *testing.T) {
 	}
 	cleaned := false
 	var dir string
-	_, err = Try(h, func(t testing.TB) int {
+	_, err = Try(h, func(t TB) int {
 		t.Helper()
 		t.Cleanup(func() { cleaned = true })
 		if dir = t.TempDir(); dir == "" {
@@ -50,5 +50,5 @@ func TestHostTryRepanics(t *testing.T) {
 			t.Fatalf("recovered %v, want boom", r)
 		}
 	}()
-	_, _ = Try(h, func(testing.TB) int { panic("boom") })
+	_, _ = Try(h, func(TB) int { panic("boom") })
 }

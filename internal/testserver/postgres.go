@@ -8,13 +8,11 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -35,7 +33,7 @@ type Postgres struct {
 	DataDir   string
 	Password  string // of the superuser "postgres"
 
-	cred *syscall.Credential // non-nil when running as root: the user that runs the server
+	cred *credential // non-nil when running as root: the user that runs the server
 }
 
 // Addr returns host:port.
@@ -52,7 +50,7 @@ func (s *Postgres) URLFor(user, password, db string) string {
 
 // postgresBinDir finds the directory of initdb and postgres: PATH first, then the
 // newest /usr/lib/postgresql/*/bin (Debian keeps them off PATH).
-func postgresBinDir(t testing.TB) string {
+func postgresBinDir(t TB) string {
 	t.Helper()
 	if p, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(p)
@@ -72,43 +70,22 @@ func pgVersion(binDir string) int {
 	return n
 }
 
-// serverCredential returns the credential to run PostgreSQL under, which refuses to
-// run as root: the "postgres" system user (made by the Debian package), else "nobody".
-func serverCredential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	for _, name := range []string{"postgres", "nobody"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, err1 := strconv.Atoi(u.Uid)
-		gid, err2 := strconv.Atoi(u.Gid)
-		if err1 != nil || err2 != nil {
-			continue
-		}
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
-	}
-	return nil, fmt.Errorf("running as root, and neither the postgres nor the nobody user exists to run PostgreSQL as")
-}
-
 // StartPostgres makes a new cluster with initdb and starts it. extra holds postgres
 // command-line options, for example "-c", "fsync=off"; without them the server runs
 // with its default settings (fsync on, synchronous_commit on).
-func StartPostgres(t testing.TB, extra ...string) *Postgres {
+func StartPostgres(t TB, extra ...string) *Postgres {
 	t.Helper()
 	return startPostgres(t, nil, extra)
 }
 
 // StartPostgresTLS is StartPostgres with TLS on (ssl=on) using the server certificate
 // and key in f; clients may still connect without TLS.
-func StartPostgresTLS(t testing.TB, f TLSFiles, extra ...string) *Postgres {
+func StartPostgresTLS(t TB, f TLSFiles, extra ...string) *Postgres {
 	t.Helper()
 	return startPostgres(t, &f, extra)
 }
 
-func startPostgres(t testing.TB, tlsFiles *TLSFiles, extra []string) *Postgres {
+func startPostgres(t TB, tlsFiles *TLSFiles, extra []string) *Postgres {
 	t.Helper()
 	bin := postgresBinDir(t)
 	cred, err := serverCredential()
@@ -152,7 +129,7 @@ func startPostgres(t testing.TB, tlsFiles *TLSFiles, extra []string) *Postgres {
 		"--no-sync", "--no-instructions")
 	initdb.Dir = dir
 	initdb.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: cred}
+	initdb.SysProcAttr = procAttr(false, cred)
 	if out, err := initdb.CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
@@ -210,7 +187,7 @@ func (s *Postgres) Restart() error {
 	cmd.Dir = p.Dir
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true, Credential: s.cred}
+	cmd.SysProcAttr = procAttr(true, s.cred)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err
@@ -232,7 +209,7 @@ func (s *Postgres) Restart() error {
 		default:
 		}
 		if time.Now().After(deadline) {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = killGroup(cmd.Process.Pid, syscall.SIGKILL)
 			<-done
 			p.cmd = nil
 			logf.Close()
@@ -274,20 +251,20 @@ func (s *Postgres) signalGroup(sig syscall.Signal, group bool, wait time.Duratio
 	}
 	pid := p.cmd.Process.Pid
 	if group {
-		_ = syscall.Kill(-pid, sig)
+		_ = killGroup(pid, sig)
 	} else {
 		_ = p.cmd.Process.Signal(sig)
 	}
 	select {
 	case <-p.done:
 	case <-time.After(wait):
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		_ = killGroup(pid, syscall.SIGKILL)
 		<-p.done
 	}
 	// Backends exit on their own once the postmaster is gone; make sure of it, and
 	// wait until they have, so a restart does not find the old shared memory still
 	// attached.
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	_ = killGroup(pid, syscall.SIGKILL)
 	waitGroupGone(pid, 10*time.Second)
 	p.log.Close()
 	p.cmd = nil
@@ -301,26 +278,6 @@ func waitGroupGone(pgid int, limit time.Duration) {
 	}
 }
 
-func groupAlive(pgid int) bool {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
-		i := strings.LastIndexByte(string(b), ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(b[i+1:]))
-		if len(fields) >= 3 && fields[0] != "Z" && fields[0] != "X" && fields[2] == strconv.Itoa(pgid) {
-			return true
-		}
-	}
-	return false
-}
-
 // Kill crashes the server: SIGKILL to the postmaster and every backend. Committed
 // data survives (fsync is on by default); the next start runs crash recovery.
 func (s *Postgres) Kill() { s.signalGroup(syscall.SIGKILL, true, 10*time.Second) }
@@ -330,16 +287,16 @@ func (s *Postgres) Kill() { s.signalGroup(syscall.SIGKILL, true, 10*time.Second)
 func (s *Postgres) Stop() { s.signalGroup(syscall.SIGINT, false, 20*time.Second) }
 
 // Pause stops every server process (SIGSTOP to the process group); Resume continues them.
-func (s *Postgres) Pause() { s.signalAll(syscall.SIGSTOP) }
+func (s *Postgres) Pause() { s.signalAll(sigStop) }
 
 // Resume continues a paused server.
-func (s *Postgres) Resume() { s.signalAll(syscall.SIGCONT) }
+func (s *Postgres) Resume() { s.signalAll(sigCont) }
 
 func (s *Postgres) signalAll(sig syscall.Signal) {
 	p := s.Process
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
-		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+		_ = killGroup(p.cmd.Process.Pid, sig)
 	}
 }

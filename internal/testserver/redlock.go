@@ -14,13 +14,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 )
 
 // StartRedisNodes starts n independent redis-server masters (for Redlock), each with
 // the extra arguments.
-func StartRedisNodes(t testing.TB, n int, extra ...string) []*Redis {
+func StartRedisNodes(t TB, n int, extra ...string) []*Redis {
 	t.Helper()
 	nodes := make([]*Redis, n)
 	for i := range nodes {
@@ -49,7 +48,7 @@ type TLSFiles struct {
 }
 
 // NewTLSFiles writes a fresh CA and server certificate into a temporary directory.
-func NewTLSFiles(t testing.TB) TLSFiles {
+func NewTLSFiles(t TB) TLSFiles {
 	t.Helper()
 	dir := t.TempDir()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -103,7 +102,7 @@ func NewTLSFiles(t testing.TB) TLSFiles {
 // StartRedisTLS starts a redis-server that also listens for TLS on the returned port
 // (clients need not present a certificate). Its plain port stays open for readiness
 // checks and test inspection.
-func StartRedisTLS(t testing.TB, f TLSFiles, extra ...string) (*Redis, int) {
+func StartRedisTLS(t TB, f TLSFiles, extra ...string) (*Redis, int) {
 	t.Helper()
 	port := FreePort(t)
 	args := append([]string{"--tls-port", strconv.Itoa(port), "--tls-cert-file", f.Cert, "--tls-key-file", f.Key,
@@ -116,7 +115,7 @@ func StartRedisTLS(t testing.TB, f TLSFiles, extra ...string) (*Redis, int) {
 // more), so that benchmarks on one machine can show how a protocol behaves when
 // round trips, not CPU, dominate. It returns the proxy's host:port and stops, with
 // every connection, when the test ends.
-func StartDelayProxy(t testing.TB, target string, oneWay time.Duration) string {
+func StartDelayProxy(t TB, target string, oneWay time.Duration) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

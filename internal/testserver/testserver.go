@@ -18,13 +18,12 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 )
 
 // Require returns the path of binary, or fails (or, with DLOCK_TEST_SKIP, skips) the
 // test with an install hint.
-func Require(t testing.TB, name, binary, hint string) string {
+func Require(t TB, name, binary, hint string) string {
 	t.Helper()
 	path, err := exec.LookPath(binary)
 	if err == nil {
@@ -60,7 +59,7 @@ func skipped(name string) bool {
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort(t testing.TB) int {
+func FreePort(t TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -75,9 +74,10 @@ type Process struct {
 	Name string
 	Dir  string // its working directory, kept across restarts
 
-	t     testing.TB
+	t     TB
 	path  string
 	args  []string
+	env   []string // added to the test process's environment
 	ready func() error
 
 	mu   sync.Mutex
@@ -87,8 +87,9 @@ type Process struct {
 }
 
 // Start runs path with args in dir and waits until ready returns nil. The process is
-// killed when the test ends, and also if the test binary dies (parent-death signal).
-func Start(t testing.TB, name, path, dir string, args []string, ready func() error) *Process {
+// killed when the test ends, and on Linux also if the test binary dies (parent-death
+// signal; other systems have none, see procAttr).
+func Start(t TB, name, path, dir string, args []string, ready func() error) *Process {
 	t.Helper()
 	p := &Process{Name: name, Dir: dir, t: t, path: path, args: args, ready: ready}
 	if err := p.Restart(); err != nil {
@@ -112,8 +113,11 @@ func (p *Process) Restart() error {
 	}
 	cmd := exec.Command(p.path, p.args...)
 	cmd.Dir = p.Dir
+	if p.env != nil {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	cmd.SysProcAttr = procAttr(true, nil)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err
@@ -174,11 +178,12 @@ func (p *Process) Kill() { p.signalAndWait(syscall.SIGKILL, 10*time.Second) }
 // Stop stops the process with SIGTERM (a clean shutdown), or SIGKILL after 10s.
 func (p *Process) Stop() { p.signalAndWait(syscall.SIGTERM, 10*time.Second) }
 
-// Pause sends SIGSTOP; Resume sends SIGCONT.
-func (p *Process) Pause() { p.signal(syscall.SIGSTOP) }
+// Pause sends SIGSTOP; Resume sends SIGCONT. Both do nothing on Windows, which has
+// neither signal.
+func (p *Process) Pause() { p.signal(sigStop) }
 
 // Resume continues a paused process.
-func (p *Process) Resume() { p.signal(syscall.SIGCONT) }
+func (p *Process) Resume() { p.signal(sigCont) }
 
 func (p *Process) signal(sig syscall.Signal) {
 	p.mu.Lock()
@@ -220,7 +225,7 @@ func (r *Redis) URL() string { return "redis://" + r.Addr() + "/0" }
 // StartRedis starts redis-server on a free loopback port with no persistence unless
 // extra arguments (redis-server command-line options such as "--appendonly", "yes")
 // say otherwise.
-func StartRedis(t testing.TB, extra ...string) *Redis {
+func StartRedis(t TB, extra ...string) *Redis {
 	t.Helper()
 	path := Require(t, "redis", "redis-server", "install it with: apt-get install -y redis-server")
 	dir := t.TempDir()

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -50,7 +49,7 @@ func (z *ZooKeeper) FourLetter(cmd string) (string, error) { return zkFourLetter
 
 // requireZooKeeper returns the java binary and the class path of the ZooKeeper server,
 // or fails (or skips, see Require) with an install hint.
-func requireZooKeeper(t testing.TB) (java, classpath string) {
+func requireZooKeeper(t TB) (java, classpath string) {
 	t.Helper()
 	if _, err := os.Stat(zooKeeperJar); err != nil {
 		if skipped("zookeeper") {
@@ -110,7 +109,7 @@ func zkJavaArgs(classpath, cfg string) []string {
 // free loopback port, with a zoo.cfg generated in a temporary directory. extra adds
 // zoo.cfg lines ("key=value"). The server runs in the foreground of the test and is
 // killed when the test ends.
-func StartZooKeeper(t testing.TB, extra ...string) *ZooKeeper {
+func StartZooKeeper(t TB, extra ...string) *ZooKeeper {
 	t.Helper()
 	return startZooKeeper(t, nil, extra)
 }
@@ -130,12 +129,12 @@ type ZooKeeperTLS struct {
 
 // StartZooKeeperTLS starts a standalone server like StartZooKeeper with a TLS client
 // port as well (SecurePort).
-func StartZooKeeperTLS(t testing.TB, tlsCfg ZooKeeperTLS, extra ...string) *ZooKeeper {
+func StartZooKeeperTLS(t TB, tlsCfg ZooKeeperTLS, extra ...string) *ZooKeeper {
 	t.Helper()
 	return startZooKeeper(t, &tlsCfg, extra)
 }
 
-func startZooKeeper(t testing.TB, tlsCfg *ZooKeeperTLS, extra []string) *ZooKeeper {
+func startZooKeeper(t TB, tlsCfg *ZooKeeperTLS, extra []string) *ZooKeeper {
 	t.Helper()
 	java, cp := requireZooKeeper(t)
 	dir := t.TempDir()
@@ -205,7 +204,7 @@ func (e *ZooKeeperEnsemble) Leader() *ZooKeeper {
 
 // StartZooKeeperEnsemble starts an ensemble of n servers (n odd, 3 or 5) and waits
 // until every member serves clients. extra adds zoo.cfg lines to every member.
-func StartZooKeeperEnsemble(t testing.TB, n int, extra ...string) *ZooKeeperEnsemble {
+func StartZooKeeperEnsemble(t TB, n int, extra ...string) *ZooKeeperEnsemble {
 	t.Helper()
 	java, cp := requireZooKeeper(t)
 	if n < 1 {

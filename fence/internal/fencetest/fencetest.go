@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock"
-	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/fence"
 )
 
@@ -195,7 +194,7 @@ func PausedHolder(t *testing.T, c *dlock.Client, key string, write func(l *dlock
 		t.Fatal(err)
 	}
 	// The pause: the lease ends on the server while the holder sleeps.
-	if err := c.Backend().(driver.ForceReleaser).ForceRelease(ctx, key); err != nil {
+	if err := c.ForceRelease(ctx, key); err != nil {
 		t.Fatal(err)
 	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -1,0 +1,173 @@
+package dlock
+
+import (
+	"context"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+type slotKey struct{ key, owner string }
+
+// slot serialises the server-side work of one (key, owner): acquiring, and releasing
+// the last reference. Re-entry into a live grant needs only Client.mu. Its fields are
+// guarded by Client.mu.
+type slot struct {
+	busy   bool            // someone is talking to the server for this (key, owner)
+	mapped bool            // it is Client.slots' entry for its (key, owner)
+	queue  []chan struct{} // callers waiting for busy to clear, oldest first
+	g      *grant          // the live grant, or nil
+	users  int             // lock calls inside acquire
+}
+
+// enterLocked makes the caller the slot's only user of the server, waiting, if it
+// must, until ctx or stop ends (then it returns false). It is called with Client.mu
+// held and returns with Client.mu held; waited reports whether it let go of it.
+func (c *Client) enterLocked(ctx context.Context, s *slot, stop <-chan struct{}) (ok, waited bool) {
+	if !s.busy {
+		s.busy = true
+		return true, false
+	}
+	ch := make(chan struct{})
+	s.queue = append(s.queue, ch)
+	c.mu.Unlock()
+	select {
+	case <-ch:
+		c.mu.Lock()
+		return true, true
+	case <-ctx.Done():
+	case <-stop:
+	}
+	c.mu.Lock()
+	for i, q := range s.queue {
+		if q == ch {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			return false, true
+		}
+	}
+	// The slot was passed to us as we gave up: pass it on.
+	c.leaveLocked(s)
+	return false, true
+}
+
+// leaveLocked passes the slot to the next waiting caller, or frees it.
+func (c *Client) leaveLocked(s *slot) {
+	if len(s.queue) > 0 {
+		ch := s.queue[0]
+		s.queue = s.queue[1:]
+		close(ch)
+		return
+	}
+	s.busy = false
+}
+
+// lock is Lock and TryLock: it validates key, re-enters a live grant of the same
+// (key, owner) in this client, or becomes the one call of that (key, owner) that
+// talks to the server and obtains a grant.
+func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool) (*Lease, error) {
+	if err := driver.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	cfg := &c.cfg // shared with the grant unless this call has options
+	if len(opts) > 0 {
+		own := c.cfg
+		own.perLock = true
+		var err error
+		if own, err = own.with(opts); err != nil {
+			return nil, err
+		}
+		cfg = &own
+	}
+	owner := cfg.owner
+	generated := owner == ""
+	if generated {
+		owner = c.newOwner()
+	}
+	sk := slotKey{key, owner}
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	var s *slot
+	if !generated { // a fresh random owner has no slot yet
+		s = c.slots[sk]
+	}
+	if s == nil {
+		s = &slot{mapped: true}
+		c.slots[sk] = s
+	}
+	if l := c.reenterLocked(s); l != nil {
+		c.mu.Unlock()
+		return l, nil
+	}
+	s.users++
+	ok, waited := c.enterLocked(ctx, s, c.closing)
+	if !ok {
+		s.users--
+		c.dropLocked(sk, s)
+		c.mu.Unlock()
+		if ctx.Err() == nil {
+			return nil, ErrClosed
+		}
+		return nil, ctxErr(ctx, wait)
+	}
+	if waited {
+		// Another call of the same owner may have acquired meanwhile.
+		if l := c.reenterLocked(s); l != nil {
+			s.users--
+			c.leaveLocked(s)
+			c.mu.Unlock()
+			return l, nil
+		}
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
+
+	g, now, err := c.obtain(ctx, key, owner, cfg, wait, generated)
+
+	c.mu.Lock()
+	l, err := c.settleLocked(sk, s, g, now, err)
+	c.mu.Unlock()
+	c.wg.Done()
+	return l, err
+}
+
+// settleLocked ends a lock call's acquisition on slot s of sk: it hands the slot on
+// and returns a lease on g, or err, or ErrClosed (giving g back) if Close ran
+// meanwhile. Called with Client.mu held; not deferred, which on this path costs more
+// than the call.
+func (c *Client) settleLocked(sk slotKey, s *slot, g *grant, now time.Time, err error) (*Lease, error) {
+	s.users--
+	c.leaveLocked(s)
+	if err != nil {
+		c.dropLocked(sk, s)
+		return nil, err
+	}
+	if c.closed {
+		// Close ran while we were acquiring: give the grant back.
+		c.dropLocked(sk, s)
+		c.releaseAsync(sk.key, sk.owner)
+		return nil, ErrClosed
+	}
+	g.slot = s
+	s.g = g
+	g.start(c, now)
+	return g.newLease(), nil
+}
+
+// reenterLocked returns a new lease on the slot's live grant, or nil.
+func (c *Client) reenterLocked(s *slot) *Lease {
+	if s.g == nil || s.g.ended() {
+		return nil
+	}
+	return s.g.newLease()
+}
+
+func (c *Client) dropLocked(sk slotKey, s *slot) {
+	if s.users == 0 && s.g == nil && !s.busy && s.mapped {
+		delete(c.slots, sk)
+		s.mapped = false
+	}
+}

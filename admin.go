@@ -1,0 +1,92 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// Info describes the holder of a key, as Client.Inspect reads it from the server.
+type Info struct {
+	// Key is the key inspected.
+	Key string
+	// Owner is the holder's owner id (see WithOwner).
+	Owner string
+	// Token is the fencing token of the holder's grant; 0 when the backend cannot
+	// fence.
+	Token Token
+	// TTL is the time left before the server expires the grant unless it is
+	// renewed; 0 when the backend does not know.
+	TTL time.Duration
+	// Waiters is the number of callers queued for the key on the server, or -1
+	// when the backend does not know.
+	Waiters int
+}
+
+// Inspect reads who holds key on the server: the holder's owner id, its fencing
+// token, the time left on its grant and the number of waiters. It returns an error
+// matching ErrNotHeld when no one holds key, and one matching ErrUnsupported and
+// errors.ErrUnsupported when the backend cannot tell (it is not a
+// driver.Inspector). key is validated as Lock validates it.
+//
+// What it returns is a snapshot: the holder may release or lose the key, and
+// another take it, by the time the call returns. Nothing here is a basis for
+// deciding who may write a resource; that is what fencing tokens are for.
+func (c *Client) Inspect(ctx context.Context, key string) (Info, error) {
+	if err := c.adminCheck(key); err != nil {
+		return Info{}, err
+	}
+	in, ok := c.b.(driver.Inspector)
+	if !ok {
+		return Info{}, unsupported("inspect", key)
+	}
+	di, err := in.Inspect(ctx, key)
+	if err != nil {
+		return Info{}, err
+	}
+	return Info{Key: di.Key, Owner: di.Owner, Token: Token(di.Token), TTL: di.TTL, Waiters: di.Waiters}, nil
+}
+
+// ForceRelease frees key whoever holds it, for an operator clearing a lock whose
+// holder is stuck. It returns an error matching ErrNotHeld when no one holds key,
+// and one matching ErrUnsupported and errors.ErrUnsupported when the backend cannot
+// (it is not a driver.ForceReleaser). key is validated as Lock validates it.
+//
+// Safety: the old holder is not told and may still be running, believing it holds
+// the key, until its next renewal fails (its lease then ends with ErrLeaseLost). In
+// the meantime the next caller may be granted the key, so two processes may act as
+// holder at once. The next grant's fencing token is larger than the old one's, so a
+// resource that checks tokens rejects the old holder's writes: force-release only
+// keys whose resources are fenced, or whose holder is known to be gone.
+func (c *Client) ForceRelease(ctx context.Context, key string) error {
+	if err := c.adminCheck(key); err != nil {
+		return err
+	}
+	fr, ok := c.b.(driver.ForceReleaser)
+	if !ok {
+		return unsupported("force release", key)
+	}
+	return fr.ForceRelease(ctx, key)
+}
+
+// adminCheck validates key and refuses a closed client.
+func (c *Client) adminCheck(key string) error {
+	if err := driver.ValidateKey(key); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// unsupported is the error of an optional capability the backend lacks: it
+// matches ErrUnsupported and errors.ErrUnsupported.
+func unsupported(op, key string) error {
+	return fmt.Errorf("dlock: %s %q: %w (%w)", op, key, ErrUnsupported, errors.ErrUnsupported)
+}

@@ -1,0 +1,345 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dlockio/dlock/internal/measure"
+)
+
+// WriteMarkdown writes the results as markdown tables with a short legend.
+func (r *Result) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	ok := r.ok()
+	r.writeHeader(&b)
+	r.writeCycles(&b, ok)
+	r.writeManyKeys(&b, ok)
+	r.writeHotKey(&b, ok)
+	r.writeCost(&b, ok)
+	r.writeChain(&b, ok)
+	r.writeBackends(&b)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (r *Result) writeHeader(b *strings.Builder) {
+	s := r.Settings
+	m := r.Machine
+	pinned := "not pinned"
+	if m.Pinned != "" {
+		pinned = "pinned to CPU " + m.Pinned
+	}
+	fmt.Fprintf(b, "dlock bench, %s: %d round(s), %v per workload and backend, %d workers, %d keys, waiters %s.\n",
+		r.Started.Format("2006-01-02 15:04 MST"), s.Rounds, s.Duration, s.Workers, s.Keys, joinInts(s.Waiters, ", "))
+	fmt.Fprintf(b, "%s/%s, %d CPUs, %s, %s; load average %s at the start, %s at the end; took %v.\n\n",
+		m.OS, m.Arch, m.CPUs, m.Go, pinned, fmtFloat(m.LoadStart, 1), fmtFloat(m.LoadEnd, 1), r.Elapsed.Round(100*time.Millisecond))
+}
+
+func (r *Result) writeCycles(b *strings.Builder, ok []*BackendResult) {
+	b.WriteString("### Uncontended Lock + Release (one client)\n\n")
+	b.WriteString("Three cycles run in turn, in the same rounds: dlock (Lock+Release through the core), the driver alone (its Acquire+Release called directly: what the backend's own requests cost) and the floor (the least a correct lock does on the engine, with the engine's own client and none of dlock).\n\n")
+	table(b, []string{"backend", "cycles/s", "p50", "p99", "driver p50", "floor p50", "floor p99", "dlock / floor", "driver / floor", "dlock / floor per round"},
+		"lrrrrrrrrl", ok, func(br *BackendResult) []string {
+			c := br.Cycle
+			row := []string{br.Name, fmtRate(c.PerSecond), fmtDur(c.Dlock.P50), fmtDur(c.Dlock.P99), fmtDur(c.Driver.P50)}
+			if c.Floor != nil {
+				row = append(row, fmtDur(c.Floor.P50), fmtDur(c.Floor.P99))
+			} else {
+				row = append(row, "n/a", "n/a")
+			}
+			var rounds []string
+			for _, rc := range c.Rounds {
+				rounds = append(rounds, fmtFloat(rc.Ratio, 2))
+			}
+			per := strings.Join(rounds, ", ")
+			if !c.Ratio.Valid() {
+				per = ""
+			}
+			return append(row, fmtRatio(c.Ratio), fmtRatio(c.DriverRatio), per)
+		})
+	if rel := r.relativeCycles(); rel != "" {
+		b.WriteString("\n" + rel)
+	}
+}
+
+func (r *Result) writeManyKeys(b *strings.Builder, ok []*BackendResult) {
+	s := r.Settings
+	fmt.Fprintf(b, "\n### Many keys (%d workers over %d keys, a random key per acquisition)\n\n", s.Workers, s.Keys)
+	b.WriteString("The floor runs the same number of clients, each on keys of its own (no contention at all).\n\n")
+	table(b, []string{"backend", "acquisitions/s", "floor cycles/s", "dlock / floor"}, "lrrr", ok, func(br *BackendResult) []string {
+		m := br.ManyKeys
+		return []string{br.Name, fmtRate(m.PerSecond), fmtRateF(m.FloorPerSecond), fmtRatio(m.Ratio)}
+	})
+}
+
+func (r *Result) writeHotKey(b *strings.Builder, ok []*BackendResult) {
+	s := r.Settings
+	fmt.Fprintf(b, "\n### One hot key (%d workers)\n\n", s.Workers)
+	b.WriteString("Handoff: from a Release call to the next holder's Lock returning. Fairness is that of the worst round: acquisitions of the least and the most served worker, and Jain's index (1 = equal shares, 1/workers = one worker takes all).\n\n")
+	table(b, []string{"backend", "acquisitions/s", "handoff p50", "handoff p99", "handoff p50 / floor p50", "per worker min-max", "min/max", "Jain"},
+		"lrrrrrrr", ok, func(br *BackendResult) []string {
+			h := br.HotKey
+			return []string{br.Name, fmtRate(h.PerSecond), fmtDur(h.Handoff.P50), fmtDur(h.Handoff.P99), fmtRatio(h.HandoffFloorRatio),
+				fmt.Sprintf("%d-%d", h.MinPerWorker, h.MaxPerWorker), fmtFloat(h.MinMax, 2), fmtFloat(h.Jain, 3)}
+		})
+}
+
+func (r *Result) writeCost(b *strings.Builder, ok []*BackendResult) {
+	s := r.Settings
+	b.WriteString("\n### Cost per handoff as waiters grow\n\n")
+	fmt.Fprintf(b, "N waiters queue behind a holder, each with its own owner id, spread over %d clients; the key then passes down the chain. Server operations come from the server's own counters; driver calls (Acquire, Release, Watch, Stop, ...) are counted in the client, for every backend.\n\n", max(s.Workers-1, 1))
+	head := []string{"backend", "counted", "floor cycle", "dlock cycle"}
+	align := "llrr"
+	for _, n := range s.Waiters {
+		head = append(head, plural(n, "waiter"))
+		align += "r"
+	}
+	var rows [][]string
+	for _, br := range ok {
+		so := []string{br.Name, "server ops", fmtFloat(br.FloorOps, 1), fmtFloat(br.CycleCost.ServerOps, 1)}
+		dc := []string{br.Name, "driver calls", "n/a", fmtFloat(br.CycleCost.Calls, 1)}
+		for _, n := range s.Waiters {
+			g := br.point(n)
+			if g == nil {
+				so, dc = append(so, "n/a"), append(dc, "n/a")
+				continue
+			}
+			mark := ""
+			if !g.Queued {
+				mark = " *"
+			}
+			so = append(so, fmtFloat(g.Cost.ServerOps, 1)+mark)
+			dc = append(dc, fmtFloat(g.Cost.Calls, 1)+mark)
+		}
+		if br.OpsSource != "" {
+			rows = append(rows, so)
+		}
+		rows = append(rows, dc)
+	}
+	writeTable(b, head, align, rows)
+	var srcs []string
+	for _, br := range ok {
+		if br.OpsSource != "" {
+			srcs = append(srcs, br.Name+": "+br.OpsSource)
+		} else {
+			srcs = append(srcs, br.Name+": no server counter, driver calls only")
+		}
+	}
+	b.WriteString("\nServer operations: " + strings.Join(srcs, "; ") + ".\n")
+	if unqueued(ok) {
+		b.WriteString("\n\\* the backend did not show every waiter queued before the release in some round.\n")
+	}
+}
+
+func (r *Result) writeChain(b *strings.Builder, ok []*BackendResult) {
+	s := r.Settings
+	b.WriteString("\n### Handoffs per second down the chain of waiters\n\n")
+	head := []string{"backend"}
+	align := "l"
+	for _, n := range s.Waiters {
+		head = append(head, plural(n, "waiter"))
+		align += "r"
+	}
+	var rows [][]string
+	for _, br := range ok {
+		row := []string{br.Name}
+		for _, n := range s.Waiters {
+			if g := br.point(n); g != nil {
+				row = append(row, fmtRate(g.PerSecond))
+			} else {
+				row = append(row, "n/a")
+			}
+		}
+		rows = append(rows, row)
+	}
+	writeTable(b, head, align, rows)
+}
+
+func (r *Result) writeBackends(b *strings.Builder) {
+	b.WriteString("\n### Backends\n\n")
+	for _, br := range r.Backends {
+		fmt.Fprintf(b, "- %s: `%s`", br.Name, br.URL)
+		if br.Note != "" {
+			b.WriteString(" (" + br.Note + ")")
+		}
+		if br.Error != "" {
+			b.WriteString(". **Failed:** " + oneLine(br.Error))
+		}
+		if br.Overlaps > 0 {
+			fmt.Fprintf(b, ". **%d overlapping acquisitions** (mutual exclusion failed)", br.Overlaps)
+		}
+		for _, n := range br.Notes {
+			b.WriteString(". " + n)
+		}
+		b.WriteString(".\n")
+	}
+}
+
+// ok returns the backends that produced results.
+func (r *Result) ok() []*BackendResult {
+	var ok []*BackendResult
+	for _, br := range r.Backends {
+		if br.Error == "" {
+			ok = append(ok, br)
+		}
+	}
+	return ok
+}
+
+func unqueued(brs []*BackendResult) bool {
+	for _, br := range brs {
+		for _, g := range br.Growth {
+			if !g.Queued {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (br *BackendResult) point(waiters int) *GrowthPoint {
+	for i := range br.Growth {
+		if br.Growth[i].Waiters == waiters {
+			return &br.Growth[i]
+		}
+	}
+	return nil
+}
+
+// relativeCycles compares Redlock's cycle with a single Redis instance's when both
+// ran.
+func (r *Result) relativeCycles() string {
+	var single, multi *BackendResult
+	for _, br := range r.ok() {
+		switch schemeOf(br.URL) {
+		case "redis", "rediss", "unix":
+			if single == nil {
+				single = br
+			}
+		case "redlock":
+			if multi == nil {
+				multi = br
+			}
+		}
+	}
+	if single == nil || multi == nil || single.Cycle.Dlock.P50 == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s's cycle p50 is %s that of %s (%s against %s).\n", multi.Name,
+		fmtRatio(Float(measure.Ratio(float64(multi.Cycle.Dlock.P50), float64(single.Cycle.Dlock.P50)))), single.Name,
+		fmtDur(multi.Cycle.Dlock.P50), fmtDur(single.Cycle.Dlock.P50))
+}
+
+func table(b *strings.Builder, head []string, align string, brs []*BackendResult, row func(*BackendResult) []string) {
+	var rows [][]string
+	for _, br := range brs {
+		rows = append(rows, row(br))
+	}
+	writeTable(b, head, align, rows)
+}
+
+func writeTable(b *strings.Builder, head []string, align string, rows [][]string) {
+	if len(rows) == 0 {
+		b.WriteString("(no backend produced results)\n")
+		return
+	}
+	b.WriteString("| " + strings.Join(head, " | ") + " |\n|")
+	for i := range head {
+		if i < len(align) && align[i] == 'r' {
+			b.WriteString(" --: |")
+		} else {
+			b.WriteString(" :-- |")
+		}
+	}
+	b.WriteString("\n")
+	for _, r := range rows {
+		b.WriteString("| " + strings.Join(r, " | ") + " |\n")
+	}
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return strconv.Itoa(n) + " " + word + "s"
+}
+
+func joinInts(xs []int, sep string) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, sep)
+}
+
+// fmtDur writes a latency with three significant digits: 812ns, 1.25µs, 31.4ms.
+func fmtDur(d time.Duration) string {
+	if d <= 0 {
+		return "n/a"
+	}
+	v, unit := float64(d), "ns"
+	for _, u := range []struct {
+		f    float64
+		name string
+	}{{1e9, "s"}, {1e6, "ms"}, {1e3, "µs"}} {
+		if float64(d) >= u.f {
+			v, unit = float64(d)/u.f, u.name
+			break
+		}
+	}
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f%s", v, unit)
+	case v >= 10:
+		return fmt.Sprintf("%.1f%s", v, unit)
+	default:
+		return fmt.Sprintf("%.2f%s", v, unit)
+	}
+}
+
+// fmtRate writes a rate rounded to three significant digits with thousands
+// separators: 1,230,000 or 412 or 3.51.
+func fmtRate(f float64) string {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return "n/a"
+	}
+	if f < 10 {
+		return strconv.FormatFloat(f, 'f', 2, 64)
+	}
+	if f < 100 {
+		return strconv.FormatFloat(f, 'f', 1, 64)
+	}
+	mag := math.Pow(10, math.Floor(math.Log10(f))-2)
+	n := int64(math.Round(f/mag) * mag)
+	s := strconv.FormatInt(n, 10)
+	var out []byte
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
+
+func fmtRateF(f Float) string { return fmtRate(float64(f)) }
+
+func fmtRatio(f Float) string {
+	if !f.Valid() {
+		return "n/a"
+	}
+	return strconv.FormatFloat(float64(f), 'f', 2, 64) + "×"
+}
+
+func fmtFloat(f Float, prec int) string {
+	if !f.Valid() {
+		return "n/a"
+	}
+	return strconv.FormatFloat(float64(f), 'f', prec, 64)
+}

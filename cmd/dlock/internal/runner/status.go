@@ -1,0 +1,131 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/cmd/dlock/internal/errline"
+)
+
+// How often the runner asks the backend who holds the key while it waits. This is a
+// display, not how the runner learns that the key is free: Lock does that.
+const (
+	statusFirst = 250 * time.Millisecond // a lock granted at once shows no status
+	statusEvery = time.Second
+)
+
+// inspectTimeout bounds one Inspect made for the display or for an error message.
+const inspectTimeout = 2 * time.Second
+
+// status is the one line that says, while the runner waits for the lock, who holds
+// it. On a terminal the line is rewritten in place and erased before any other
+// message; elsewhere (a log file, a pipe) a line is printed each time the holder,
+// its token or the queue changes, not for every tick of its TTL.
+type status struct {
+	w   io.Writer
+	tty bool
+
+	mu     sync.Mutex
+	onTerm bool   // a line is on the terminal, to be erased
+	last   string // what was last printed (not on a terminal)
+}
+
+func newStatus(w io.Writer) *status {
+	f, ok := w.(*os.File)
+	return &status{w: w, tty: ok && term.IsTerminal(int(f.Fd()))}
+}
+
+// show puts the status for info on screen. same is the part that, unchanged, prints
+// no new line when the output is not a terminal.
+func (s *status) show(line, same string) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tty {
+		fmt.Fprintf(s.w, "\r\x1b[K%s", errline.Message(line))
+		s.onTerm = true
+		return
+	}
+	if same == s.last {
+		return
+	}
+	s.last = same
+	fmt.Fprintln(s.w, errline.Message(line))
+}
+
+// clear erases the line from the terminal, so that the next message starts on a
+// clean line.
+func (s *status) clear() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.onTerm {
+		fmt.Fprint(s.w, "\r\x1b[K")
+		s.onTerm = false
+	}
+}
+
+// inspector tells who holds a key: a *dlock.Client.
+type inspector interface {
+	Inspect(ctx context.Context, key string) (dlock.Info, error)
+}
+
+// watch shows who holds key until ctx ends, asking in every period (after first).
+// It stops asking if the backend cannot tell (dlock.ErrUnsupported).
+func (s *status) watch(ctx context.Context, in inspector, key string, first, every time.Duration) {
+	t := time.NewTimer(first)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ictx, cancel := context.WithTimeout(ctx, inspectTimeout)
+		info, err := in.Inspect(ictx, key)
+		cancel()
+		if errors.Is(err, dlock.ErrUnsupported) {
+			return
+		}
+		if err == nil && ctx.Err() == nil {
+			s.show(fmt.Sprintf("waiting for %q: held by owner %s", key, describe(info)), fmt.Sprintf("%s/%d/%d", info.Owner, info.Token, info.Waiters))
+		}
+		t.Reset(every)
+	}
+}
+
+// describe says who holds a key: `"X" (token N, TTL left 4.2s, 2 waiting)`.
+func describe(info dlock.Info) string {
+	s := fmt.Sprintf("%q (token %d", info.Owner, info.Token)
+	if info.TTL > 0 {
+		s += ", TTL left " + info.TTL.Round(100*time.Millisecond).String()
+	}
+	if info.Waiters >= 0 {
+		s += fmt.Sprintf(", %d waiting", info.Waiters)
+	}
+	return s + ")"
+}
+
+// holder describes who holds key, or "" when the backend cannot tell (it cannot
+// inspect, an error, or the key was freed meanwhile).
+func holder(in inspector, key string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), inspectTimeout)
+	defer cancel()
+	info, err := in.Inspect(ctx, key)
+	if err != nil {
+		return ""
+	}
+	return describe(info)
+}

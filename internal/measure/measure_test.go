@@ -1,0 +1,178 @@
+package measure
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/clock"
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/memlock"
+)
+
+func TestPercentile(t *testing.T) {
+	if got := Percentile(nil, 0.5); got != 0 {
+		t.Fatalf("Percentile(nil) = %v, want 0", got)
+	}
+	ds := []time.Duration{9, 1, 8, 2, 7, 3, 6, 4, 5, 10}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0, 1}, {0.5, 5}, {0.9, 9}, {0.99, 9}, {1, 10}, {-1, 1}, {2, 10}} {
+		if got := Percentile(ds, c.q); got != c.want {
+			t.Errorf("Percentile(q=%v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	if ds[0] != 1 || ds[9] != 10 {
+		t.Errorf("Percentile did not sort in place: %v", ds)
+	}
+	if got := Percentile([]time.Duration{42}, 0.99); got != 42 {
+		t.Errorf("single value: %v", got)
+	}
+}
+
+func TestJain(t *testing.T) {
+	for _, c := range []struct {
+		xs   []int64
+		want float64
+	}{
+		{nil, 0},
+		{[]int64{0, 0}, 0},
+		{[]int64{5, 5, 5, 5}, 1},
+		{[]int64{10, 0, 0, 0}, 0.25},       // one takes all: 1/n
+		{[]int64{1, 2}, 9.0 / (2 * 5)},     // (1+2)^2 / (2*(1+4))
+		{[]int64{3, 1, 1, 1}, 36.0 / 48.0}, // 6^2 / (4*12)
+	} {
+		if got := Jain(c.xs); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("Jain(%v) = %v, want %v", c.xs, got, c.want)
+		}
+	}
+	lo, hi := MinMax([]int64{4, 2, 9})
+	if lo != 2 || hi != 9 {
+		t.Errorf("MinMax = %d, %d", lo, hi)
+	}
+}
+
+func TestSamples(t *testing.T) {
+	var s Samples
+	if s.Summary() != (Latency{}) {
+		t.Fatal("empty summary not zero")
+	}
+	for i := 1; i <= 100; i++ {
+		s.Add(time.Duration(i))
+	}
+	sum := s.Summary()
+	want := Latency{N: 100, Mean: 50, P50: 50, P90: 90, P99: 99, Max: 100}
+	if sum != want {
+		t.Fatalf("Summary = %+v, want %+v", sum, want)
+	}
+
+	// Past its capacity a reservoir keeps a uniform sample: exact count, sum and
+	// maximum, and percentiles close to the population's.
+	r := Samples{Cap: 1000}
+	const n = 100_000
+	for i := range n {
+		r.Add(time.Duration(i))
+	}
+	if r.Count() != n || len(r.Values()) != 1000 || r.Summary().Max != n-1 {
+		t.Fatalf("reservoir: count %d, kept %d, max %v", r.Count(), len(r.Values()), r.Summary().Max)
+	}
+	if p := float64(r.Percentile(0.5)); math.Abs(p-n/2) > n/10 {
+		t.Errorf("reservoir median %v far from %v", p, n/2)
+	}
+
+	var m Samples
+	m.Merge(&s)
+	m.Merge(&s)
+	if m.Count() != 200 || m.Sum() != 2*s.Sum() || m.Percentile(0.5) != 50 {
+		t.Errorf("merge: count %d sum %v p50 %v", m.Count(), m.Sum(), m.Percentile(0.5))
+	}
+}
+
+func TestRates(t *testing.T) {
+	if PerSecond(10, 0) != 0 || PerSecond(10, 2*time.Second) != 5 {
+		t.Error("PerSecond")
+	}
+	if !math.IsNaN(Ratio(1, 0)) || Ratio(3, 2) != 1.5 {
+		t.Error("Ratio")
+	}
+}
+
+// TestCounting checks that the counting wrapper has exactly the optional
+// capabilities of the backend it wraps.
+func TestCounting(t *testing.T) {
+	full := memlock.NewStore(clock.Real).Backend()
+	var cnt Counts
+	for name, c := range map[string]struct {
+		b       driver.Backend
+		n, i, f bool
+	}{
+		"all":      {full, true, true, true},
+		"none":     {plain{full}, false, false, false},
+		"notifier": {notifierOnly{plain{full}, full}, true, false, false},
+		"inspect":  {inspectorOnly{plain{full}, full}, false, true, false},
+	} {
+		w := Counting(c.b, &cnt)
+		_, n := w.(driver.Notifier)
+		_, i := w.(driver.Inspector)
+		_, f := w.(driver.ForceReleaser)
+		if n != c.n || i != c.i || f != c.f {
+			t.Errorf("%s: notifier %v inspector %v force %v", name, n, i, f)
+		}
+	}
+	// Calls are counted, and so are "locked" answers.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, err := dlock.New(Counting(full, &cnt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	c0 := cnt.Calls()
+	l, err := a.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.TryLock(ctx, "k"); !errors.Is(err, dlock.ErrLocked) {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Lock: Watch, Acquire, Stop; TryLock: Acquire; Release.
+	if got := cnt.Calls() - c0; got != 5 || cnt.Locked() != 1 {
+		t.Errorf("calls %d (want 5), locked %d (want 1)", got, cnt.Locked())
+	}
+}
+
+type plain struct{ b driver.Backend }
+
+func (p plain) Acquire(ctx context.Context, r driver.Request) (driver.Grant, error) {
+	return p.b.Acquire(ctx, r)
+}
+func (p plain) Refresh(ctx context.Context, k, o string, ttl time.Duration) error {
+	return p.b.Refresh(ctx, k, o, ttl)
+}
+func (p plain) Release(ctx context.Context, k, o string) error { return p.b.Release(ctx, k, o) }
+func (p plain) Close() error                                   { return p.b.Close() }
+
+type notifierOnly struct {
+	plain
+	n driver.Notifier
+}
+
+func (n notifierOnly) Watch(ctx context.Context, k, o string) (driver.Waiter, error) {
+	return n.n.Watch(ctx, k, o)
+}
+
+type inspectorOnly struct {
+	plain
+	i driver.Inspector
+}
+
+func (i inspectorOnly) Inspect(ctx context.Context, k string) (driver.Info, error) {
+	return i.i.Inspect(ctx, k)
+}

@@ -1,0 +1,142 @@
+package redislock
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// New returns a backend on an existing go-redis client. The caller keeps owning the
+// client: Close does not close it. Use a client with ContextTimeoutEnabled so that
+// contexts bound every call. New does no I/O (ctx is for the shape every backend's
+// New shares); call Verify to read and check the server's persistence settings.
+func New(ctx context.Context, rdb redis.UniversalClient, opts ...Option) (*Backend, error) {
+	if rdb == nil {
+		return nil, invalid("nil redis client")
+	}
+	b := &Backend{rdb: rdb, config: defaultConfig(), waiters: make(map[driver.Holder]*waiter)}
+	for _, o := range opts {
+		if err := o(&b.config); err != nil {
+			return nil, err
+		}
+	}
+	b.wakeCh = wakeChannel(b.prefix, driver.RandomHex(wakeIDBytes))
+	b.hot.init()
+	return b, nil
+}
+
+// Open returns a backend for a redis://, rediss:// or unix:// URL; see the package
+// documentation for its parameters. Options given here apply after the URL's. It
+// checks that the server answers and runs Verify before returning.
+func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
+	if u.Scheme != Scheme && u.Scheme != SchemeTLS && u.Scheme != SchemeUnix {
+		return nil, invalid("scheme %q is not %s, %s or %s", u.Scheme, Scheme, SchemeTLS, SchemeUnix)
+	}
+	p, err := driver.ParseParams(u)
+	if err != nil {
+		return nil, fmt.Errorf("redislock: %w", err)
+	}
+	urlOpts, err := urlOptions(p)
+	if err != nil {
+		return nil, err
+	}
+	opt, err := redisOptions(u, p)
+	if err != nil {
+		return nil, err
+	}
+	if opt.TLSConfig, err = readTLS(u, p); err != nil {
+		return nil, err
+	}
+	if err := p.Unknown(); err != nil {
+		return nil, fmt.Errorf("redislock: %w", err)
+	}
+	opt.ContextTimeoutEnabled = true
+	rdb := redis.NewClient(opt)
+	b, err := New(ctx, rdb, append(urlOpts, opts...)...)
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	b.own = true
+	octx, cancel := driver.OpenContext(ctx)
+	defer cancel()
+	if err := rdb.Ping(octx).Err(); err != nil {
+		rdb.Close()
+		if authError(err) {
+			err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
+		}
+		return nil, fmt.Errorf("redislock: connect to %s: %w", driver.Redact(u), err)
+	}
+	if err := b.Verify(octx); err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// readTLS returns the TLS configuration of u, or nil for none: driver.ReadTLS's
+// rule, with TLS on by itself for rediss:// (where tls=false is an error) and not
+// available on a unix socket. skip_verify, a go-redis parameter ReadTLS has no
+// counterpart of, stays for the users who rely on it: it turns off the
+// certificate check and needs TLS on.
+func readTLS(u *url.URL, p *driver.Params) (*tls.Config, error) {
+	if u.Scheme == SchemeTLS {
+		if on, err := p.Bool("tls", true); err != nil {
+			return nil, err
+		} else if !on {
+			return nil, invalid("tls=false with the %s:// scheme", SchemeTLS)
+		}
+	}
+	cfg, err := driver.ReadTLS(p)
+	if err != nil {
+		return nil, fmt.Errorf("redislock: %w", err)
+	}
+	if cfg == nil && u.Scheme == SchemeTLS {
+		cfg, _ = driver.TLSConfig(nil) // nothing to read: cannot fail
+	}
+	skip, err := p.Bool("skip_verify", false)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg == nil && p.Has("skip_verify"):
+		return nil, invalid("skip_verify needs TLS (the %s:// scheme or tls=true)", SchemeTLS)
+	case cfg == nil:
+		return nil, nil
+	case u.Scheme == SchemeUnix:
+		return nil, invalid("TLS parameters with a %s:// socket", SchemeUnix)
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = u.Hostname()
+	}
+	cfg.InsecureSkipVerify = skip
+	return cfg, nil
+}
+
+// Close implements driver.Backend: it ends the wake-up subscription and, when the
+// backend was made by Open, closes the connection pool.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed.Load() {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed.Store(true)
+	ps := b.ps
+	b.mu.Unlock()
+	var errs []error
+	if ps != nil {
+		errs = append(errs, ps.Close())
+	}
+	b.listen.Wait()
+	if b.own {
+		errs = append(errs, b.rdb.Close())
+	}
+	return errors.Join(errs...)
+}

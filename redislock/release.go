@@ -1,0 +1,69 @@
+package redislock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// Refresh implements driver.Backend.
+func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	cmd, err := b.runScript(ctx, refreshScript, b.keys(key), owner, ms(ttl))
+	if n, cerr := cmd.Int64(); cerr == nil && n == 0 {
+		return driver.ErrNotHeld
+	}
+	if err != nil {
+		return wrap("refresh", key, err)
+	}
+	return nil
+}
+
+// Release implements driver.Backend.
+func (b *Backend) Release(ctx context.Context, key, owner string) error {
+	n, err := releaseScript.Run(ctx, b.rdb, b.keys(key), owner).Int64()
+	if err != nil {
+		return wrap("release", key, err)
+	}
+	if n == 0 {
+		return driver.ErrNotHeld
+	}
+	return nil
+}
+
+// ForceRelease implements driver.ForceReleaser.
+func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	n, err := forceReleaseScript.Run(ctx, b.rdb, b.keys(key), b.prefix).Int64()
+	if err != nil {
+		return wrap("force release", key, err)
+	}
+	if n == 0 {
+		return driver.ErrNotHeld
+	}
+	return nil
+}
+
+// Inspect implements driver.Inspector.
+func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	v, err := inspectScript.Run(ctx, b.rdb, b.keys(key), b.prefix).Slice()
+	if errors.Is(err, redis.Nil) {
+		return driver.Info{}, driver.ErrNotHeld
+	}
+	if err != nil {
+		return driver.Info{}, wrap("inspect", key, err)
+	}
+	if len(v) != 4 {
+		return driver.Info{}, wrap("inspect", key, fmt.Errorf("unexpected reply %v", v))
+	}
+	owner, _ := v[0].(string)
+	pttl, _ := v[1].(int64)
+	tokStr, _ := v[2].(string)
+	tok, _ := strconv.ParseUint(tokStr, 10, 64)
+	live, _ := v[3].(int64)
+	return driver.Info{Key: key, Owner: owner, Token: tok, TTL: time.Duration(max(pttl, 0)) * time.Millisecond, Waiters: int(live)}, nil
+}

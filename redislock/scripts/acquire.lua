@@ -1,0 +1,90 @@
+-- acquire.lua: one attempt to take a lock.
+-- KEYS[1]  the lock key (P:lock 0x1f K)
+-- ARGV[1]  the owner id
+-- ARGV[2]  the TTL of the grant, in ms
+-- ARGV[3]  for a waiting attempt "Q PATIENCE SEQ CHANNEL", else "" or absent: Q is
+--          "q" when an earlier attempt of this wait queued (else "-"), PATIENCE the
+--          queued place's lifetime in ms, SEQ the attempt's number, CHANNEL the
+--          wake-up channel of the waiter's client (P:wake:ID)
+-- ARGV[4]  "x" when the request does not say Reenter; absent when it does
+-- Returns the token (> 0) when granted; when the key is held, -(pttl + 1) with its
+-- remaining TTL in ms, or -1 when that is unknown; 0 when the owner holds the key
+-- but the token counter is gone.
+--#include names.lua
+local owner, ttl, w = ARGV[1], ARGV[2], ARGV[3]
+if w == '' then w = nil end
+-- An earlier attempt of this wait queued: a free key goes to the queue's head (the
+-- waiting path below), not to whoever asks first.
+local queued = w and string.sub(w, 1, 1) == 'q'
+if not queued and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ttl) then
+  -- token(KEYS[1], ttl) of token.lua, inlined: the uncontended path makes no closure.
+  local tk = KEYS[1] .. TOKEN
+  local n = redis.call('INCR', tk)
+  local now = (redis.call('PEXPIRETIME', KEYS[1]) - ttl) * 1000
+  if n < now then
+    n = now
+    redis.call('SET', tk, string.format('%d', n))
+  end
+  return n
+end
+--#include token.lua
+
+-- The reply of an attempt that found the key held.
+local function held()
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl > 0 then return -pttl - 1 end
+  return -1
+end
+
+local v = redis.call('GET', KEYS[1])
+-- The holder's value is its owner id, alone or followed by a space and marks.
+if v and (v == owner or string.sub(v, 1, #owner + 1) == owner .. ' ') then
+  -- An owner id may be in use by another client or process, which must not take
+  -- over the holder's grant nor keep it alive: only a request that says Reenter,
+  -- or a waiting attempt whose client's channel is in the handed mark (a grant
+  -- handed to this client's own queued place), may re-enter.
+  local may = not ARGV[4]
+  if not may and w then
+    local ch = string.match(w, '(%S+)$')
+    may = string.find(v .. ' ', ' h' .. ch .. ' ', 1, true) ~= nil
+  end
+  if not may then return held() end
+  -- Re-entry, resume, or a grant handed to this owner: once the server has seen
+  -- the owner, the handed mark goes, so that a waiter of the same owner elsewhere
+  -- that gives up does not release it.
+  if string.find(v, ' h', 1, true) then
+    redis.call('SET', KEYS[1], (string.gsub(v, ' h%S+', '')), 'PX', ttl)
+  else
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  return tonumber(redis.call('GET', KEYS[1] .. TOKEN) or '0')
+end
+if w then
+  local _, pat, seq, ch = string.match(w, '^(%S) (%d+) (%d+) (%S+)$')
+  -- The channel is the prefix, ':wake:' and hex digits; the lock key is the
+  -- prefix, LOCK and the key.
+  local prefix = string.match(ch, '^(.*):wake:%x+$')
+  local key = string.sub(KEYS[1], #prefix + #LOCK + 1)
+  local queue = prefix .. QUEUE .. key
+  local wk = prefix .. WAITER .. key .. SEP .. owner
+  if not v then
+    -- Free (the holder's grant expired) and we are queued: take it and leave.
+    redis.call('LREM', queue, 1, owner)
+    redis.call('DEL', wk)
+    local nv = owner
+    if redis.call('LLEN', queue) > 0 then nv = owner .. ' q' .. #prefix end
+    redis.call('SET', KEYS[1], nv, 'PX', ttl)
+    return token(KEYS[1], ttl)
+  end
+  local old = redis.call('SET', wk, seq .. ' ' .. ttl .. ' ' .. ch, 'PX', pat, 'GET')
+  if not old and not redis.call('LPOS', queue, owner) then
+    redis.call('RPUSH', queue, owner)
+  end
+  redis.call('PEXPIRE', queue, pat)
+  if not string.find(v, ' q', 1, true) then
+    -- The mark " qN", N the length of the prefix, tells release that waiters
+    -- queued and where the key starts in the lock key.
+    redis.call('SET', KEYS[1], v .. ' q' .. #prefix, 'KEEPTTL')
+  end
+end
+return held()

@@ -1,0 +1,292 @@
+package redlock
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// maxCommitRounds bounds the phase-two rounds of one acquire.
+const maxCommitRounds = 3
+
+// notQueued is acquire.lua's rank of an owner that is not in the wait set.
+const notQueued = -1
+
+// acqReply is one node's reply to acquire.lua (see its header).
+type acqReply struct {
+	status  int64 // statusHeld, statusFresh or statusReentry
+	counter uint64
+	x       int64 // token (fresh, re-entry) or pttl (held)
+	rank    int64 // held: the owner's place in the wait set, notQueued if not there
+}
+
+func parseAcq(v any, err error) (acqReply, error) {
+	if err != nil {
+		return acqReply{}, err
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) < 3 || len(a) > 4 {
+		return acqReply{}, fmt.Errorf("unexpected script reply %v", v)
+	}
+	n := [4]int64{3: notQueued} // {status, counter, x, rank}; rank only when held
+	for i := range a {
+		if n[i], ok = a[i].(int64); !ok {
+			return acqReply{}, fmt.Errorf("unexpected script reply %v", v)
+		}
+	}
+	return acqReply{status: n[0], counter: uint64(max(n[1], 0)), x: n[2], rank: n[3]}, nil
+}
+
+// attempt is one Acquire: phase one's replies, sorted by what each node said.
+type attempt struct {
+	b        *Backend
+	req      driver.Request
+	keys     []string // lock, fence, wait set
+	start    time.Time
+	proposal uint64 // the token proposed in phase one, 0 for none
+	r        results[acqReply]
+
+	granted []int   // nodes that granted (fresh or re-entry)
+	unknown []int   // nodes whose reply is unknown
+	held    []int64 // pttl of nodes held by another owner
+	maxSeen uint64  // the largest counter or token any node reported
+	ahead   int64   // the least rank in the wait sets of the held nodes, -1 if none
+}
+
+// Acquire implements driver.Backend: phase one on all nodes, then, unless the
+// proposal settled the token, commit rounds on the nodes that granted.
+func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	if b.isClosed() {
+		return driver.Grant{}, driver.ErrClosed
+	}
+	if err := b.answerLocally(req); err != nil {
+		return driver.Grant{}, err
+	}
+	a := &attempt{b: b, req: req, keys: b.keys(req.Key), start: time.Now(), proposal: b.guess(req.Key), ahead: -1}
+	a.phaseOne(ctx)
+	a.sort()
+	b.saw(req.Key, a.maxSeen)
+	if len(a.granted) < b.quorum {
+		return a.fail(ctx, "", a.r.errs)
+	}
+	if b.validity(req.TTL, a.start) <= 0 {
+		return a.fail(ctx, usedUp(a.start), a.r.errs)
+	}
+	token, note, errs := a.settle(ctx)
+	if token == 0 {
+		return a.fail(ctx, note, errs)
+	}
+	if b.validity(req.TTL, a.start) <= 0 {
+		return a.fail(ctx, usedUp(a.start), a.r.errs)
+	}
+	b.saw(req.Key, token)
+	b.remember(req.Key, req.Owner, token)
+	a.withdrawElsewhere()
+	return driver.Grant{Token: token}, nil
+}
+
+// answerLocally returns the error of a waiting attempt answered without asking the
+// nodes, or nil: a newcomer steps back for a waiter this client's release woke, and
+// a waiter queued behind others stays queued (see stillQueued).
+func (b *Backend) answerLocally(req driver.Request) error {
+	if req.Wait && !b.isQueued(req.Key, req.Owner) {
+		// A newcomer, not a waiter that was woken.
+		if d := b.yieldFor(req.Key, req.Owner); d > 0 {
+			return fmt.Errorf("redlock: acquire %q: stepping back for a waiter this client's release woke: %w",
+				req.Key, &driver.HeldError{RetryAfter: d})
+		}
+	}
+	if ahead, ok := b.stillQueued(req); ok {
+		return fmt.Errorf("redlock: acquire %q: still queued, %d ahead: %w",
+			req.Key, ahead, &driver.HeldError{Ahead: ahead})
+	}
+	return nil
+}
+
+// phaseOne runs acquire.lua on every node.
+func (a *attempt) phaseOne(ctx context.Context) {
+	b, req := a.b, a.req
+	wait, since := b.waitArgs(req)
+	ttl, patience, prefix := ms(req.TTL), ms(req.Patience), b.waiterPrefix(req.Key)
+	if req.Wait {
+		// The place must outlive the attempts answered locally (see recheck).
+		patience = ms(req.Patience + recheck)
+	}
+	reenter := "0"
+	if req.Reenter {
+		reenter = "1"
+	}
+	keys, proposal := a.keys, a.proposal // not a: the closure would move it to the heap
+	a.r = fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (acqReply, error) {
+		return parseAcq(acquireScript.Run(ctx, n.rdb, keys, req.Owner, ttl, proposal, wait, patience,
+			prefix, b.wakeCh, since, reenter).Result())
+	})
+}
+
+// sort sorts the nodes by their phase-one reply.
+func (a *attempt) sort() {
+	for i := range a.b.nodes {
+		v := a.r.vals[i]
+		switch {
+		case a.r.errs[i] != nil:
+			a.unknown = append(a.unknown, i)
+		case v.status == statusHeld:
+			a.held = append(a.held, v.x)
+			a.maxSeen = max(a.maxSeen, v.counter)
+			if v.rank >= 0 && (a.ahead < 0 || v.rank < a.ahead) {
+				a.ahead = v.rank
+			}
+		default:
+			a.granted = append(a.granted, i)
+			a.maxSeen = max(a.maxSeen, v.counter, uint64(max(v.x, 0)))
+		}
+	}
+}
+
+// settle returns the grant's token: the one every granting node recorded (a
+// re-entry that nothing later overtook), the proposal if a majority accepted it, or
+// one settled by commit rounds. It returns 0, a note and the node errors (indexed
+// like b.nodes) when no token was settled.
+func (a *attempt) settle(ctx context.Context) (uint64, string, []error) {
+	reentry, fresh := true, true
+	var recorded uint64
+	for _, i := range a.granted {
+		v := a.r.vals[i]
+		if v.status != statusReentry || v.x <= 0 || (recorded != 0 && uint64(v.x) != recorded) {
+			reentry = false
+		}
+		if v.status == statusReentry && v.x > 0 {
+			recorded = uint64(v.x)
+		}
+		if v.status != statusFresh || uint64(v.x) != a.proposal || a.proposal == 0 {
+			fresh = false
+		}
+	}
+	switch {
+	case reentry && a.maxSeen == recorded:
+		return recorded, "", nil // every granting node holds this grant; nothing later completed
+	case fresh:
+		return a.proposal, "", nil // a majority accepted the proposal in phase one
+	}
+	t, cerrs, note := a.b.commit(ctx, a.req, a.keys, a.granted, a.maxSeen+1, a.start)
+	if t == 0 {
+		errs := slices.Clone(a.r.errs)
+		for i, err := range cerrs {
+			if err != nil {
+				errs[i] = err
+			}
+		}
+		return 0, note, errs
+	}
+	return t, "", nil
+}
+
+// fail gives back what the attempt may have taken and returns its QuorumError, which
+// matches driver.ErrLocked. nodeErrs are indexed like b.nodes.
+func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driver.Grant, error) {
+	b, req := a.b, a.req
+	// Give back fresh grants and nodes whose reply was lost. A re-entered node held
+	// the owner's earlier grant before this attempt, so it is left as it was.
+	// Without Reenter, a node whose reply was lost may hold a grant of the same
+	// owner id made by another client or process (which refused this attempt): it
+	// is left to expire.
+	var undo []int
+	for _, i := range a.granted {
+		if a.r.vals[i].status == statusFresh {
+			undo = append(undo, i)
+		}
+	}
+	if req.Reenter {
+		undo = append(undo, a.unknown...)
+	}
+	if len(undo) > 0 {
+		b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner)
+	}
+	he := &driver.HeldError{RetryAfter: b.retryAfter(a.held)}
+	if req.Wait && len(a.held) > 0 {
+		he.Ahead = int(max(a.ahead, 0))
+		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0)
+	}
+	return driver.Grant{}, &QuorumError{Op: "acquire", Key: req.Key, OK: len(a.granted), Need: b.quorum,
+		Nodes: len(b.nodes), Held: len(a.held), Note: note, Err: b.nodeErrors(nodeErrs), held: he}
+}
+
+// withdrawElsewhere withdraws a granted waiter, in the background, from the nodes
+// that did not grant (not yet released there, or failed): they may have recorded the
+// owner as a waiter, and a release there would wake it in vain until its place
+// lapsed.
+func (a *attempt) withdrawElsewhere() {
+	if !a.req.Wait || len(a.granted) == len(a.b.nodes) {
+		return
+	}
+	var rest []int
+	for i := range a.b.nodes {
+		if a.r.errs[i] != nil || a.r.vals[i].status == statusHeld {
+			rest = append(rest, i)
+		}
+	}
+	a.b.withdrawAsync(a.req.Key, a.req.Owner, rest)
+}
+
+// commit offers token t to the granting nodes until a majority accepts one, within
+// the validity and a few rounds. It returns the accepted token, or 0 with the node
+// errors of the last round (indexed like b.nodes) and a note.
+func (b *Backend) commit(ctx context.Context, req driver.Request, keys []string, nodes []int, t uint64, start time.Time) (uint64, []error, string) {
+	var errs []error
+	for range maxCommitRounds {
+		if err := ctx.Err(); err != nil {
+			return 0, errs, "cancelled while settling the fencing token: " + err.Error()
+		}
+		if b.validity(req.TTL, start) <= 0 {
+			return 0, errs, "validity used up while settling the fencing token"
+		}
+		r := fanout(ctx, b, nodes, func(ctx context.Context, n *node) (int64, error) {
+			return commitScript.Run(ctx, n.rdb, keys[:2], req.Owner, t).Int64()
+		})
+		errs = r.errs
+		accepted := 0
+		var next []int // the nodes that may still hold the grant
+		maxC := t
+		for _, i := range nodes {
+			switch v := r.vals[i]; {
+			case r.errs[i] != nil:
+				next = append(next, i)
+			case v == commitAccepted:
+				accepted++
+				next = append(next, i)
+			case v == commitLost:
+				// The owner lost the lock here: not asked again.
+			case v > 0: // rejected: the node's counter
+				maxC = max(maxC, uint64(v))
+				next = append(next, i)
+			}
+		}
+		if accepted >= b.quorum {
+			return t, nil, ""
+		}
+		if len(next) < b.quorum {
+			return 0, errs, fmt.Sprintf("the lock vanished from granting nodes while settling the fencing token (%d accepted)", accepted)
+		}
+		b.saw(req.Key, maxC)
+		t, nodes = maxC+1, next
+	}
+	return 0, errs, "no fencing token accepted by a majority after several rounds"
+}
+
+// retryAfter estimates when enough held nodes free up for a majority: with held
+// sorted by remaining TTL, the one whose expiry completes a majority.
+func (b *Backend) retryAfter(held []int64) time.Duration {
+	need := b.quorum - (len(b.nodes) - len(held))
+	if need <= 0 {
+		return 0
+	}
+	s := slices.Clone(held)
+	slices.Sort(s)
+	if s[need-1] <= 0 {
+		return 0
+	}
+	return time.Duration(s[need-1]) * time.Millisecond
+}

@@ -1,0 +1,110 @@
+package redlock
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// ForceRelease implements driver.ForceReleaser: it deletes the lock on every node,
+// whatever its owner. The old holder learns at its next renewal; the next grant's
+// token is larger, as for any grant.
+func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	keys, prefix, nonce := b.releaseKeys(key), b.waiterPrefix(key), b.newNonce()
+	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (int64, error) {
+		return forceReleaseScript.Run(ctx, n.rdb, keys, prefix, nonce, key).Int64()
+	})
+	deletedOn, failed := 0, 0
+	for i := range b.nodes {
+		if r.errs[i] != nil {
+			failed++
+		} else if r.vals[i] == deleted {
+			deletedOn++
+		}
+	}
+	if failed > len(b.nodes)-b.quorum {
+		// The unanswered nodes could still hold a majority.
+		return &QuorumError{Op: "force release", Key: key, OK: len(b.nodes) - failed, Need: b.quorum, Nodes: len(b.nodes), Err: b.nodeErrors(r.errs)}
+	}
+	if deletedOn == 0 {
+		return fmt.Errorf("redlock: force release %q: %w", key, driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// view is one node's answer to inspect.lua.
+type view struct {
+	owner string
+	tok   uint64
+	pttl  int64
+	wait  int64 // live waiters
+}
+
+// inspectNode runs inspect.lua on one node.
+func (b *Backend) inspectNode(ctx context.Context, n *node, keys []string, prefix string) (view, error) {
+	v, err := inspectScript.Run(ctx, n.rdb, keys, prefix).Slice()
+	if err != nil {
+		return view{}, err
+	}
+	if len(v) != 4 { // {value, pttl, counter, live waiters}
+		return view{}, fmt.Errorf("unexpected script reply %v", v)
+	}
+	var out view
+	if s, ok := v[0].(string); ok {
+		h, t, _ := strings.Cut(s, tokenSep)
+		out.owner = h
+		out.tok, _ = strconv.ParseUint(t, 10, 64)
+	}
+	out.pttl, _ = v[1].(int64)
+	out.wait, _ = v[3].(int64)
+	return out, nil
+}
+
+// Inspect implements driver.Inspector with the majority's view: the owner that holds
+// the key on a majority of nodes, its token, the time for which a majority still
+// holds it, and the largest number of live waiters any node knows.
+func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	keys, prefix := b.keys(key), b.waiterPrefix(key)
+	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (view, error) {
+		return b.inspectNode(ctx, n, keys, prefix)
+	})
+	byOwner := make(map[string][]view)
+	failed := 0
+	var waiters int64
+	for i := range b.nodes {
+		if r.errs[i] != nil {
+			failed++
+			continue
+		}
+		v := r.vals[i]
+		waiters = max(waiters, v.wait)
+		if v.owner != "" {
+			byOwner[v.owner] = append(byOwner[v.owner], v)
+		}
+	}
+	best := 0
+	for owner, vs := range byOwner {
+		best = max(best, len(vs))
+		if len(vs) < b.quorum {
+			continue
+		}
+		// The TTL for which a majority still holds it: the quorum-th largest.
+		slices.SortFunc(vs, func(a, c view) int { return int(c.pttl - a.pttl) })
+		var tok uint64
+		for _, v := range vs {
+			tok = max(tok, v.tok)
+		}
+		return driver.Info{Key: key, Owner: owner, Token: tok,
+			TTL: time.Duration(max(vs[b.quorum-1].pttl, 0)) * time.Millisecond, Waiters: int(waiters)}, nil
+	}
+	if best+failed >= b.quorum {
+		return driver.Info{}, &QuorumError{Op: "inspect", Key: key, OK: len(b.nodes) - failed, Need: b.quorum, Nodes: len(b.nodes),
+			Note: "too many nodes failed to tell who holds it", Err: b.nodeErrors(r.errs)}
+	}
+	return driver.Info{}, fmt.Errorf("redlock: inspect %q: %w", key, driver.ErrNotHeld)
+}

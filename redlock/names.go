@@ -1,0 +1,75 @@
+package redlock
+
+// Key layout on every node, for a lock named K under prefix P (0x1f is the ASCII
+// unit separator):
+//
+//	P:lock 0x1f K     string  "OWNER" or "OWNER TOKEN": the holder on this node and,
+//	                          once the fencing token is known, the token; TTL = the
+//	                          lease TTL
+//	P:fence 0x1f K    string  this node's fencing counter: the largest token it
+//	                          accepted; no TTL, it must outlive every lock (see the
+//	                          package documentation)
+//	P:wait 0x1f K     zset    owner ids of waiters, scored by when they started
+//	                          waiting (their client's clock, ms), oldest first
+//	P:waiter 0x1f K 0x1f OWNER
+//	                  string  the waiter's client wake-up channel; its TTL is the
+//	                          waiter's patience, renewed by each of its attempts
+//	P:floor 0x1f K    string  the benchmark floor's lock (internal/storeops, on the
+//	                          first node); the backend never touches it
+//
+// A client's wake-up channel is P:wake:ID; a release publishes "NONCE OWNER K" on
+// the channel of the waiter it wakes.
+//
+// No prefix, key or owner id holds a control byte (WithPrefix, driver.ValidateKey,
+// driver.ValidateOwner), so the first 0x1f of a key name ends "P:kind", whose kind
+// follows the last ":" and P precedes it, and K runs to the next 0x1f or the end:
+// two key names are equal only if their prefix, kind, key and owner are, and no
+// prefix reaches another's keys. (Earlier versions used ":" in place of 0x1f, so
+// prefix "a" with key "b:lock:c" and prefix "a:lock:b" with key "c" shared a lock.
+// Clients of the older layout do not exclude clients of this one: stop every older
+// client before starting new ones; the fence counters start again from the server
+// clock, above the old tokens.) Key names start with "P:", so an ACL key pattern P:*
+// covers a prefix's keys.
+//
+// Owner ids never contain a space (driver.ValidateOwner), so "OWNER TOKEN" splits
+// unambiguously and cannot be forged by a crafted owner id. Keys and values travel as
+// KEYS and ARGV, never inside the script text, so any key is safe. Waiter keys are
+// computed inside the scripts, from the waiter key prefix the client passes, which
+// suits independent masters, not Redis Cluster.
+
+const (
+	lockPart   = ":lock\x1f"
+	fencePart  = ":fence\x1f"
+	waitPart   = ":wait\x1f"
+	waiterPart = ":waiter\x1f"
+	floorPart  = ":floor\x1f"
+	ownerSep   = "\x1f"
+	tokenSep   = " " // between OWNER and TOKEN in a lock value (lib.lua's SEP)
+)
+
+func lockKey(prefix, key string) string      { return prefix + lockPart + key }
+func fenceKey(prefix, key string) string     { return prefix + fencePart + key }
+func waitSetKey(prefix, key string) string   { return prefix + waitPart + key }
+func floorKey(prefix, key string) string     { return prefix + floorPart + key }
+func waiterPrefix(prefix, key string) string { return prefix + waiterPart + key + ownerSep }
+func wakeChannel(prefix, id string) string   { return prefix + ":wake:" + id }
+
+// LockKey returns the Redis key, on every node, that holds the lock named key: the
+// prefix, ":lock", the byte 0x1f and the key (see the key layout above).
+func (b *Backend) LockKey(key string) string { return lockKey(b.cfg.prefix, key) }
+
+// FenceKey returns the Redis key, on every node, that holds the fencing counter of key.
+func (b *Backend) FenceKey(key string) string { return fenceKey(b.cfg.prefix, key) }
+
+// keys returns the KEYS of the acquire and inspect scripts: lock, fence, wait set.
+// The commit and refresh scripts take the first two.
+func (b *Backend) keys(key string) []string {
+	return []string{lockKey(b.cfg.prefix, key), fenceKey(b.cfg.prefix, key), waitSetKey(b.cfg.prefix, key)}
+}
+
+// releaseKeys returns the KEYS of the release scripts: lock, wait set.
+func (b *Backend) releaseKeys(key string) []string {
+	return []string{lockKey(b.cfg.prefix, key), waitSetKey(b.cfg.prefix, key)}
+}
+
+func (b *Backend) waiterPrefix(key string) string { return waiterPrefix(b.cfg.prefix, key) }

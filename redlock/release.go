@@ -1,0 +1,113 @@
+package redlock
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Refresh implements driver.Backend: it extends the lock on every node and succeeds
+// if a majority did so within the validity. Nodes that lost the key get it back.
+func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	start := time.Now()
+	keys := b.keys(key)[:2] // lock, fence
+	tok := b.tokenOf(key, owner)
+	pttl := ms(ttl)
+	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (int64, error) {
+		return refreshScript.Run(ctx, n.rdb, keys, owner, pttl, tok, refreshOnly).Int64()
+	})
+	ok, failed := 0, 0
+	var absent []int
+	for i := range b.nodes {
+		switch {
+		case r.errs[i] != nil:
+			failed++
+		case r.vals[i] == refreshExtended:
+			ok++
+		case r.vals[i] == refreshAbsent:
+			absent = append(absent, i)
+		}
+	}
+	if ok >= b.quorum {
+		if v := b.validity(ttl, start); v <= 0 {
+			return &QuorumError{Op: "refresh", Key: key, OK: ok, Need: b.quorum, Nodes: len(b.nodes), Note: usedUp(start)}
+		}
+		if len(absent) > 0 {
+			// A node that lost the key (restarted empty) would grant it to anyone:
+			// close it again for the valid owner.
+			fanout(ctx, b, absent, func(ctx context.Context, n *node) (int64, error) {
+				return refreshScript.Run(ctx, n.rdb, keys, owner, pttl, tok, refreshRestore).Int64()
+			})
+		}
+		return nil
+	}
+	qe := &QuorumError{Op: "refresh", Key: key, OK: ok, Need: b.quorum, Nodes: len(b.nodes), Err: b.nodeErrors(r.errs)}
+	if ok+failed < b.quorum {
+		// Lost for good: free the minority that still has it, so others need not
+		// wait for its TTL.
+		qe.notHeld = true
+		b.forget(key, owner)
+		b.releaseOn(context.WithoutCancel(ctx), b.all(), key, owner)
+	}
+	return qe
+}
+
+// Release implements driver.Backend. It returns nil when a majority released the
+// lock, an error matching ErrNotHeld when the owner provably held no majority, and a
+// QuorumError otherwise (too many nodes failed to tell).
+func (b *Backend) Release(ctx context.Context, key, owner string) error {
+	b.forget(key, owner)
+	start := time.Now()
+	r := b.releaseAll(ctx, b.all(), key, owner)
+	releasedOn, failed := 0, 0
+	var woken []string
+	for i := range b.nodes {
+		if r.errs[i] != nil {
+			failed++
+			continue
+		}
+		switch v := r.vals[i].(type) {
+		case int64:
+			if v == released {
+				releasedOn++
+			}
+		case string: // the waiter woken
+			releasedOn++
+			if !slices.Contains(woken, v) {
+				woken = append(woken, v)
+			}
+		}
+	}
+	if len(woken) > 0 {
+		// Let the woken waiter take it before this client's next Lock barges in:
+		// about one more round trip for the message and one for its attempt.
+		b.yieldTo(key, woken, min(max(2*time.Since(start), time.Millisecond), maxYield))
+	}
+	if releasedOn >= b.quorum {
+		return nil
+	}
+	qe := &QuorumError{Op: "release", Key: key, OK: releasedOn, Need: b.quorum, Nodes: len(b.nodes), Err: b.nodeErrors(r.errs)}
+	qe.notHeld = releasedOn+failed < b.quorum
+	return qe
+}
+
+// releaseAll runs release.lua on the given nodes, with one nonce for them all.
+func (b *Backend) releaseAll(ctx context.Context, idx []int, key, owner string) results[any] {
+	keys, prefix, nonce := b.releaseKeys(key), b.waiterPrefix(key), b.newNonce()
+	return fanout(ctx, b, idx, func(ctx context.Context, n *node) (any, error) {
+		return releaseScript.Run(ctx, n.rdb, keys, owner, prefix, nonce, key).Result()
+	})
+}
+
+// releaseOn releases the owner's lock on the given nodes, ignoring failures (the
+// lock expires by itself).
+func (b *Backend) releaseOn(ctx context.Context, idx []int, key, owner string) {
+	b.releaseAll(ctx, idx, key, owner)
+}
+
+// newNonce returns an id for one release, the same on every node: this client's id
+// and a counter.
+func (b *Backend) newNonce() string {
+	return b.id + "." + strconv.FormatUint(b.nonce.Add(1), 36)
+}

@@ -1,0 +1,76 @@
+-- acquire.lua: phase one of an acquire on one node (joined after lib.lua).
+--
+-- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] wait set.
+-- ARGV[1] owner
+-- ARGV[2] ttl in ms
+-- ARGV[3] proposal: a token to accept if it is above this node's counter, or 0
+-- ARGV[4] wait: 0 no; 1 record the owner as a waiter if the key is held; 2 the same,
+--         and an earlier attempt may have recorded it, so a grant removes it
+-- ARGV[5] patience in ms: the expiry of the waiter's place
+-- ARGV[6] waiter key prefix (the waiter's key is the prefix and the owner)
+-- ARGV[7] the client's wake-up channel
+-- ARGV[8] waiting since (ms): the waiter's score in the wait set
+-- ARGV[9] reenter: 1 the request says Reenter (driver.Request); 0 an owner that holds
+--         the key here is refused like another owner, and not recorded as a waiter,
+--         because the same owner id may be in use by another client or process
+--
+-- Returns {status, counter, x[, rank]}:
+--   {FRESH, c, p}      the lock was free and is now the owner's; c is the counter
+--                      before; p is the proposal if it was accepted (counter and
+--                      lock now carry it), else 0
+--   {REENTRY, c, t}    the owner already held it here and reenter is 1: TTL
+--                      extended; t is the token recorded with it, 0 if none
+--   {HELD, c, pttl, r} held by another owner; c is the counter (0 if missing); pttl
+--                      its remaining TTL in ms (-1 if unknown); r the owner's rank in
+--                      the wait set (0: oldest), NOT_QUEUED if it is not there. With
+--                      wait 1 or 2 the owner is recorded as a waiter.
+local lockKey, fenceKey, waitKey = KEYS[1], KEYS[2], KEYS[3]
+local owner, ttl, proposal, wait = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local patience, waiterPrefix, channel, since, reenter = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local HELD, FRESH, REENTRY = 0, 1, 2
+local NOT_QUEUED = -1
+
+-- leave removes the owner's place, if an earlier attempt may have recorded one.
+local function leave()
+  if wait == '2' then
+    redis.call('ZREM', waitKey, owner)
+    redis.call('DEL', waiterPrefix .. owner)
+  end
+end
+
+-- counter reads the counter without creating it.
+local function counter()
+  return tonumber(redis.call('GET', fenceKey) or '0')
+end
+
+local v = redis.call('GET', lockKey)
+if not v then
+  local c = fence(fenceKey)
+  leave()
+  local p = tonumber(proposal)
+  if p > c then
+    redis.call('SET', fenceKey, proposal)
+    redis.call('SET', lockKey, owner .. SEP .. proposal, 'PX', ttl)
+    return {FRESH, c, p}
+  end
+  redis.call('SET', lockKey, owner, 'PX', ttl)
+  return {FRESH, c, 0}
+end
+local h, t = holder(v)
+if h == owner and reenter ~= '1' then
+  return {HELD, counter(), redis.call('PTTL', lockKey), NOT_QUEUED}
+end
+if h == owner then
+  redis.call('PEXPIRE', lockKey, ttl)
+  leave()
+  return {REENTRY, fence(fenceKey), t}
+end
+if wait ~= '0' then
+  redis.call('SET', waiterPrefix .. owner, channel, 'PX', patience)
+  redis.call('ZADD', waitKey, 'NX', since, owner)
+  if redis.call('PTTL', waitKey) < tonumber(patience) then
+    redis.call('PEXPIRE', waitKey, patience)
+  end
+end
+return {HELD, counter(), redis.call('PTTL', lockKey),
+  redis.call('ZRANK', waitKey, owner) or NOT_QUEUED}

@@ -1,0 +1,15 @@
+-- force_release.lua: deletes the lock on one node whatever its owner, and wakes a
+-- waiter (joined after wake.lua).
+--
+-- KEYS[1] lock, KEYS[2] wait set.
+-- ARGV[1] waiter key prefix, ARGV[2] nonce (the same on every node for one
+-- release), ARGV[3] the lock name.
+--
+-- Returns DELETED (1) if a lock was deleted, NONE (0) if there was none.
+local lockKey, waitKey = KEYS[1], KEYS[2]
+local waiterPrefix, nonce, name = ARGV[1], ARGV[2], ARGV[3]
+local NONE, DELETED = 0, 1
+
+if redis.call('DEL', lockKey) == 0 then return NONE end
+if redis.call('EXISTS', waitKey) == 1 then wake(waitKey, waiterPrefix, nonce, name) end
+return DELETED

@@ -1,0 +1,22 @@
+-- release.lua: deletes the owner's lock on one node and wakes a waiter (joined
+-- after lib.lua and wake.lua).
+--
+-- KEYS[1] lock, KEYS[2] wait set.
+-- ARGV[1] owner, ARGV[2] waiter key prefix, ARGV[3] nonce (the same on every node
+-- for one release), ARGV[4] the lock name.
+--
+-- Returns the owner id of the waiter woken, else RELEASED (1) if released,
+-- NOT_HELD (0) if the owner did not hold it here.
+local lockKey, waitKey = KEYS[1], KEYS[2]
+local owner, waiterPrefix, nonce, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local NOT_HELD, RELEASED = 0, 1
+
+local v = redis.call('GET', lockKey)
+if not v then return NOT_HELD end
+if holder(v) ~= owner then return NOT_HELD end
+redis.call('DEL', lockKey)
+if redis.call('EXISTS', waitKey) == 1 then
+  local woken = wake(waitKey, waiterPrefix, nonce, name)
+  if woken then return woken end
+end
+return RELEASED
