@@ -12,8 +12,6 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-type ekey struct{ key, owner string }
-
 // entry is this backend's child (or attempt at one) for a (key, owner).
 type entry struct {
 	key, owner string
@@ -43,7 +41,7 @@ func (b *Backend) entryFor(key, owner string) (*entry, error) {
 	if b.closed {
 		return nil, driver.ErrClosed
 	}
-	k := ekey{key, owner}
+	k := driver.Holder{Key: key, Owner: owner}
 	e := b.entries[k]
 	if e == nil {
 		e = &entry{key: key, owner: owner, parent: b.LockPath(key), lost: make(chan struct{})}
@@ -55,7 +53,7 @@ func (b *Backend) entryFor(key, owner string) (*entry, error) {
 func (b *Backend) lookup(key, owner string) *entry {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.entries[ekey{key, owner}]
+	return b.entries[driver.Holder{Key: key, Owner: owner}]
 }
 
 // Bound implements driver.Bounder: a grant lives on the session, which is certainly
@@ -66,7 +64,7 @@ func (b *Backend) lookup(key, owner string) *entry {
 func (b *Backend) Bound(key, owner string) (time.Duration, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.entries[ekey{key, owner}]
+	e := b.entries[driver.Holder{Key: key, Owner: owner}]
 	switch {
 	case e == nil || e.dead || !e.granted:
 		return 0, false
@@ -84,7 +82,7 @@ func (b *Backend) dropLocked(e *entry, deleteNode bool) {
 		return
 	}
 	e.dead = true
-	k := ekey{e.key, e.owner}
+	k := driver.Holder{Key: e.key, Owner: e.owner}
 	if b.entries[k] == e {
 		delete(b.entries, k)
 	}

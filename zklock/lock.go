@@ -41,7 +41,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	own := e.name
 	knownStat := e.czxid != 0
 	if own != "" && req.Wait && !e.granted {
-		if w := b.waiters[ekey{req.Key, req.Owner}]; w != nil && w.watching && w.pred != "" &&
+		if w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]; w != nil && w.watching && w.pred != "" &&
 			e.session == b.session && time.Since(w.checked) < recheck {
 			// Still queued behind a watched predecessor: answered without a
 			// request (see recheck).
@@ -222,7 +222,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	}
 	b.armLocked(e, req.Patience)
 	held := &driver.HeldError{Ahead: idx - 1}
-	w := b.waiters[ekey{req.Key, req.Owner}]
+	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 	if w != nil {
 		w.checked, w.ahead = time.Now(), held.Ahead
 	}

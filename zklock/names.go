@@ -2,8 +2,6 @@ package zklock
 
 import (
 	"cmp"
-	"crypto/rand"
-	"encoding/hex"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,10 +80,7 @@ func queue(names []string) []child {
 	return cs
 }
 
-func newGUID() string {
-	var g [guidLen / 2]byte
-	_, _ = rand.Read(g[:])
-	return hex.EncodeToString(g[:])
-}
+// newGUID returns the random part of a child's name (guidLen hex digits).
+func newGUID() string { return driver.RandomHex(guidLen / 2) }
 
 func pathBase(p string) string { return p[strings.LastIndexByte(p, '/')+1:] }

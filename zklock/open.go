@@ -19,8 +19,8 @@ import (
 // form and parameters. It returns once a session is established and the root is
 // usable, or fails when ctx ends or the session timeout passes first.
 func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
-	if u.Scheme != "zk" {
-		return nil, invalid("scheme %q is not zk", u.Scheme)
+	if u.Scheme != Scheme {
+		return nil, invalid("scheme %q is not %s", u.Scheme, Scheme)
 	}
 	if u.Host == "" {
 		return nil, invalid("URL %s names no server", driver.Redact(u))
@@ -116,8 +116,8 @@ func dial(ctx context.Context, servers []string, name string, opts []Option) (*B
 		root: cfg.root, acl: cfg.acl, log: cfg.logger, name: name,
 		timeout: cfg.sessionTimeout,
 		closing: make(chan struct{}), ready: make(chan struct{}),
-		entries: make(map[ekey]*entry), byPath: make(map[string]*entry),
-		waiters: make(map[ekey]*waiter), predOf: make(map[string]map[*waiter]bool),
+		entries: make(map[driver.Holder]*entry), byPath: make(map[string]*entry),
+		waiters: make(map[driver.Holder]*waiter), predOf: make(map[string]map[*waiter]bool),
 		doomed:  make(map[string]bool),
 		creates: make(map[string]*createWait), createXid: make(map[int32]*createWait),
 	}

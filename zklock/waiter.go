@@ -18,7 +18,7 @@ func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, 
 	if b.closed {
 		return nil, driver.ErrClosed
 	}
-	k := ekey{key, owner}
+	k := driver.Holder{Key: key, Owner: owner}
 	if old := b.waiters[k]; old != nil {
 		b.unwatchLocked(old)
 	}
@@ -79,7 +79,7 @@ func (b *Backend) unwatchLocked(w *waiter) {
 // Stop implements driver.Waiter: a waiter that did not acquire deletes its child.
 func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	b := w.b
-	k := ekey{w.key, w.owner}
+	k := driver.Holder{Key: w.key, Owner: w.owner}
 	b.mu.Lock()
 	b.unwatchLocked(w)
 	if b.waiters[k] == w {

@@ -119,8 +119,11 @@ import (
 	"github.com/dlockio/dlock/driver"
 )
 
+// Scheme is the URL scheme of this backend: zk://host1:2181,host2/root.
+const Scheme = "zk"
+
 func init() {
-	driver.Register("zk", func(ctx context.Context, u *url.URL) (driver.Backend, error) {
+	driver.Register(Scheme, func(ctx context.Context, u *url.URL) (driver.Backend, error) {
 		return Open(ctx, u)
 	})
 }
@@ -162,9 +165,9 @@ type Backend struct {
 	dialedAt    time.Time // when the current connection was established
 	heard       time.Time // send time of the latest request known to have reached the leader
 	dialErr     error
-	entries     map[ekey]*entry
+	entries     map[driver.Holder]*entry
 	byPath      map[string]*entry // own child path -> entry
-	waiters     map[ekey]*waiter
+	waiters     map[driver.Holder]*waiter
 	predOf      map[string]map[*waiter]bool // watched predecessor path -> waiters
 	doomed      map[string]bool             // child paths being deleted in the background
 	granted     int
