@@ -31,7 +31,12 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 }
 
 // attempt makes one attempt with e's operation lock held. again means e was dropped
-// meanwhile and the attempt should start over with a new entry.
+// meanwhile and the attempt should start over with a new entry. Its steps: answer a
+// watched waiter locally, create the child, list the queue and read the child's stat
+// in one round trip, settle the owner's children (keepOldest), then grant, refuse or
+// queue. It stays one function of about 145 lines because the listing, the child's
+// stat and the entry's fields are read and written under b.mu in between each step;
+// the three outcomes are functions of their own (grant, queue).
 func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g driver.Grant, err error, again bool) {
 	b.mu.Lock()
 	if e.dead {
@@ -148,9 +153,63 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		}
 	}
 	b.mu.Unlock()
+	if again, err := b.keepOldest(ctx, e, req, mine, own); again || err != nil {
+		return g, err, again
+	}
+	ownPath = e.parent + "/" + keep.name
+	// The place of the child kept: idx contenders below it, the highest of them
+	// (its predecessor) below.
+	idx, below := 0, child{}
+	for _, c := range q {
+		if c.seq < keep.seq {
+			if idx == 0 || c.seq > below.seq {
+				below = c
+			}
+			idx++
+		}
+	}
+
+	if idx == 0 {
+		return b.grant(ctx, e, req)
+	}
+
+	if !req.Wait {
+		err := b.call(ctx, func() error { return b.conn.Delete(ownPath, -1) })
+		b.mu.Lock()
+		b.dropLocked(e, err != nil && !errors.Is(err, zk.ErrNoNode))
+		b.mu.Unlock()
+		return g, &driver.HeldError{}, false
+	}
+
+	return b.queue(ctx, e, req, e.parent+"/"+below.name, idx)
+}
+
+// grant completes an attempt whose child is first in the queue: the key is held.
+func (b *Backend) grant(ctx context.Context, e *entry, req driver.Request) (g driver.Grant, err error, again bool) {
+	if err := b.freshSession(ctx); err != nil {
+		return g, wrap("acquire", req.Key, err), false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e.dead {
+		return g, nil, true
+	}
+	if !e.granted {
+		e.granted = true
+		b.granted++
+	}
+	b.armLocked(e, req.TTL)
+	return driver.Grant{Token: uint64(e.czxid), Lost: e.lost}, nil, false
+}
+
+// keepOldest deletes the owner's children other than mine[0], the oldest, and
+// when that is not own (this attempt's child) makes the entry e stand for it,
+// watched. again asks for the attempt to start over (the kept child is gone).
+func (b *Backend) keepOldest(ctx context.Context, e *entry, req driver.Request, mine []child, own string) (again bool, err error) {
+	keep := mine[0]
 	for _, c := range mine[1:] {
 		if err := b.call(ctx, func() error { return b.conn.Delete(e.parent+"/"+c.name, -1) }); err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return g, wrap("acquire", req.Key, err), false
+			return false, wrap("acquire", req.Key, err)
 		}
 	}
 	if keep.name != own {
@@ -165,56 +224,22 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		if errors.Is(err, zk.ErrNoNode) || e.dead {
 			b.dropLocked(e, false)
 			b.mu.Unlock()
-			return g, nil, true
+			return true, nil
 		}
 		if err != nil {
 			b.mu.Unlock()
-			return g, wrap("acquire", req.Key, err), false
+			return false, wrap("acquire", req.Key, err)
 		}
 		e.name, e.path, e.czxid, e.session, e.guid, e.watched = keep.name, kp, st.Czxid, st.EphemeralOwner, keep.guid, true
 		b.byPath[kp] = e
 		b.mu.Unlock()
-		ownPath = kp
 	}
-	// The place of the child kept: idx contenders below it, the highest of them
-	// (its predecessor) below.
-	idx, below := 0, child{}
-	for _, c := range q {
-		if c.seq < keep.seq {
-			if idx == 0 || c.seq > below.seq {
-				below = c
-			}
-			idx++
-		}
-	}
+	return false, nil
+}
 
-	if idx == 0 {
-		if err := b.freshSession(ctx); err != nil {
-			return g, wrap("acquire", req.Key, err), false
-		}
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if e.dead {
-			return g, nil, true
-		}
-		if !e.granted {
-			e.granted = true
-			b.granted++
-		}
-		b.armLocked(e, req.TTL)
-		return driver.Grant{Token: uint64(e.czxid), Lost: e.lost}, nil, false
-	}
-
-	if !req.Wait {
-		err := b.call(ctx, func() error { return b.conn.Delete(ownPath, -1) })
-		b.mu.Lock()
-		b.dropLocked(e, err != nil && !errors.Is(err, zk.ErrNoNode))
-		b.mu.Unlock()
-		return g, &driver.HeldError{}, false
-	}
-
-	// Queue: keep the child, watch the predecessor only.
-	pred := e.parent + "/" + below.name
+// queue completes an attempt whose child waits behind idx others, pred the
+// nearest: it keeps the child, and watches the predecessor only.
+func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, pred string, idx int) (g driver.Grant, err error, again bool) {
 	b.mu.Lock()
 	if e.dead {
 		b.mu.Unlock()
@@ -289,7 +314,8 @@ func (b *Backend) freshSession(ctx context.Context) error {
 // behind the create, and a session's requests are processed in order, so it sees the
 // new child. On failure, an entry whose create may have happened is left to expire
 // locally (which deletes whatever carries its GUID); one whose create certainly did
-// not happen is dropped.
+// not happen is dropped. It is one function of about 130 lines: a retry loop whose
+// every branch decides, from what the wire sniffer saw, whether the create happened.
 func (b *Backend) create(ctx context.Context, e *entry, data []byte, req driver.Request) (res created, err error) {
 	b.mu.Lock()
 	if e.guid == "" {

@@ -95,32 +95,11 @@ func Dial(ctx context.Context, servers []string, opts ...Option) (*Backend, erro
 }
 
 func dial(ctx context.Context, servers []string, name string, opts []Option) (*Backend, error) {
-	cfg := config{root: DefaultRoot, sessionTimeout: DefaultSessionTimeout, createRoot: true,
-		logger: slog.New(slog.DiscardHandler)}
-	for _, o := range opts {
-		if o == nil {
-			return nil, invalid("nil option")
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.acl == nil {
-		if cfg.hasAuth {
-			cfg.acl = zk.AuthACL(zk.PermAll)
-		} else {
-			cfg.acl = zk.WorldACL(zk.PermAll)
-		}
-	}
-	b := &Backend{
-		root: cfg.root, acl: cfg.acl, log: cfg.logger, name: name,
-		timeout: cfg.sessionTimeout,
-		closing: make(chan struct{}), ready: make(chan struct{}),
-		entries: make(map[driver.Holder]*entry), byPath: make(map[string]*entry),
-		waiters: make(map[driver.Holder]*waiter), predOf: make(map[string]map[*waiter]bool),
-		doomed:  make(map[string]bool),
-		creates: make(map[string]*createWait), createXid: make(map[int32]*createWait),
-	}
+	b := newBackend(cfg, name)
 	// Open's bound: ctx, the session timeout, and driver.DefaultOpenTimeout when ctx
 	// has no deadline.
 	octx, ocancel := driver.OpenContext(ctx)
@@ -135,9 +114,11 @@ func dial(ctx context.Context, servers []string, name string, opts []Option) (*B
 	}
 	var rawMu sync.Mutex
 	var raw net.Conn // the latest connection dialed
+	var conn *zk.Conn
+	var events <-chan zk.Event
 	hooks := &wireHooks{connect: b.onConnectResponse, wrote: b.onCreateWritten, replied: b.onReply,
 		dialed: func(c net.Conn) { rawMu.Lock(); raw = c; rawMu.Unlock() }}
-	conn, events, err := zk.Connect(servers, cfg.sessionTimeout,
+	conn, events, err = zk.Connect(servers, cfg.sessionTimeout,
 		zk.WithDialer(dialer(cfg.tls, hooks, b.onDialError)),
 		zk.WithLogger(zkLogger{cfg.logger}), zk.WithLogInfo(false),
 		zk.WithEventCallback(b.onEvent))
@@ -149,7 +130,64 @@ func dial(ctx context.Context, servers []string, name string, opts []Option) (*B
 		b.shutdown()
 		return nil, err
 	}
-	// Wait for the first session.
+	if err := b.awaitSession(ctx, wctx, name, &rawMu, &raw); err != nil {
+		return fail(err)
+	}
+	if cfg.hasAuth {
+		err := b.call(octx, func() error { return conn.AddAuth("digest", []byte(cfg.user+":"+cfg.password)) })
+		if err != nil {
+			if errors.Is(err, zk.ErrAuthFailed) || errors.Is(err, zk.ErrNoAuth) {
+				err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
+			}
+			return fail(fmt.Errorf("zklock: authenticate as %q on %s: %w", cfg.user, name, err))
+		}
+	}
+	if err := b.prepareRoot(octx, cfg.createRoot); err != nil {
+		return fail(fmt.Errorf("zklock: root %q on %s: %w", b.rootPath(), name, err))
+	}
+	b.wg.Add(1)
+	go b.monitor()
+	return b, nil
+}
+
+// newConfig applies opts to the defaults.
+func newConfig(opts []Option) (config, error) {
+	cfg := config{root: DefaultRoot, sessionTimeout: DefaultSessionTimeout, createRoot: true,
+		logger: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		if o == nil {
+			return cfg, invalid("nil option")
+		}
+		if err := o(&cfg); err != nil {
+			return cfg, err
+		}
+	}
+	if cfg.acl == nil {
+		if cfg.hasAuth {
+			cfg.acl = zk.AuthACL(zk.PermAll)
+		} else {
+			cfg.acl = zk.WorldACL(zk.PermAll)
+		}
+	}
+	return cfg, nil
+}
+
+// newBackend returns a Backend for cfg, not connected yet.
+func newBackend(cfg config, name string) *Backend {
+	return &Backend{
+		root: cfg.root, acl: cfg.acl, log: cfg.logger, name: name,
+		timeout: cfg.sessionTimeout,
+		closing: make(chan struct{}), ready: make(chan struct{}),
+		entries: make(map[driver.Holder]*entry), byPath: make(map[string]*entry),
+		waiters: make(map[driver.Holder]*waiter), predOf: make(map[string]map[*waiter]bool),
+		doomed:  make(map[string]bool),
+		creates: make(map[string]*createWait), createXid: make(map[int32]*createWait),
+	}
+}
+
+// awaitSession waits for the first session, until wctx ends (Open's bound), and
+// says why none came: the last dial error, and ctx's cause if the caller gave up.
+func (b *Backend) awaitSession(ctx, wctx context.Context, name string, rawMu *sync.Mutex, raw *net.Conn) error {
 	select {
 	case <-b.ready:
 	case <-wctx.Done():
@@ -170,27 +208,13 @@ func dial(ctx context.Context, servers []string, name string, opts []Option) (*B
 		// library in a read with a deadline of its own (ten times two thirds of the
 		// session timeout): end it now.
 		rawMu.Lock()
-		if raw != nil {
-			raw.Close()
+		if *raw != nil {
+			(*raw).Close()
 		}
 		rawMu.Unlock()
-		return fail(fmt.Errorf("zklock: connect to %s: %w (%w)", name, why, err))
+		return fmt.Errorf("zklock: connect to %s: %w (%w)", name, why, err)
 	}
-	if cfg.hasAuth {
-		err := b.call(octx, func() error { return conn.AddAuth("digest", []byte(cfg.user+":"+cfg.password)) })
-		if err != nil {
-			if errors.Is(err, zk.ErrAuthFailed) || errors.Is(err, zk.ErrNoAuth) {
-				err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
-			}
-			return fail(fmt.Errorf("zklock: authenticate as %q on %s: %w", cfg.user, name, err))
-		}
-	}
-	if err := b.prepareRoot(octx, cfg.createRoot); err != nil {
-		return fail(fmt.Errorf("zklock: root %q on %s: %w", b.rootPath(), name, err))
-	}
-	b.wg.Add(1)
-	go b.monitor()
-	return b, nil
+	return nil
 }
 
 // resolve looks the servers' names up within ctx. It fails when none resolves, with
