@@ -2,10 +2,7 @@ package zklock_test
 
 import (
 	"context"
-	"fmt"
 	"strconv"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,29 +11,6 @@ import (
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 )
-
-// packetsReceived counts the requests (and pings) the server received, from the mntr
-// four-letter word, not counting the mntr requests themselves.
-func packetsReceived(srv *testserver.ZooKeeper) func(context.Context) (int64, error) {
-	var calls atomic.Int64
-	return func(context.Context) (int64, error) {
-		n := calls.Add(1)
-		out, err := srv.FourLetter("mntr")
-		if err != nil {
-			return 0, err
-		}
-		for line := range strings.SplitSeq(out, "\n") {
-			if v, ok := strings.CutPrefix(line, "zk_packets_received\t"); ok {
-				total, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				if err != nil {
-					return 0, err
-				}
-				return total - n, nil
-			}
-		}
-		return 0, fmt.Errorf("mntr has no zk_packets_received: %q", out)
-	}
-}
 
 func BenchmarkCycle(b *testing.B) {
 	srv := testserver.StartZooKeeper(b)
@@ -129,16 +103,12 @@ func benchFloor(b *testing.B, srv *testserver.ZooKeeper) {
 
 func BenchmarkHandoff(b *testing.B) {
 	srv := testserver.StartZooKeeper(b)
-	h := harness(b, srv)
-	h.Ops = packetsReceived(srv)
-	drivertest.BenchHandoff(b, h)
+	drivertest.BenchHandoff(b, harness(b, srv))
 }
 
 func BenchmarkContended(b *testing.B) {
 	srv := testserver.StartZooKeeper(b)
 	for _, w := range []int{2, 16} {
-		h := harness(b, srv)
-		h.Ops = packetsReceived(srv)
-		drivertest.BenchContended(b, h, w)
+		drivertest.BenchContended(b, harness(b, srv), w)
 	}
 }

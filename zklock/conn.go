@@ -158,3 +158,66 @@ func (z zkLogger) Printf(format string, a ...any) {
 		z.l.Debug("zklock: zookeeper client: " + fmt.Sprintf(format, a...))
 	}
 }
+
+// createWait follows one create request on the wire.
+type createWait struct {
+	written chan struct{} // closed when the request has been written
+	wrote   bool
+	zxid    int64 // of the successful reply: the node's czxid
+}
+
+func (b *Backend) expectCreate(p string) *createWait {
+	cw := &createWait{written: make(chan struct{})}
+	b.cmu.Lock()
+	b.creates[p] = cw
+	b.cmu.Unlock()
+	return cw
+}
+
+func (b *Backend) forgetCreate(p string) {
+	b.cmu.Lock()
+	defer b.cmu.Unlock()
+	cw := b.creates[p]
+	delete(b.creates, p)
+	for x, c := range b.createXid {
+		if c == cw {
+			delete(b.createXid, x)
+		}
+	}
+}
+
+func (b *Backend) createZxid(cw *createWait) int64 {
+	b.cmu.Lock()
+	defer b.cmu.Unlock()
+	return cw.zxid
+}
+
+// onCreateWritten is called by the connection wrapper for every create request.
+func (b *Backend) onCreateWritten(xid int32, p string) {
+	b.cmu.Lock()
+	defer b.cmu.Unlock()
+	cw := b.creates[p]
+	if cw == nil {
+		return
+	}
+	b.createXid[xid] = cw
+	if !cw.wrote {
+		cw.wrote = true
+		close(cw.written)
+	}
+}
+
+// onReply is called by the connection wrapper for every reply.
+func (b *Backend) onReply(xid int32, zxid int64, code int32) {
+	b.cmu.Lock()
+	defer b.cmu.Unlock()
+	if len(b.createXid) == 0 {
+		return
+	}
+	if cw := b.createXid[xid]; cw != nil {
+		delete(b.createXid, xid)
+		if code == 0 {
+			cw.zxid = zxid
+		}
+	}
+}

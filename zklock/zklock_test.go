@@ -15,6 +15,7 @@ import (
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/zklock"
 )
@@ -90,7 +91,16 @@ func expire(t testing.TB, raw *zk.Conn, key string) {
 
 func harness(t testing.TB, srv *testserver.ZooKeeper) drivertest.Harness {
 	raw := rawConn(t, srv.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := storeops.Open(ctx, srv.URL("/dlock"))
+	if err != nil {
+		t.Fatalf("storeops: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
 	return drivertest.Harness{
+		Ops:   st.Ops,
+		Floor: st.FloorCycle,
 		Open: func(t testing.TB) driver.Backend {
 			b := open(t, srv.URL("/dlock"))
 			return b

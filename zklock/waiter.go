@@ -1,0 +1,119 @@
+package zklock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+	"github.com/go-zookeeper/zk"
+)
+
+// Watch implements driver.Notifier. A waiting attempt watches its predecessor child
+// only; the waiter is signalled when that child is deleted, when its own child is,
+// and when the session ends.
+func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, driver.ErrClosed
+	}
+	k := driver.Holder{Key: key, Owner: owner}
+	if old := b.waiters[k]; old != nil {
+		b.unwatchLocked(old)
+	}
+	w := &waiter{b: b, key: key, owner: owner, c: make(chan struct{}, 1)}
+	b.waiters[k] = w
+	return w, nil
+}
+
+type waiter struct {
+	b          *Backend
+	key, owner string
+	c          chan struct{}
+
+	// Guarded by Backend.mu.
+	pred     string    // watched predecessor path
+	watching bool      // the watch on pred is set on the server and has not fired
+	checked  time.Time // when an attempt last listed the queue on the server
+	ahead    int       // children between the holder and the own child then
+}
+
+// recheck bounds how long the attempts of a queued waiter whose watch on its
+// predecessor is in place are answered without a request. ZooKeeper delivers a
+// watch's event whenever the node goes while the session lives (the client library
+// sets the watches again on reconnection; a session's end wakes every waiter), so
+// the waiter is woken when its predecessor goes. Without this, every queued
+// waiter's fallback attempt (the core's guard against a lost wake-up, every few
+// seconds) would list the whole queue on the server: N waiters, N listings of N
+// children every few seconds, which at a few thousand waiters saturates the server
+// and delays the holder's heartbeats past the session's validity. The recheck
+// still finds, within its bound, a child of ours that was deleted behind our back.
+const recheck = 30 * time.Second
+
+func (w *waiter) C() <-chan struct{} { return w.c }
+
+func (w *waiter) signal() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+// unwatchLocked forgets w's predecessor watch (the server-side watch stays until the
+// predecessor is deleted or the session ends; it then fires into nothing).
+func (b *Backend) unwatchLocked(w *waiter) {
+	w.watching = false
+	if w.pred == "" {
+		return
+	}
+	if m := b.predOf[w.pred]; m != nil {
+		delete(m, w)
+		if len(m) == 0 {
+			delete(b.predOf, w.pred)
+		}
+	}
+	w.pred = ""
+}
+
+// Stop implements driver.Waiter: a waiter that did not acquire deletes its child.
+func (w *waiter) Stop(ctx context.Context, acquired bool) error {
+	b := w.b
+	k := driver.Holder{Key: w.key, Owner: w.owner}
+	b.mu.Lock()
+	b.unwatchLocked(w)
+	if b.waiters[k] == w {
+		delete(b.waiters, k)
+	}
+	e := b.entries[k]
+	b.mu.Unlock()
+	if acquired || e == nil {
+		return nil
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	b.mu.Lock()
+	if e.dead || e.granted {
+		b.mu.Unlock()
+		return nil
+	}
+	p, guid := e.path, e.guid
+	b.mu.Unlock()
+	var err error
+	switch {
+	case p != "":
+		err = b.call(ctx, func() error { return b.conn.Delete(p, -1) })
+		if errors.Is(err, zk.ErrNoNode) {
+			err = nil
+		}
+	case guid != "":
+		_, err = b.deleteMatching(ctx, e.parent, func(c child) bool { return c.guid == guid })
+	}
+	b.mu.Lock()
+	b.dropLocked(e, err != nil)
+	b.mu.Unlock()
+	if err != nil {
+		return wrap("withdraw waiter", w.key, err)
+	}
+	return nil
+}
