@@ -286,21 +286,6 @@ type ForceReleaser interface {
 	ForceRelease(ctx context.Context, key string) error
 }
 
-// Floorer is implemented by backends that can run the baseline that benchmarks
-// compare against: one lock-and-unlock cycle of the least a correct lock on the
-// engine does, with the engine's own client and none of dlock (for Redis, SET NX PX
-// plus a compare-and-delete script).
-type Floorer interface {
-	FloorCycle(ctx context.Context, key string) error
-}
-
-// OpsCounter is implemented by backends that can read a running total of the
-// operations their server has executed (for Redis, the calls in INFO
-// commandstats), so benchmarks can report server work per lock handoff.
-type OpsCounter interface {
-	ServerOps(ctx context.Context) (int64, error)
-}
-
 // ValidateKey reports whether key is acceptable to every backend: 1 to MaxKeyLen
 // bytes of valid UTF-8 without control characters.
 func ValidateKey(key string) error {

@@ -29,8 +29,7 @@ func (c *Counts) Locked() int64 { return c.locked.Load() }
 // Counting wraps b so that every driver call is counted in counts. The wrapper has
 // exactly the optional capabilities of b among driver.Notifier, driver.Inspector and
 // driver.ForceReleaser, so the core behaves with it as with b (it waits for
-// notifications only if b sends them). Floorer and OpsCounter are not passed on:
-// benchmarks call them on b itself. Closing the wrapper closes b.
+// notifications only if b sends them). Closing the wrapper closes b.
 func Counting(b driver.Backend, counts *Counts) driver.Backend {
 	c := &counted{b: b, n: counts}
 	n, isN := b.(driver.Notifier)

@@ -8,8 +8,8 @@
 // For each backend, in every round:
 //
 //   - uncontended cycle: one client doing Lock+Release on one key (cycles/s, p50,
-//     p99), paired cycle by cycle with the backend's floor (driver.Floorer: the least
-//     a correct lock does on that engine, with the engine's own client), and the
+//     p99), paired cycle by cycle with the store's floor (internal/storeops: the
+//     least a lock on that engine does, with the engine's own client), and the
 //     ratio of their medians;
 //   - many keys: W workers, each with its own client (connection), on a random key
 //     among K per acquisition (low contention), against the floor run by as many
@@ -18,7 +18,8 @@
 //     Release call to the next holder's Lock returning), and fairness: acquisitions
 //     of the least and most served worker and Jain's index;
 //   - cost growth: N waiters queue behind a holder, the key passes down the chain,
-//     and the server operations (driver.OpsCounter) and driver calls per handoff are
+//     and the server operations (the server's own counters, read
+//     through internal/storeops) and driver calls per handoff are
 //     counted: flat when a release wakes only the next waiter, growing with N when
 //     it wakes them all.
 //
