@@ -1,0 +1,167 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+func micros(d time.Duration) int64 {
+	return max(int64((d+time.Microsecond-1)/time.Microsecond), 1)
+}
+
+func wrap(op, key string, err error) error {
+	return fmt.Errorf("pglock: %s %q: %w", op, key, err)
+}
+
+// ctxErr makes sure an error caused by the end of ctx matches ctx.Err().
+func (b *Backend) ctxErr(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		return errors.Join(err, ctx.Err())
+	}
+	return err
+}
+
+// retry runs f up to three times while it fails on a broken connection (a pooled
+// connection whose server went away, or that was terminated) and ctx lasts. Every
+// statement here may run twice for its owner: Acquire re-enters the grant a lost reply
+// may have made (same token), Refresh extends again, and a repeated Release finds
+// nothing and reports ErrNotHeld, the cautious answer.
+func retry(ctx context.Context, f func() error) error {
+	err := f()
+	for i := 0; i < 2 && err != nil && ctx.Err() == nil && connBroken(err); i++ {
+		err = f()
+	}
+	return err
+}
+
+// connBroken reports whether err says the connection failed rather than the statement.
+func connBroken(err error) bool {
+	if pgconn.SafeToRetry(err) {
+		return true
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false // a new connection failed (retrying at once will not help), or ctx ended
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		// FATAL ends the session; 57P01-57P05: administrator command, crash or
+		// idle-session shutdown; class 08: connection exception.
+		return pe.Severity == "FATAL" || strings.HasPrefix(pe.Code, "57P") || strings.HasPrefix(pe.Code, "08")
+	}
+	return !errors.Is(err, pgx.ErrNoRows) // an I/O error on a pooled connection
+}
+
+// casAttempts bounds how often a statement that lost a compare-and-set race is run
+// again within one call.
+const casAttempts = 8
+
+// stamped is a batch of stmt (with args) and the statement that gives a row stmt
+// inserted its token (see statements.stamp); pgx runs a batch in one implicit
+// transaction and one round trip.
+func (b *Backend) stamped(req driver.Request, stmt string, args ...any) *pgx.Batch {
+	batch := &pgx.Batch{}
+	batch.Queue(stmt, args...)
+	batch.Queue(b.sql.stamp, req.Key, req.Owner)
+	return batch
+}
+
+// Acquire implements driver.Backend.
+func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	if b.closed.Load() {
+		return driver.Grant{}, driver.ErrClosed
+	}
+	if req.Wait {
+		if w := b.lst.lookup(req.Key, req.Owner); w != nil {
+			return w.attempt(ctx, req) // tracked, so that Stop can withdraw what it leaves
+		}
+	}
+	return b.acquire(ctx, req)
+}
+
+// acquire is one attempt of Acquire.
+func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	patience := req.Patience // how long a queued place lasts without another attempt
+	if patience <= 0 {
+		patience = req.TTL
+	}
+	place := ""
+	if req.Wait {
+		place = b.lst.place(req.Key, req.Owner)
+	}
+	if place == "" {
+		// No row: the key is free, and a plain INSERT takes it.
+		var token int64
+		err := retry(ctx, func() error {
+			br := b.pool.SendBatch(ctx, b.stamped(req, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL)))
+			_, err := br.Exec()
+			if err == nil {
+				err = br.QueryRow().Scan(&token)
+			}
+			return errors.Join(err, br.Close())
+		})
+		if err == nil {
+			return driver.Grant{Token: uint64(token)}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
+		}
+	}
+	// A place whose client holds its advisory lock stays live without renewal: the
+	// attempt of a waiter that has one then only reads, unless it takes the lock
+	// (compare-and-set), like an attempt that will not wait. An attempt that may
+	// add or renew a place locks the row.
+	renew := req.Wait && !b.lst.guards(req.Key, req.Owner)
+	sql := b.sql.acquireTry
+	if req.Wait && (place == "" || renew) {
+		sql = b.sql.acquireWait
+	}
+	for range casAttempts {
+		var granted, mustWrite, wrote bool
+		var token, left *int64
+		var ahead int64
+		var newPlace string
+		err := retry(ctx, func() error {
+			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter))
+			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead, &newPlace)
+			if err == nil && granted && wrote && token != nil && *token == 0 {
+				err = br.QueryRow().Scan(token) // the row was inserted: its token
+			}
+			return errors.Join(err, br.Close())
+		})
+		if err != nil {
+			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
+		}
+		if req.Wait {
+			b.lst.setPlace(req.Key, req.Owner, newPlace)
+			if place = newPlace; place == "" && !granted && sql != b.sql.acquireWait {
+				sql = b.sql.acquireWait // the place lapsed: queue again, with the row lock
+				continue
+			}
+		}
+		if mustWrite && !wrote {
+			continue // the row changed under us: decide again on the new version
+		}
+		if granted {
+			return driver.Grant{Token: uint64(*token)}, nil
+		}
+		var after time.Duration
+		if left != nil {
+			after = time.Duration(max(*left, 1)) * time.Microsecond
+		}
+		held := &driver.HeldError{RetryAfter: after}
+		if req.Wait {
+			held.Ahead = int(ahead) // the places still ahead of the caller's (at most 8)
+		}
+		return driver.Grant{}, held
+	}
+	return driver.Grant{}, &driver.HeldError{RetryAfter: time.Microsecond}
+}
