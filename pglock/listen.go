@@ -225,7 +225,7 @@ func (l *listener) connect() (*pgconn.PgConn, error) {
 		return nil, err
 	}
 	// The advisory lock tells handoffs that this client is alive, so its waiters'
-	// places are live without renewal (see placeLive).
+	// places are live without renewal (see placeLive in sql/fragments.sql).
 	alive := "SELECT pg_advisory_lock(" + strconv.FormatInt(lockID(l.channel), 10) + ")"
 	if _, err := conn.Exec(ctx, alive).ReadAll(); err != nil {
 		closeConn(conn)
@@ -365,7 +365,7 @@ func (l *listener) guards(key, owner string) bool {
 }
 
 // lockID is the client's advisory lock key: the first 64 bits of its channel's
-// random part, as the SQL in placeLive computes it.
+// random part, as placeLive in sql/fragments.sql computes it.
 func lockID(channel string) int64 {
 	u, _ := strconv.ParseUint(channel[len("dlock_"):len("dlock_")+16], 16, 64)
 	return int64(u)

@@ -162,7 +162,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, opts []Option) (*Backen
 	var id [12]byte
 	_, _ = rand.Read(id[:])
 	b.channel = "dlock_" + hex.EncodeToString(id[:])
-	b.sql = buildStatements(b.table.Sanitize(), b.seq.Sanitize())
+	b.sql = loadStatements(b.table.Sanitize(), b.seq.Sanitize())
 	if err := b.ensureSchema(ctx); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,67 @@
+package pglock
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+	"text/template"
+)
+
+// The statements live in sql/*.sql, one per file, each with a header (a template
+// comment, not sent to the server) naming its parameters and result. The table name
+// and the token sequence are the only things put into them, each in one way:
+// {{.Table}} is the table's identifier, validated (WithTable, identRE) and quoted
+// (pgx.Identifier.Sanitize), and {{.Seq}} the sequence's name as a quoted SQL
+// literal. acquire.sql has one variant with the row
+// lock and one without ({{.Lock}}); hand_off.sql takes its condition ({{.Cond}})
+// from the fixed strings in loadStatements, never from input.
+//
+//go:embed sql/*.sql
+var sqlFiles embed.FS
+
+var sqlTemplates = template.Must(template.New("").Option("missingkey=error").ParseFS(sqlFiles, "sql/*.sql"))
+
+// sqlData is what the templates are given.
+type sqlData struct {
+	Table, Seq string
+	Lock       bool
+	Cond       string
+}
+
+// render runs the template of file name (in sql/) with d.
+func render(name string, d sqlData) string {
+	var b strings.Builder
+	if err := sqlTemplates.ExecuteTemplate(&b, name+".sql", d); err != nil {
+		panic(fmt.Sprintf("pglock: sql/%s.sql: %v", name, err)) // the files are embedded: a bug, found by any test
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// loadStatements renders every statement for the lock table and its sequence.
+func loadStatements(table, seq string) statements {
+	d := sqlData{Table: table, Seq: literal(seq)}
+	with := func(f func(*sqlData)) sqlData { c := d; f(&c); return c }
+	handOff := func(cond string) string { return render("hand_off", with(func(c *sqlData) { c.Cond = cond })) }
+	return statements{
+		stamp:       render("stamp", d),
+		fastAcquire: render("fast_acquire", d),
+		fastRelease: render("fast_release", d),
+		// A waiting attempt may write (its place), so it locks the row; an attempt
+		// that will not wait reads the snapshot and writes only to take the lock.
+		acquireWait: render("acquire", with(func(c *sqlData) { c.Lock = true })),
+		acquireTry:  render("acquire", d),
+		refresh:     render("refresh", d),
+		lockRow:     render("lock_row", d),
+		// Release: the caller's own grant, live or expired (no one else holds it then).
+		release: handOff(`cur.owner = $2::text AND NOT cur.reserved`),
+		// Force release: whoever holds it ($2 is '', no owner's place is dropped).
+		forceRelease: handOff(`NOT cur.reserved`),
+		// Withdraw a waiter ($1 key, $2 owner) that gives up: drop its place (withdrawPlace,
+		// or every place of the owner's with withdrawOwner), then, if the free lock was
+		// reserved for it, hand it to the next live waiter or delete the row.
+		withdrawPlace: render("withdraw_place", d),
+		withdrawOwner: render("withdraw_owner", d),
+		withdraw:      handOff(`cur.reserved AND cur.owner = $2::text`),
+		inspect:       render("inspect", d),
+	}
+}
