@@ -22,8 +22,8 @@ func TestTableNames(t *testing.T) {
 		"locks_token_seq_x":     true,
 		"locks_token_seq.locks": true,
 	} {
-		var b Backend
-		err := WithTable(name)(&b)
+		var c config
+		err := WithTable(name)(&c)
 		if ok && err != nil || !ok && !errors.Is(err, driver.ErrInvalid) {
 			t.Errorf("WithTable(%q) = %v", name, err)
 		}

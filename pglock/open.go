@@ -2,8 +2,6 @@ package pglock
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -31,8 +29,11 @@ var allowedSettings = map[string]bool{
 // Open returns a backend for a postgres:// or postgresql:// URL; see the package
 // documentation for its parameters. It connects, checks the session's settings and
 // creates the table and sequence if needed, so a wrong password, a missing database
-// or missing privileges are reported here.
-func Open(ctx context.Context, u *url.URL) (*Backend, error) {
+// or missing privileges are reported here. opts apply after the URL's parameters
+// (they win). TLS and the connection settings are pgx's own URL parameters
+// (sslmode, sslrootcert, sslcert, sslkey, ...: PostgreSQL's standard for the
+// scheme), not driver.ReadTLS's; a parameter pgx does not know is refused.
+func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if u.Scheme != Scheme && u.Scheme != SchemeAlias {
 		return nil, fmt.Errorf("%w: pglock: scheme %q is not postgres or postgresql", driver.ErrInvalid, u.Scheme)
 	}
@@ -82,7 +83,7 @@ func Open(ctx context.Context, u *url.URL) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pglock: connect to %s: %w", driver.Redact(u), authErr(err))
 	}
-	b, err := newBackend(octx, pool, []Option{WithTable(table)})
+	b, err := newBackend(octx, pool, append([]Option{WithTable(table)}, opts...))
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("pglock: %s: %w", driver.Redact(u), authErr(err))
@@ -147,21 +148,19 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, opts []Option) (*Backen
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pgxpool.Pool", driver.ErrInvalid)
 	}
-	b := &Backend{pool: pool, linger: DefaultLinger}
-	if err := WithTable(DefaultTable)(b); err != nil {
+	b := &Backend{pool: pool, config: config{linger: DefaultLinger}}
+	if err := WithTable(DefaultTable)(&b.config); err != nil {
 		return nil, err
 	}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalid)
 		}
-		if err := o(b); err != nil {
+		if err := o(&b.config); err != nil {
 			return nil, err
 		}
 	}
-	var id [12]byte
-	_, _ = rand.Read(id[:])
-	b.channel = "dlock_" + hex.EncodeToString(id[:])
+	b.channel = "dlock_" + driver.RandomHex(12)
 	b.sql = loadStatements(b.table.Sanitize(), b.seq.Sanitize())
 	if err := b.ensureSchema(ctx); err != nil {
 		return nil, err

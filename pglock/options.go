@@ -11,8 +11,16 @@ import (
 	"github.com/dlockio/dlock/driver"
 )
 
-// Option configures a Backend.
-type Option func(*Backend) error
+// Option configures a Backend (Open, New). An option with a bad value returns an
+// error matching driver.ErrInvalid.
+type Option func(*config) error
+
+// config holds every setting.
+type config struct {
+	table, seq pgx.Identifier
+	tableName  string
+	linger     time.Duration
+}
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
@@ -26,7 +34,7 @@ const seqSuffix = "_token_seq"
 // Clients that should contend for the same locks must use the same table; clients
 // with different tables never meet.
 func WithTable(name string) Option {
-	return func(b *Backend) error {
+	return func(b *config) error {
 		schema, table, qualified := strings.Cut(name, ".")
 		if !qualified {
 			schema, table = "", name
@@ -57,7 +65,7 @@ func WithTable(name string) Option {
 // WithLinger sets how long a client keeps its listening connection open after its
 // last waiter stopped waiting (default one minute).
 func WithLinger(d time.Duration) Option {
-	return func(b *Backend) error {
+	return func(b *config) error {
 		if d <= 0 {
 			return fmt.Errorf("%w: linger must be positive, got %v", driver.ErrInvalid, d)
 		}

@@ -155,7 +155,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlockio/dlock/driver"
@@ -187,15 +186,12 @@ const DefaultLinger = time.Minute
 // driver.Inspector and driver.ForceReleaser, and
 // is safe for concurrent use.
 type Backend struct {
-	pool      *pgxpool.Pool
-	own       bool // close pool in Close
-	table     pgx.Identifier
-	seq       pgx.Identifier
-	tableName string
-	channel   string
-	linger    time.Duration
-	closed    atomic.Bool
-	lst       *listener
+	config
+	pool    *pgxpool.Pool
+	own     bool // close pool in Close
+	channel string
+	closed  atomic.Bool
+	lst     *listener
 
 	sql statements
 }
