@@ -35,8 +35,8 @@ type listener struct {
 	started   bool
 	kick      chan struct{} // wakes the idle goroutine; capacity 1
 	changed   chan struct{} // closed (and replaced) when listening or failed changes
-	waiters   map[waitKey]*waiter
-	places    map[waitKey]string // the known places in queues (keys of their rows)
+	waiters   map[driver.Holder]*waiter
+	places    map[driver.Holder]string // the known places in queues (keys of their rows)
 	count     int                // registered waiters
 	idleSince time.Time          // when count last became 0
 	listening bool               // LISTEN is in effect on a live connection
@@ -60,7 +60,7 @@ const (
 
 func newListener(cfg *pgx.ConnConfig, channel string, linger time.Duration) *listener {
 	l := &listener{cfg: cfg, channel: channel, linger: linger,
-		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[waitKey]*waiter), places: make(map[waitKey]string)}
+		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[driver.Holder]*waiter), places: make(map[driver.Holder]string)}
 	l.closeCtx, l.closeCancel = context.WithCancel(context.Background())
 	return l
 }
@@ -71,7 +71,6 @@ func (l *listener) broadcastLocked() {
 	l.changed = make(chan struct{})
 }
 
-type waitKey struct{ key, owner string }
 
 // watch registers a waiter for key and owner and returns once LISTEN is in effect.
 func (l *listener) watch(ctx context.Context, b *Backend, key, owner string) (*waiter, error) {
@@ -81,10 +80,10 @@ func (l *listener) watch(ctx context.Context, b *Backend, key, owner string) (*w
 		l.mu.Unlock()
 		return nil, driver.ErrClosed
 	}
-	if old := l.waiters[waitKey{key, owner}]; old != nil {
+	if old := l.waiters[driver.Holder{Key: key, Owner: owner}]; old != nil {
 		l.removeLocked(old) // the core never runs two waits of one owner and key at once
 	}
-	l.waiters[waitKey{key, owner}] = w
+	l.waiters[driver.Holder{Key: key, Owner: owner}] = w
 	l.count++
 	if !l.started {
 		l.started = true
@@ -127,7 +126,7 @@ func (l *listener) watch(ctx context.Context, b *Backend, key, owner string) (*w
 
 // removeLocked unregisters w and reports whether it was registered.
 func (l *listener) removeLocked(w *waiter) bool {
-	k := waitKey{w.key, w.owner}
+	k := driver.Holder{Key: w.key, Owner: w.owner}
 	if l.waiters[k] != w {
 		return false
 	}
@@ -160,7 +159,7 @@ func (l *listener) dispatch(_ *pgconn.PgConn, n *pgconn.Notification) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w := l.waiters[waitKey{key, owner}]; w != nil {
+	if w := l.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
 		w.wake()
 		return
 	}
@@ -176,7 +175,7 @@ func (l *listener) dispatch(_ *pgconn.PgConn, n *pgconn.Notification) {
 func (l *listener) lookup(key, owner string) *waiter {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.waiters[waitKey{key, owner}]
+	return l.waiters[driver.Holder{Key: key, Owner: owner}]
 }
 
 // background runs f on a goroutine of the listener's, with a context that ends
@@ -341,7 +340,7 @@ func (l *listener) receive(conn *pgconn.PgConn) bool {
 func (l *listener) place(key, owner string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.places[waitKey{key, owner}]
+	return l.places[driver.Holder{Key: key, Owner: owner}]
 }
 
 // setPlace records owner's place in key's queue; "" forgets it.
@@ -349,9 +348,9 @@ func (l *listener) setPlace(key, owner, place string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if place == "" {
-		delete(l.places, waitKey{key, owner})
+		delete(l.places, driver.Holder{Key: key, Owner: owner})
 	} else {
-		l.places[waitKey{key, owner}] = place
+		l.places[driver.Holder{Key: key, Owner: owner}] = place
 	}
 }
 
@@ -361,7 +360,7 @@ func (l *listener) setPlace(key, owner, place string) {
 func (l *listener) guards(key, owner string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.listening && l.waiters[waitKey{key, owner}] != nil
+	return l.listening && l.waiters[driver.Holder{Key: key, Owner: owner}] != nil
 }
 
 // lockID is the client's advisory lock key: the first 64 bits of its channel's
@@ -476,7 +475,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		}
 	}
 	l.mu.Lock()
-	queued := w.sent || l.places[waitKey{w.key, w.owner}] != ""
+	queued := w.sent || l.places[driver.Holder{Key: w.key, Owner: w.owner}] != ""
 	l.mu.Unlock()
 	if !queued {
 		return nil
