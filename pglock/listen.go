@@ -71,7 +71,6 @@ func (l *listener) broadcastLocked() {
 	l.changed = make(chan struct{})
 }
 
-
 // watch registers a waiter for key and owner and returns once LISTEN is in effect.
 func (l *listener) watch(ctx context.Context, b *Backend, key, owner string) (*waiter, error) {
 	w := &waiter{l: l, b: b, key: key, owner: owner, c: make(chan struct{}, 1)}
