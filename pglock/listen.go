@@ -37,11 +37,11 @@ type listener struct {
 	changed   chan struct{} // closed (and replaced) when listening or failed changes
 	waiters   map[driver.Holder]*waiter
 	places    map[driver.Holder]string // the known places in queues (keys of their rows)
-	count     int                // registered waiters
-	idleSince time.Time          // when count last became 0
-	listening bool               // LISTEN is in effect on a live connection
-	attempts  int                // connection attempts started
-	failedAt  int                // the attempt that failed last
+	count     int                      // registered waiters
+	idleSince time.Time                // when count last became 0
+	listening bool                     // LISTEN is in effect on a live connection
+	attempts  int                      // connection attempts started
+	failedAt  int                      // the attempt that failed last
 	failErr   error
 	interrupt context.CancelFunc // cancels the WaitForNotification in progress
 	openWait  bool               // the wait in progress has no linger timeout
