@@ -87,6 +87,12 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 // Dial returns a backend connected to the given servers (host:port). It returns once
 // a session is established and the root is usable, or fails when ctx ends or the
 // session timeout passes first.
+//
+// There is no New taking a *zk.Conn the program already has, as the other backends
+// have for their clients: a lock's safety rests on the session (its expiry ends
+// every lease at once, and the backend watches its state and sniffs create replies
+// on the wire to settle lost ones), so the backend must make and own the connection.
+// Dial is the counterpart that takes servers instead of a URL.
 func Dial(ctx context.Context, servers []string, opts ...Option) (*Backend, error) {
 	if len(servers) == 0 {
 		return nil, invalid("no server given")
