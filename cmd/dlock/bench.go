@@ -24,6 +24,9 @@ func init() { register(newBenchCommand) }
 // benchMemURL is the in-process backend that every run can measure.
 const benchMemURL = "mem://dlock-bench"
 
+// newBenchCommand builds `dlock bench`. It is long (about 230 lines) because it is the
+// command's flags and their help, declared in one place as cobra commands are; the
+// work is in package bench.
 func newBenchCommand(e *env) *cobra.Command {
 	var (
 		backends     []string

@@ -32,6 +32,8 @@ type checkFlags struct {
 	cfg            check.Config
 }
 
+// newCheckCommand builds `dlock check`. It is long (about 110 lines) because it is the
+// command's flags and their help, declared in one place; the work is in package check.
 func newCheckCommand(e *env) *cobra.Command {
 	f := checkFlags{fencing: "both", out: "dlock-check-results", resources: []string{check.ResourceStore}}
 	f.cfg = check.Config{Workers: 5, Keys: 2, Duration: 10 * time.Second, TTL: time.Second}

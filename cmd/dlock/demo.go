@@ -104,6 +104,8 @@ type demoWorker struct {
 
 func (w *demoWorker) proceed() { _, _ = io.WriteString(w.stdin, "go\n") }
 
+// runDemo runs the demonstration. It is one script (about 180 lines) on purpose: the
+// demonstration's steps, in the order the user sees them.
 func runDemo(ctx context.Context, e *env, cfg demoConfig) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -12,6 +12,9 @@ import (
 
 func init() { register(newRunCommand) }
 
+// newRunCommand builds `dlock run`. It is long (about 130 lines) because it is the
+// command's flags and their help, declared in one place; the work is in package
+// runner.
 func newRunCommand(e *env) *cobra.Command {
 	var (
 		backend *string

@@ -86,6 +86,8 @@ func StartPostgresTLS(t TB, f TLSFiles, extra ...string) *Postgres {
 	return startPostgres(t, &f, extra)
 }
 
+// startPostgres makes the cluster and starts it. It is one script (about 80 lines):
+// initdb, ownership, TLS files and the start, each needed by the next.
 func startPostgres(t TB, tlsFiles *TLSFiles, extra []string) *Postgres {
 	t.Helper()
 	bin := postgresBinDir(t)

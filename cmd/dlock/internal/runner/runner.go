@@ -136,6 +136,9 @@ func lossCause(err error) string {
 // lease once no process of the command's group remains, and returns the exit code
 // for the runner's process. ctx ends the wait for the lock (Ctrl-C while waiting);
 // once the child runs, signals are forwarded to its group instead.
+//
+// It is one function (about 110 lines) because each step's teardown is a defer right
+// after it, in the order the steps start (signals, status line, lock, child).
 func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	if cfg.Stderr == nil {
 		cfg.Stderr = os.Stderr
@@ -255,6 +258,9 @@ func releaseBounded(l *dlock.Lease) error {
 
 // runChild runs the command and returns its exit code, and whether its whole process
 // group is known to be gone.
+//
+// It is one function (about 110 lines): a single select loop over the child's exit,
+// the lease's loss and forwarded signals, whose branches share the child's state.
 func runChild(lease *dlock.Lease, cfg Config, sigs <-chan os.Signal) (code int, gone bool) {
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
 	base := cfg.Env
