@@ -18,6 +18,7 @@ import (
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/etcdlock"
 	"github.com/dlockio/dlock/internal/storeops"
+	_ "github.com/dlockio/dlock/internal/storeops/etcdops" // the store the harness measures with
 	"github.com/dlockio/dlock/internal/testserver"
 )
 

@@ -16,6 +16,7 @@ import (
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/storeops"
+	_ "github.com/dlockio/dlock/internal/storeops/zkops" // the store the harness measures with
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/zklock"
 )

@@ -2,6 +2,8 @@
 // benchmarks and tests: the floor (the cheapest lock a store allows, the baseline
 // dlock's cost is measured against) and the count of operations a server has
 // served. Nothing here is used to serve locks; the backends do not import it.
+// Each store is a package of its own (redisops, etcdops, zkops, pgops), registered
+// by importing it, so that a backend's tests import only their own store's client.
 package storeops
 
 import (
@@ -36,8 +38,9 @@ var (
 	openers = map[string]func(ctx context.Context, u *url.URL) (Store, error){}
 )
 
-// register adds the opener of a scheme; each store's file calls it from init.
-func register(scheme string, open func(ctx context.Context, u *url.URL) (Store, error)) {
+// Register adds the opener of a scheme; each store package (redisops, etcdops, zkops,
+// pgops) calls it from init.
+func Register(scheme string, open func(ctx context.Context, u *url.URL) (Store, error)) {
 	mu.Lock()
 	defer mu.Unlock()
 	openers[scheme] = open

@@ -11,6 +11,10 @@ import (
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/measure"
 	"github.com/dlockio/dlock/internal/storeops"
+	_ "github.com/dlockio/dlock/internal/storeops/etcdops" // the floors and counts of every store
+	_ "github.com/dlockio/dlock/internal/storeops/pgops"
+	_ "github.com/dlockio/dlock/internal/storeops/redisops"
+	_ "github.com/dlockio/dlock/internal/storeops/zkops"
 )
 
 // targetEnv is one backend's connections and accumulated measurements.

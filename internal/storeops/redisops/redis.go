@@ -1,4 +1,7 @@
-package storeops
+// Package redisops registers the storeops stores of the redis, rediss, unix and
+// redlock schemes: a go-redis client (one per node for Redlock), the floor (SET NX PX
+// and a compare-and-delete script) and the INFO commandstats count.
+package redisops
 
 import (
 	"context"
@@ -11,11 +14,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/storeops"
 )
 
 func init() {
 	for _, s := range []string{"redis", "rediss", "unix"} {
-		register(s, openRedis)
+		storeops.Register(s, openRedis)
 	}
 }
 
@@ -28,7 +32,7 @@ type redisStore struct {
 // openRedis connects to the server of u: its host (or socket), credentials,
 // database (path or db=) and TLS parameters (driver.ReadTLS; on for rediss://,
 // with skip_verify honoured); other parameters are ignored.
-func openRedis(ctx context.Context, u *url.URL) (Store, error) {
+func openRedis(ctx context.Context, u *url.URL) (storeops.Store, error) {
 	p, err := driver.ParseParams(u)
 	if err != nil {
 		return nil, fmt.Errorf("storeops: %w", err)

@@ -1,4 +1,4 @@
-package storeops
+package etcdops
 
 import (
 	"context"
@@ -10,12 +10,13 @@ import (
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	_ "github.com/dlockio/dlock/etcdlock"
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
-func openEtcdStore(t *testing.T, rawURL string) Store {
+func openEtcdStore(t *testing.T, rawURL string) storeops.Store {
 	t.Helper()
-	s, err := Open(context.Background(), rawURL)
+	s, err := storeops.Open(context.Background(), rawURL)
 	if err != nil {
 		t.Fatalf("Open(%s): %v", rawURL, err)
 	}
@@ -31,7 +32,7 @@ func TestEtcdOps(t *testing.T) {
 	srv := testserver.StartEtcd(t)
 	ctx := context.Background()
 	s := openEtcdStore(t, srv.URL("ops"))
-	read := func(s Store) int64 {
+	read := func(s storeops.Store) int64 {
 		t.Helper()
 		n, err := s.Ops(ctx)
 		if err != nil {
@@ -118,7 +119,7 @@ func TestEtcdOps(t *testing.T) {
 	for _, bad := range []string{"ftp://127.0.0.1/metrics", "127.0.0.1:2379/metrics", "http:///metrics"} {
 		q.Set("metrics", bad)
 		u.RawQuery = q.Encode()
-		s, err := Open(ctx, u.String())
+		s, err := storeops.Open(ctx, u.String())
 		if err == nil {
 			s.Close()
 		}

@@ -1,4 +1,7 @@
-package storeops
+// Package zkops registers the storeops store of the zk scheme: a go-zookeeper
+// session, the floor (create an ephemeral node, delete it) and the packets the
+// server received (mntr).
+package zkops
 
 import (
 	"context"
@@ -15,9 +18,10 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/storeops"
 )
 
-func init() { register("zk", openZK) }
+func init() { storeops.Register("zk", openZK) }
 
 // zkStore is a ZooKeeper session of its own on the servers of a zk:// URL.
 type zkStore struct {
@@ -33,7 +37,7 @@ const zkFloorParent = "/floor"
 // openZK connects to the hosts of u (port 2181 by default) and takes u's path as
 // the root under which the floor's nodes go. Credentials, TLS and other parameters
 // are ignored: the benchmarks and tests run on plain loopback servers.
-func openZK(ctx context.Context, u *url.URL) (Store, error) {
+func openZK(ctx context.Context, u *url.URL) (storeops.Store, error) {
 	if u.Host == "" {
 		return nil, errors.New("storeops: zk URL lists no servers")
 	}

@@ -1,4 +1,7 @@
-package storeops
+// Package pgops registers the storeops store of the postgres and postgresql schemes:
+// a pgx pool, the floor (INSERT and DELETE of a row) and the writing transactions
+// the server counted (transaction ids).
+package pgops
 
 import (
 	"context"
@@ -11,11 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/storeops"
 )
 
 func init() {
 	for _, s := range []string{"postgres", "postgresql"} {
-		register(s, openPostgres)
+		storeops.Register(s, openPostgres)
 	}
 }
 
@@ -32,7 +36,7 @@ type pgStore struct {
 // openPostgres connects to the database of u with pgx, which reads the URL's
 // connection parameters (sslmode and the others); dlock's own parameters (table,
 // ttl, ...) are removed first. It creates the floor table if it is missing.
-func openPostgres(ctx context.Context, u *url.URL) (Store, error) {
+func openPostgres(ctx context.Context, u *url.URL) (storeops.Store, error) {
 	c := *u
 	q := c.Query()
 	for _, p := range []string{"table", "ttl", "renew", "drift", "owner", "linger", "strict"} {

@@ -1,4 +1,4 @@
-package storeops
+package redisops
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/storeops"
 )
 
 // redlockStore talks to the nodes of a redlock:// URL, with a go-redis client per
@@ -26,12 +27,12 @@ type redlockStore struct {
 // backends do not depend on this package, nor it on them).
 const redlockDefaultPrefix = "redlock"
 
-func init() { register("redlock", openRedlock) }
+func init() { storeops.Register("redlock", openRedlock) }
 
 // openRedlock connects to every node of a redlock:// URL: its hosts (port 6379 by
 // default), database, credentials and TLS parameters (driver.ReadTLS), and its
 // prefix, which names the floor's key. Other parameters are ignored.
-func openRedlock(ctx context.Context, u *url.URL) (Store, error) {
+func openRedlock(ctx context.Context, u *url.URL) (storeops.Store, error) {
 	p, err := driver.ParseParams(u)
 	if err != nil {
 		return nil, fmt.Errorf("storeops: %w", err)

@@ -1,4 +1,4 @@
-package storeops
+package redisops
 
 import (
 	"context"
@@ -10,12 +10,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
-func openRedlockStore(t *testing.T, rawURL string) Store {
+func openRedlockStore(t *testing.T, rawURL string) storeops.Store {
 	t.Helper()
-	s, err := Open(context.Background(), rawURL)
+	s, err := storeops.Open(context.Background(), rawURL)
 	if err != nil {
 		t.Fatalf("Open(%q): %v", rawURL, err)
 	}
@@ -101,7 +102,7 @@ func TestRedlockOps(t *testing.T) {
 }
 
 func TestRedlockOpenNoNodes(t *testing.T) {
-	if s, err := Open(context.Background(), "redlock:///0"); err == nil {
+	if s, err := storeops.Open(context.Background(), "redlock:///0"); err == nil {
 		s.Close()
 		t.Fatal("Open of a redlock URL without nodes succeeded")
 	}

@@ -1,4 +1,4 @@
-package storeops
+package zkops
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -62,4 +63,14 @@ func TestZKOpsDisabled(t *testing.T) {
 	if !strings.Contains(err.Error(), "whitelist") {
 		t.Errorf("error does not say why: %v", err)
 	}
+}
+
+func openT(t *testing.T, rawURL string) storeops.Store {
+	t.Helper()
+	s, err := storeops.Open(context.Background(), rawURL)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", rawURL, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }

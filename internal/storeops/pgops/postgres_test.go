@@ -1,10 +1,11 @@
-package storeops
+package pgops
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -42,4 +43,14 @@ func TestPostgresFloorAndOps(t *testing.T) {
 	if d := after - before; d != 2 {
 		t.Errorf("a floor cycle: %d writing transactions, want 2 (insert, delete)", d)
 	}
+}
+
+func openT(t *testing.T, rawURL string) storeops.Store {
+	t.Helper()
+	s, err := storeops.Open(context.Background(), rawURL)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", rawURL, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }

@@ -1,4 +1,7 @@
-package storeops
+// Package etcdops registers the storeops store of the etcd scheme: a clientv3
+// client, the floor (a lease-bound create-if-absent transaction and a delete) and
+// the gRPC messages the members received, from their /metrics pages.
+package etcdops
 
 import (
 	"bufio"
@@ -18,9 +21,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/storeops"
 )
 
-func init() { register("etcd", openEtcd) }
+func init() { storeops.Register("etcd", openEtcd) }
 
 // etcdOpsMetric is the Prometheus counter etcd's Ops sums: the gRPC messages each
 // member received from clients, one per unary request (Range, Txn, Put,
@@ -49,7 +53,7 @@ type etcdStore struct {
 // <endpoint>/metrics of every endpoint when all are plain http on a loopback
 // address (etcd serves /metrics on the client port, as the test servers do), and
 // Ops is unsupported otherwise. Other parameters are ignored.
-func openEtcd(ctx context.Context, u *url.URL) (Store, error) {
+func openEtcd(ctx context.Context, u *url.URL) (storeops.Store, error) {
 	p, err := driver.ParseParams(u)
 	if err != nil {
 		return nil, fmt.Errorf("storeops: etcd: %w", err)

@@ -1,4 +1,4 @@
-package storeops
+package redisops
 
 import (
 	"context"
@@ -9,12 +9,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dlockio/dlock/internal/storeops"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
-func openT(t *testing.T, rawURL string) Store {
+func openT(t *testing.T, rawURL string) storeops.Store {
 	t.Helper()
-	s, err := Open(context.Background(), rawURL)
+	s, err := storeops.Open(context.Background(), rawURL)
 	if err != nil {
 		t.Fatalf("Open(%s): %v", rawURL, err)
 	}
@@ -70,7 +71,7 @@ func TestRedisFloorAndOps(t *testing.T) {
 // reach a TLS port; without the CA the certificate is refused.
 func TestRedisOpen(t *testing.T) {
 	for _, s := range []string{"redis", "rediss", "unix"} {
-		if _, err := Open(context.Background(), s+"://127.0.0.1:1/?tls_cert=only"); err == nil {
+		if _, err := storeops.Open(context.Background(), s+"://127.0.0.1:1/?tls_cert=only"); err == nil {
 			t.Errorf("%s: Open with tls_cert alone succeeded", s)
 		}
 	}
@@ -85,7 +86,7 @@ func TestRedisOpen(t *testing.T) {
 			t.Errorf("%s: %v", raw, err)
 		}
 	}
-	if s, err := Open(ctx, "rediss://"+host); err == nil {
+	if s, err := storeops.Open(ctx, "rediss://"+host); err == nil {
 		s.Close()
 		t.Fatal("Open without the CA succeeded")
 	}
