@@ -24,7 +24,7 @@ func wrap(op, key string, err error) error {
 // ctxErr makes sure an error caused by the end of ctx matches ctx.Err().
 func (b *Backend) ctxErr(ctx context.Context, err error) error {
 	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-		return errors.Join(err, ctx.Err())
+		return driver.Join(err, ctx.Err())
 	}
 	return err
 }
@@ -106,7 +106,7 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 			if err == nil {
 				err = br.QueryRow().Scan(&token)
 			}
-			return errors.Join(err, br.Close())
+			return driver.Join(err, br.Close())
 		})
 		if err == nil {
 			return driver.Grant{Token: uint64(token)}, nil
@@ -135,7 +135,7 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 			if err == nil && granted && wrote && token != nil && *token == 0 {
 				err = br.QueryRow().Scan(token) // the row was inserted: its token
 			}
-			return errors.Join(err, br.Close())
+			return driver.Join(err, br.Close())
 		})
 		if err != nil {
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))

@@ -53,7 +53,7 @@ func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string, pre .
 		if err == nil {
 			err = br.QueryRow().Scan(&live, &wrote, &notified)
 		}
-		return errors.Join(err, br.Close())
+		return driver.Join(err, br.Close())
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return driver.ErrNotHeld

@@ -181,7 +181,7 @@ func (b *Backend) deleteMatching(ctx context.Context, parent string, match func(
 			errs = append(errs, err)
 		}
 	}
-	return held, errors.Join(errs...)
+	return held, driver.Join(errs...)
 }
 
 // armLocked (re)starts e's local expiry: a child not refreshed (or, queued, not

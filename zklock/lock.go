@@ -350,7 +350,7 @@ func (b *Backend) create(ctx context.Context, e *entry, data []byte, req driver.
 			if try > 1 {
 				select {
 				case <-ctx.Done():
-					return res, wrap("acquire", e.key, errors.Join(last, context.Cause(ctx)))
+					return res, wrap("acquire", e.key, driver.Join(last, context.Cause(ctx)))
 				case <-b.closing:
 					return res, driver.ErrClosed
 				case <-time.After(50 * time.Millisecond):
@@ -371,7 +371,7 @@ func (b *Backend) create(ctx context.Context, e *entry, data []byte, req driver.
 			case errors.Is(lerr, zk.ErrNoNode):
 				unsettled = false // no lock node, so no child either
 			case lerr != nil:
-				last = errors.Join(last, lerr)
+				last = driver.Join(last, lerr)
 				if ctx.Err() != nil || permanent(lerr) {
 					return res, wrap("acquire", e.key, last)
 				}

@@ -238,7 +238,7 @@ func resolve(ctx context.Context, servers []string) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("no server name resolves: %w", errors.Join(errs...))
+	return fmt.Errorf("no server name resolves: %w", driver.Join(errs...))
 }
 
 // prepareRoot creates the missing parts of the root if asked to (the existing ones
