@@ -1,7 +1,9 @@
 // Package devserver runs etcd inside the current process (go.etcd.io/etcd/server/v3/embed),
 // listening on 127.0.0.1 only. It backs `dlock dev` and `dlock demo`, which need no
-// server installed, and the etcd tests (single members and small clusters whose
-// members can be stopped, killed and restarted one by one).
+// server installed, and each etcd member that the test-server launcher starts as a
+// process of its own for the tests, bench and check (RunMember, run by
+// cmd/dlock/internal/etcdmember or by dlock itself), so that members can be stopped,
+// killed and restarted one by one.
 //
 // It is a development and test tool: members listen without TLS or authentication,
 // and only on the loopback interface.
@@ -17,7 +19,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -262,87 +263,4 @@ func (m *Member) stop(abrupt bool) {
 	_ = m.e.GetLogger().Sync()
 	m.logFile.Close()
 	m.e, m.logFile = nil, nil
-}
-
-// Cluster is a set of members started together.
-type Cluster struct {
-	Members []*Member
-}
-
-// NewCluster prepares n members with data under dir (one subdirectory each), on free
-// loopback ports. tickMs and electionMs may be 0 for etcd's defaults.
-func NewCluster(dir string, n int, tickMs, electionMs uint) (*Cluster, error) {
-	if n < 1 {
-		return nil, errors.New("devserver: a cluster needs at least one member")
-	}
-	c := &Cluster{}
-	initial := ""
-	for i := range n {
-		m, err := NewMember(Config{
-			Dir: filepath.Join(dir, "m"+strconv.Itoa(i)), Name: "m" + strconv.Itoa(i),
-			ClusterToken: "dlock-test-" + filepath.Base(dir), TickMs: tickMs, ElectionMs: electionMs,
-		})
-		if err != nil {
-			return nil, err
-		}
-		c.Members = append(c.Members, m)
-		if i > 0 {
-			initial += ","
-		}
-		initial += m.Name() + "=" + m.PeerURL()
-	}
-	for _, m := range c.Members {
-		m.cfg.InitialCluster = initial
-	}
-	return c, nil
-}
-
-// Start starts every member that is not running, concurrently (a new cluster needs
-// a quorum before any member is ready), and waits until all are ready.
-func (c *Cluster) Start(ctx context.Context) error {
-	errs := make([]error, len(c.Members))
-	var wg sync.WaitGroup
-	for i, m := range c.Members {
-		if m.Running() {
-			continue
-		}
-		wg.Go(func() { errs[i] = m.Start(ctx) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// Stop stops every member.
-func (c *Cluster) Stop() {
-	var wg sync.WaitGroup
-	for _, m := range c.Members {
-		wg.Go(m.Stop)
-	}
-	wg.Wait()
-}
-
-// Endpoints returns host:port of every member.
-func (c *Cluster) Endpoints() []string {
-	var eps []string
-	for _, m := range c.Members {
-		eps = append(eps, m.Endpoint())
-	}
-	return eps
-}
-
-// Leader returns the running member that is the leader, waiting up to timeout for
-// one to be elected, or nil.
-func (c *Cluster) Leader(timeout time.Duration) *Member {
-	deadline := time.Now().Add(timeout)
-	for {
-		for _, m := range c.Members {
-			if m.IsLeader() {
-				return m
-			}
-		}
-		if time.Now().After(deadline) {
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
