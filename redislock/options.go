@@ -81,7 +81,10 @@ func WithStrict() Option {
 }
 
 // WithLogger sets where the backend reports the server's persistence settings and
-// replication trouble (default: discard).
+// replication trouble (default: discard). go-redis itself logs connection trouble
+// (failed dials, pool errors) through its own process-wide logger, which a library
+// should not replace behind its user's back: route it with redis.SetLogger, as the
+// dlock command does (to its --log-level logger at Debug).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
