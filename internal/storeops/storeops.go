@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"sort"
 	"strings"
 	"sync"
 )
@@ -60,16 +59,4 @@ func Open(ctx context.Context, rawURL string) (Store, error) {
 		return nil, fmt.Errorf("%w: %q", ErrUnsupported, u.Scheme)
 	}
 	return open(ctx, u)
-}
-
-// Schemes returns the schemes Open knows, sorted.
-func Schemes() []string {
-	mu.Lock()
-	defer mu.Unlock()
-	s := make([]string, 0, len(openers))
-	for k := range openers {
-		s = append(s, k)
-	}
-	sort.Strings(s)
-	return s
 }

@@ -73,7 +73,7 @@ type EtcdMember struct {
 
 // memberConfig is what a new member needs besides its ports.
 type memberConfig struct {
-	name, initialCluster, token string
+	name, token                 string
 	tickMs, electionMs          uint
 	certFile, keyFile, clientCA string
 }
@@ -82,7 +82,7 @@ func newEtcdMember(t TB, dir string, c memberConfig) *EtcdMember {
 	t.Helper()
 	m := &EtcdMember{name: c.name, clientPort: FreePort(t), peerPort: FreePort(t), tls: c.certFile != ""}
 	args := []string{"-dir", dir, "-name", c.name, "-client-port", strconv.Itoa(m.clientPort),
-		"-peer-port", strconv.Itoa(m.peerPort), "-initial-cluster", c.initialCluster, "-cluster-token", c.token,
+		"-peer-port", strconv.Itoa(m.peerPort), "-cluster-token", c.token,
 		"-tick-ms", strconv.FormatUint(uint64(c.tickMs), 10), "-election-ms", strconv.FormatUint(uint64(c.electionMs), 10),
 		"-cert", c.certFile, "-key", c.keyFile, "-client-ca", c.clientCA}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -256,6 +256,8 @@ func StartEtcdCluster(t TB, n int, tickMs, electionMs uint) *EtcdCluster {
 			c.Members = append(c.Members, m)
 			initial = append(initial, name+"="+m.PeerURL())
 		}
+		// The peer ports are known once every member is made; a single member
+		// (StartEtcd) leaves the flag out and forms a cluster of its own.
 		for _, m := range c.Members {
 			m.args = append(m.args, "-initial-cluster", strings.Join(initial, ","))
 		}

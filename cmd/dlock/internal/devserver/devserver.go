@@ -217,13 +217,6 @@ func (m *Member) Running() bool {
 	return m.e != nil
 }
 
-// IsLeader reports whether the member runs and is the Raft leader.
-func (m *Member) IsLeader() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.e != nil && m.e.Server.Leader() == m.e.Server.MemberID()
-}
-
 // Err returns a channel that receives the member's fatal errors while it runs, or nil
 // when it does not run.
 func (m *Member) Err() <-chan error {
