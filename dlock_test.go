@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -736,5 +737,39 @@ func TestLateGrantIsReenteredNotReleased(t *testing.T) {
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A waiting Lock reports its place in the server's queue when the backend tells.
+func TestQueueReport(t *testing.T) {
+	c, fb, _ := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := fb.Acquire(ctx, driver.Request{Key: "k", Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	var done sync.WaitGroup
+	defer func() { cancel(); done.Wait() }()
+	for want := range 2 {
+		places := make(chan int, 16)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			_, err := c.Lock(ctx, "k", dlock.WithQueueReport(func(ahead int) { places <- ahead }))
+			if !errors.Is(err, dlock.ErrLocked) || !errors.Is(err, context.Canceled) {
+				t.Errorf("Lock after cancel: %v", err)
+			}
+		}()
+		select {
+		case got := <-places:
+			if got != want {
+				t.Fatalf("waiter %d reported %d ahead, want %d", want+1, got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("waiter %d reported no place", want+1)
+		}
+	}
+	if _, err := c.Lock(ctx, "k", dlock.WithQueueReport(nil)); !errors.Is(err, dlock.ErrInvalid) {
+		t.Errorf("nil report function: %v, want ErrInvalid", err)
 	}
 }

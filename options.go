@@ -34,6 +34,7 @@ type config struct {
 	retryMax   time.Duration
 	owner      string
 	resume     bool
+	onQueued   func(ahead int)
 	logger     *slog.Logger
 	clock      clock.Clock
 	perLock    bool
@@ -147,6 +148,22 @@ func WithOwner(id string) Option {
 func WithResume() Option {
 	return func(c *config) error {
 		c.resume = true
+		return nil
+	}
+}
+
+// WithQueueReport makes a waiting Lock (or Do) call fn after each attempt that left
+// it queued on the server, with the number of places ahead of its own (0: next in
+// line), for a progress display. It is called only when the backend tells
+// (driver.HeldError.Queued: memlock, etcd, ZooKeeper, Redlock, and PostgreSQL, which
+// counts up to 8); never on redislock. fn runs on the waiting call's goroutine
+// and must return quickly.
+func WithQueueReport(fn func(ahead int)) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return invalid("nil queue report function")
+		}
+		c.onQueued = fn
 		return nil
 	}
 }

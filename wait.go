@@ -294,6 +294,9 @@ func (l *attemptLoop) pause(ctx context.Context, err error) error {
 	cfg := l.cfg
 	var held *driver.HeldError
 	isHeld := errors.As(err, &held)
+	if isHeld && held.Queued && cfg.onQueued != nil {
+		cfg.onQueued(held.Ahead)
+	}
 	var d time.Duration
 	if l.st.w != nil {
 		scale := 1

@@ -33,6 +33,14 @@
 //     (an operator clearing a stuck holder; the old holder may still run, and
 //     fencing keeps resources safe). Without it Client.ForceRelease returns an
 //     error matching ErrUnsupported; locking does not use it.
+//   - Valuer: stores a value with each grant (Request.Value, changed later by
+//     SetValue) and returns it in Info.Value: an election's leader publishes its
+//     address this way. Without it a lock call with a value (dlock.WithValue,
+//     Campaign with a value, Proclaim) returns an error matching ErrUnsupported.
+//   - HolderWatcher: tells when the holder of a key or its value may have
+//     changed, for dlock.Client.Observe. Without it Observe reads the holder
+//     again at a fixed interval (dlock.WithObserveInterval), so it learns of a
+//     change up to one interval late.
 //
 // Every backend must pass the conformance suite in package drivertest.
 package driver
@@ -67,11 +75,12 @@ var (
 	ErrAuth = errors.New("dlock: authentication failed or permission denied")
 )
 
-// Limits on keys and owner ids, the same for every backend so that a key that works
-// on one works on all.
+// Limits on keys, owner ids and values, the same for every backend so that a key
+// that works on one works on all.
 const (
 	MaxKeyLen   = 512
 	MaxOwnerLen = 128
+	MaxValueLen = 4096
 )
 
 // Request is one acquire attempt.
@@ -109,6 +118,12 @@ type Request struct {
 	// owner before the backend may drop it (a crashed waiter must not block the
 	// queue). Zero when Wait is false.
 	Patience time.Duration
+	// Value, for a Valuer, is stored with the grant this request makes, including
+	// a grant handed over later to the place it queues, and Inspect returns it
+	// (Info.Value); an attempt that re-enters a grant (Reenter) replaces the
+	// stored value with its own. At most MaxValueLen bytes; nil for none. A
+	// backend that is not a Valuer never sees a non-empty Value.
+	Value []byte
 }
 
 // Grant is a successful acquire.
@@ -148,6 +163,12 @@ type HeldError struct {
 	// is, within a bound, so that a long queue does not cost a write per waiter per
 	// second; a backend that leaves it 0 gets the shortest fallback interval.
 	Ahead int
+	// Queued says that Ahead is known: the attempt left the caller queued with
+	// Ahead places in front (0: next in line). A backend that counts only up to a
+	// cap reports the cap, a lower bound, and says so in its documentation. The
+	// core passes it to WithQueueReport's function; false means the backend did
+	// not tell (Ahead is then 0).
+	Queued bool
 }
 
 // Error says that the key is held and, if known, when the grant expires.
@@ -226,7 +247,11 @@ type WatchAdvisor interface {
 // attempt was sent is then a safe Age.
 type Waiter interface {
 	// C receives a value when the key may be free for this owner, or was handed
-	// to it. The channel is buffered; wake-ups may coalesce.
+	// to it. The channel is buffered; wake-ups may coalesce. A backend whose
+	// queued places live on a session it keeps (an etcd lease, a ZooKeeper
+	// session) also sends when that session is lost, and the next Acquire then
+	// returns an error that does not match ErrLocked: a waiting Lock, or a
+	// Campaign, fails at once rather than wait on a place that is gone.
 	C() <-chan struct{}
 	// Stop ends the wait. When acquired is false the backend gives up any place it
 	// holds in a server-side queue and passes the turn on, so a cancelled waiter
@@ -268,6 +293,8 @@ type Info struct {
 	TTL time.Duration
 	// Waiters is the number of queued waiters, or -1 if the backend does not know.
 	Waiters int
+	// Value is the value stored with the grant (see Valuer); nil if none.
+	Value []byte
 }
 
 // Inspector is implemented by backends that can read who holds a key.
@@ -284,6 +311,46 @@ type ForceReleaser interface {
 	// ForceRelease frees key, or returns an error matching ErrNotHeld if no one
 	// holds it.
 	ForceRelease(ctx context.Context, key string) error
+}
+
+// Valuer is implemented by backends that store a value with each grant: the value
+// of Request.Value, replaced by SetValue, returned by Inspect in Info.Value, and
+// gone with the grant (the next grant of the key has its own value, or none).
+type Valuer interface {
+	// SetValue replaces the value stored with owner's grant of key (at most
+	// MaxValueLen bytes; nil or empty for none), comparing the owner on the
+	// server in the same step. It returns an error matching ErrNotHeld when owner
+	// does not hold key; the grant's TTL is left as it was.
+	SetValue(ctx context.Context, key, owner string, value []byte) error
+}
+
+// HolderWatcher is implemented by backends that can tell when the holder of a key
+// may have changed: a grant, a release, a force release, a SetValue, and, where
+// the server signals it, an expiry. dlock.Client.Observe reads the holder with
+// Inspect after each notification, and also when the holder's TTL runs out, so a
+// backend that cannot signal expiry (a Redis key's TTL) still gets it right.
+type HolderWatcher interface {
+	// WatchHolder starts watching key. The watch may send spurious notifications
+	// but must not miss a change made after WatchHolder returns; if it may have
+	// missed some (a reconnect), it sends one. It ends when Stop is called.
+	WatchHolder(ctx context.Context, key string) (HolderWatch, error)
+}
+
+// HolderWatch is one watch started by HolderWatcher.WatchHolder.
+type HolderWatch interface {
+	// C receives a value when the holder of the key or its value may have
+	// changed. The channel is buffered; notifications may coalesce.
+	C() <-chan struct{}
+	// Stop ends the watch and frees what it holds; it is called exactly once.
+	Stop()
+}
+
+// ValidateValue reports whether value fits in MaxValueLen bytes.
+func ValidateValue(value []byte) error {
+	if len(value) > MaxValueLen {
+		return fmt.Errorf("%w: value is %d bytes, the limit is %d", ErrInvalid, len(value), MaxValueLen)
+	}
+	return nil
 }
 
 // ValidateKey reports whether key is acceptable to every backend: 1 to MaxKeyLen

@@ -191,7 +191,7 @@ func (b *Backend) placedAttempt(ctx context.Context, s *session, w *waiter, pref
 		return driver.Grant{}, false, nil
 	}
 	if ahead, ok := w.still(s); ok {
-		return driver.Grant{}, true, &driver.HeldError{Ahead: ahead}
+		return driver.Grant{}, true, &driver.HeldError{Ahead: ahead, Queued: true}
 	}
 	// A woken waiter: is the own key still there, and first (no member created
 	// before it)? Both reads in one transaction, so at one revision; both read keys
@@ -306,7 +306,7 @@ func (b *Backend) created(ctx context.Context, req driver.Request, s *session, w
 	}
 	w.placed(ahead)
 	w.follow(string(pred.Value), pred.ModRevision, 0, s, rev, member)
-	return driver.Grant{}, &driver.HeldError{Ahead: ahead}
+	return driver.Grant{}, &driver.HeldError{Ahead: ahead, Queued: true}
 }
 
 // exists finishes an attempt that found its member key (resp, with put the write

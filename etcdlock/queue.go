@@ -170,5 +170,5 @@ func (b *Backend) queued(ctx context.Context, req driver.Request, s *session, w 
 		w.placed(ahead)
 		w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
 	}
-	return driver.Grant{}, &driver.HeldError{Ahead: ahead}
+	return driver.Grant{}, &driver.HeldError{Ahead: ahead, Queued: true}
 }

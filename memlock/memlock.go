@@ -107,16 +107,19 @@ func (s *Store) pruneLocked(key string, now time.Time) {
 	s.queues[key] = q[:n]
 }
 
-func (s *Store) enqueueLocked(key string, req driver.Request, now time.Time) {
+// enqueueLocked keeps req's place in key's queue, or makes one at the end, and
+// returns how many places are ahead of it.
+func (s *Store) enqueueLocked(key string, req driver.Request, now time.Time) int {
 	q := s.queues[key]
 	deadline := now.Add(req.Patience)
 	for i := range q {
 		if q[i].owner == req.Owner {
 			q[i].deadline, q[i].ttl = deadline, req.TTL
-			return
+			return i
 		}
 	}
 	s.queues[key] = append(q, place{req.Owner, req.TTL, deadline})
+	return len(q)
 }
 
 func (s *Store) dequeueLocked(key, owner string) {
@@ -217,18 +220,20 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		// changing nothing (no TTL, no place; see driver.Request).
 		return driver.Grant{}, &driver.HeldError{RetryAfter: e.expires.Sub(now)}
 	case e != nil:
+		held := &driver.HeldError{RetryAfter: e.expires.Sub(now)}
 		if req.Wait {
-			s.enqueueLocked(req.Key, req, now)
+			held.Ahead, held.Queued = s.enqueueLocked(req.Key, req, now), true
 		}
-		return driver.Grant{}, &driver.HeldError{RetryAfter: e.expires.Sub(now)}
+		return driver.Grant{}, held
 	}
 	s.pruneLocked(req.Key, now)
 	if q := s.queues[req.Key]; len(q) > 0 && q[0].owner != req.Owner {
 		// Free after an expiry, and the first queued waiter goes first.
+		held := &driver.HeldError{}
 		if req.Wait {
-			s.enqueueLocked(req.Key, req, now)
+			held.Ahead, held.Queued = s.enqueueLocked(req.Key, req, now), true
 		}
-		return driver.Grant{}, &driver.HeldError{}
+		return driver.Grant{}, held
 	}
 	s.dequeueLocked(req.Key, req.Owner)
 	s.counters[req.Key]++

@@ -159,7 +159,8 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 		}
 		held := &driver.HeldError{RetryAfter: after}
 		if req.Wait {
-			held.Ahead = int(ahead) // the places still ahead of the caller's (at most 8)
+			// The places still ahead of the caller's, counted up to 8.
+			held.Ahead, held.Queued = int(ahead), true
 		}
 		return driver.Grant{}, held
 	}

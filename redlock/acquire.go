@@ -101,7 +101,7 @@ func (b *Backend) answerLocally(req driver.Request) error {
 	}
 	if ahead, ok := b.stillQueued(req); ok {
 		return fmt.Errorf("redlock: acquire %q: still queued, %d ahead: %w",
-			req.Key, ahead, &driver.HeldError{Ahead: ahead})
+			req.Key, ahead, &driver.HeldError{Ahead: ahead, Queued: true})
 	}
 	return nil
 }
@@ -207,7 +207,7 @@ func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driv
 	}
 	he := &driver.HeldError{RetryAfter: b.retryAfter(a.held)}
 	if req.Wait && len(a.held) > 0 {
-		he.Ahead = int(max(a.ahead, 0))
+		he.Ahead, he.Queued = int(max(a.ahead, 0)), a.ahead >= 0
 		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0)
 	}
 	return driver.Grant{}, &QuorumError{Op: "acquire", Key: req.Key, OK: len(a.granted), Need: b.quorum,

@@ -53,7 +53,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 			b.armLocked(e, req.Patience)
 			ahead := w.ahead
 			b.mu.Unlock()
-			return g, &driver.HeldError{Ahead: ahead}, false
+			return g, &driver.HeldError{Ahead: ahead, Queued: true}, false
 		}
 	}
 	b.mu.Unlock()
@@ -246,7 +246,7 @@ func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, pred 
 		return g, nil, true
 	}
 	b.armLocked(e, req.Patience)
-	held := &driver.HeldError{Ahead: idx - 1}
+	held := &driver.HeldError{Ahead: idx - 1, Queued: true}
 	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 	if w != nil {
 		w.checked, w.ahead = time.Now(), held.Ahead

@@ -36,7 +36,8 @@ password (DLOCK_PASSWORD, and DLOCK_URL if it holds a password, are removed).
 
 While it waits for KEY (--wait), dlock shows who holds it on one line of stderr:
 the holder's owner id, its fencing token, the time left before its grant expires
-unless renewed, and the number of waiters when the backend tells. On a terminal
+unless renewed, the number of waiters and this run's place in the queue when the
+backend tells (Redis does not tell the place). On a terminal
 the line is rewritten in place each second; elsewhere a line is printed when the
 holder, token or queue changes. --quiet turns it off.
 

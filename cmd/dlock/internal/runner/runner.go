@@ -163,6 +163,7 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	stopStatus := func() {}
 	if cfg.Wait != 0 && !cfg.Quiet {
 		cfg.status = newStatus(cfg.Stderr)
+		cfg.LockOptions = append(cfg.LockOptions[:len(cfg.LockOptions):len(cfg.LockOptions)], dlock.WithQueueReport(cfg.status.queued))
 		if cfg.statusFirst == 0 {
 			cfg.statusFirst, cfg.statusEvery = statusFirst, statusEvery
 		}

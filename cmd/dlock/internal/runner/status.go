@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/term"
@@ -32,6 +33,9 @@ const inspectTimeout = 2 * time.Second
 type status struct {
 	w   io.Writer
 	tty bool
+	// place is this run's place in the server's queue (1: next in line) as the
+	// last waiting attempt's reply said, 0 while the backend has not told.
+	place atomic.Int64
 
 	mu     sync.Mutex
 	onTerm bool   // a line is on the terminal, to be erased
@@ -62,6 +66,10 @@ func (s *status) show(line, same string) {
 	s.last = same
 	fmt.Fprintln(s.w, errline.Message(line))
 }
+
+// queued records a waiting attempt's place: ahead places in front of it. It is
+// the lock call's dlock.WithQueueReport function.
+func (s *status) queued(ahead int) { s.place.Store(int64(ahead) + 1) }
 
 // clear erases the line from the terminal, so that the next message starts on a
 // clean line.
@@ -100,10 +108,31 @@ func (s *status) watch(ctx context.Context, in inspector, key string, first, eve
 			return
 		}
 		if err == nil && ctx.Err() == nil {
-			s.show(fmt.Sprintf("waiting for %q: held by owner %s", key, describe(info)), fmt.Sprintf("%s/%d/%d", info.Owner, info.Token, info.Waiters))
+			line := fmt.Sprintf("waiting for %q: held by owner %s", key, describe(info))
+			place := s.place.Load()
+			if place > 0 {
+				line += fmt.Sprintf("; this run is %s in the queue", ordinal(place))
+			}
+			s.show(line, fmt.Sprintf("%s/%d/%d/%d", info.Owner, info.Token, info.Waiters, place))
 		}
 		t.Reset(every)
 	}
+}
+
+// ordinal spells n as "1st", "2nd", "3rd", "4th", ... "11th", "21st".
+func ordinal(n int64) string {
+	suffix := "th"
+	if n%100 < 11 || n%100 > 13 {
+		switch n % 10 {
+		case 1:
+			suffix = "st"
+		case 2:
+			suffix = "nd"
+		case 3:
+			suffix = "rd"
+		}
+	}
+	return fmt.Sprintf("%d%s", n, suffix)
 }
 
 // describe says who holds a key: `"X" (token N, TTL left 4.2s, 2 waiting)`.

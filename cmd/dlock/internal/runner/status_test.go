@@ -24,7 +24,8 @@ func TestWaitStatus(t *testing.T) {
 	defer l.Release(ctx)
 	cfg := e.cfg("job", "true")
 	cfg.Wait = 600 * time.Millisecond
-	cfg.statusFirst, cfg.statusEvery = 10*time.Millisecond, 50*time.Millisecond
+	// The first status comes after the first attempt has told the place.
+	cfg.statusFirst, cfg.statusEvery = 150*time.Millisecond, 50*time.Millisecond
 	if code := e.run(t, cfg); code != ExitNotAcquired {
 		t.Fatalf("exit %d, want %d", code, ExitNotAcquired)
 	}
@@ -33,8 +34,8 @@ func TestWaitStatus(t *testing.T) {
 	if len(lines) != 2 {
 		t.Fatalf("want one status line and one error, got %q", out)
 	}
-	if want := `dlock: waiting for "job": held by owner "holder-1" (token 1, TTL left `; !strings.HasPrefix(lines[0], want) || !strings.HasSuffix(lines[0], ", 1 waiting)") {
-		t.Errorf("status line %q, want %q... 1 waiting)", lines[0], want)
+	if want := `dlock: waiting for "job": held by owner "holder-1" (token 1, TTL left `; !strings.HasPrefix(lines[0], want) || !strings.HasSuffix(lines[0], ", 1 waiting); this run is 1st in the queue") {
+		t.Errorf("status line %q, want %q... 1 waiting); this run is 1st in the queue", lines[0], want)
 	}
 	if want := `dlock: "job" still held by another owner "holder-1" (token 1, TTL left `; !strings.HasPrefix(lines[1], want) || !strings.HasSuffix(lines[1], " after 600ms") {
 		t.Errorf("error %q, want %q... after 600ms", lines[1], want)
@@ -80,5 +81,52 @@ func TestLossCause(t *testing.T) {
 	}
 	if got := lossCause(errors.New("dlock: other\ntext")); got != "other; text" {
 		t.Errorf("lossCause = %q", got)
+	}
+}
+
+// fixedHolder is an inspector that always reports the same holder.
+type fixedHolder dlock.Info
+
+func (f fixedHolder) Inspect(context.Context, string) (dlock.Info, error) { return dlock.Info(f), nil }
+
+// The line names this run's place in the queue once a waiting attempt has told it,
+// and a new place is a change worth a new line.
+func TestWaitStatusPlace(t *testing.T) {
+	var b bytes.Buffer
+	s := &status{w: &b}
+	in := fixedHolder{Owner: "h", Token: 3, Waiters: 4}
+	ctx, cancel := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() { defer close(watched); s.watch(ctx, in, "job", time.Millisecond, time.Millisecond) }()
+	waitFor := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			s.mu.Lock()
+			out := b.String()
+			s.mu.Unlock()
+			if strings.Contains(out, want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("status %q never said %q", out, want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitFor(`held by owner "h" (token 3, 4 waiting)` + "\n")
+	s.queued(2)
+	waitFor(`held by owner "h" (token 3, 4 waiting); this run is 3rd in the queue` + "\n")
+	s.queued(0)
+	waitFor("this run is 1st in the queue\n")
+	cancel()
+	<-watched
+	if n := strings.Count(b.String(), "\n"); n != 3 {
+		t.Errorf("%d lines, want 3 (one per change): %q", n, b.String())
+	}
+	for n, want := range map[int64]string{1: "1st", 2: "2nd", 3: "3rd", 4: "4th", 11: "11th", 12: "12th", 13: "13th", 21: "21st", 102: "102nd", 111: "111th"} {
+		if got := ordinal(n); got != want {
+			t.Errorf("ordinal(%d) = %q, want %q", n, got, want)
+		}
 	}
 }
