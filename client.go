@@ -22,9 +22,9 @@ type Token uint64
 // release what it still holds and stop its goroutines.
 type Client struct {
 	b        driver.Backend
-	notifier driver.Notifier     // nil when the backend cannot notify
-	bounder  driver.Bounder      // nil unless grants live on a backend-kept session
-	advisor  driver.WatchAdvisor // nil unless the notifier advises
+	notifier driver.Notifier      // nil when the backend cannot notify
+	bounder  driver.Bounder       // nil unless grants live on a backend-kept session
+	advisor  driver.WatchAdvisor  // nil unless the notifier advises
 	valuer   driver.Valuer        // nil unless grants carry values
 	watcher  driver.HolderWatcher // nil unless holders can be watched
 	cfg      config

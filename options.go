@@ -12,16 +12,16 @@ import (
 
 // Defaults.
 const (
-	DefaultTTL         = 15 * time.Second
-	DefaultDrift       = 0.01                  // fraction of the TTL
-	DefaultDriftFixed  = 2 * time.Millisecond  // added to the fraction
-	DefaultRetryMin    = 10 * time.Millisecond // first backoff when polling
-	DefaultRetryMax    = time.Second           // backoff cap, and fallback when notified
+	DefaultTTL        = 15 * time.Second
+	DefaultDrift      = 0.01                  // fraction of the TTL
+	DefaultDriftFixed = 2 * time.Millisecond  // added to the fraction
+	DefaultRetryMin   = 10 * time.Millisecond // first backoff when polling
+	DefaultRetryMax   = time.Second           // backoff cap, and fallback when notified
 	// DefaultObserveInterval is how often Observe reads the holder of a name on a
 	// backend that cannot watch holders (see WithObserveInterval).
 	DefaultObserveInterval = time.Second
-	maxReleaseInClose  = 2 * time.Second
-	maxWithdrawTimeout = time.Second
+	maxReleaseInClose      = 2 * time.Second
+	maxWithdrawTimeout     = time.Second
 )
 
 // Option configures a Client (New, Open) or a single lock call (Lock, TryLock, Do).
