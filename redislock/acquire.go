@@ -49,22 +49,31 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	return g, err
 }
 
-// noReenter is acquire.lua's last argument for an attempt whose request does not
-// say Reenter.
+// noReenter is acquire.lua's fourth argument for an attempt whose request does
+// not say Reenter.
 const noReenter = "x"
 
 // acquire runs the acquire script once: a waiting attempt, which queues if the key
 // is held, or a plain one. w, if not nil, is the wait's registered waiter.
 func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string, ttl int64, queue bool, w *waiter) (driver.Grant, error) {
+	// Arguments are left off the end where they can be (see acquire.lua): an
+	// uncontended attempt that says Reenter sends two; one with a value sends all
+	// five (and grows the slice).
+	valued := len(req.Value) > 0
 	args := make([]any, 2, 4)
 	args[0], args[1] = req.Owner, b.ttlBox(ttl)
 	if queue {
 		args = append(args, b.waitArg(req, w))
-	} else if !req.Reenter {
+	} else if !req.Reenter || valued {
 		args = append(args, "")
 	}
 	if !req.Reenter {
 		args = append(args, noReenter)
+	} else if valued {
+		args = append(args, "")
+	}
+	if valued {
+		args = append(args, req.Value)
 	}
 	cmd, err := b.runScript(ctx, acquireScript, keys, args...)
 	n, cerr := cmd.Int64()

@@ -127,7 +127,7 @@ func generatedAcquire(b *testing.B, ttl int64) string {
 	n := strconv.FormatInt(ttl, 10)
 	src := scriptSource("acquire.lua")
 	for _, r := range [][2]string{
-		{"local owner, ttl, w = ARGV[1], ARGV[2], ARGV[3]", "local owner, ttl, w = ARGV[1], '" + n + "', nil"},
+		{"local owner, ttl, w, val = ARGV[1], ARGV[2], ARGV[3], ARGV[5]", "local owner, ttl, w, val = ARGV[1], '" + n + "', nil, nil"},
 		{"(redis.call('PEXPIRETIME', KEYS[1]) - ttl)", "(redis.call('PEXPIRETIME', KEYS[1]) - " + n + ")"},
 	} {
 		if !strings.Contains(src, r[0]) {

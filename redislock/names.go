@@ -10,20 +10,35 @@ package redislock
 //	                         by the server since; " qN" when waiters queued (or
 //	                         may have: a handed grant always has it), N being
 //	                         the length of P, so that release needs no more
-//	                         than the lock key and the owner
+//	                         than the lock key and the owner; " v" when the
+//	                         grant has a value
 //	P:lock 0x1f K 0x1f token
 //	                 string  last fencing token issued for K; no TTL. Its name is
 //	                         the lock key's and a suffix, so the scripts derive it
 //	                         from the lock key without another argument (each
 //	                         costs every call).
+//	P:lock 0x1f K 0x1f value
+//	                 string  the grant's value (driver.Valuer), set to expire
+//	                         when the lock key does (PXAT its PEXPIRETIME) by the
+//	                         script that sets or extends the lock key, replaced
+//	                         and deleted with it. Only the " v" mark says it
+//	                         belongs to the current grant: one left behind (the
+//	                         lock key deleted by hand) is never read, and the
+//	                         next grant with a value overwrites it.
 //	P:queue 0x1f K   list    owner ids of queued waiters, oldest first
 //	P:waiter 0x1f K 0x1f OWNER
-//	                 string  "SEQ TTL CHANNEL": the number of the waiter's latest
-//	                         attempt, the TTL in ms of the grant it asked for, and
-//	                         its client's channel; the key's own TTL is the
-//	                         place's patience, renewed by each attempt
+//	                 string  "SEQ TTL CHANNEL" or "SEQ TTL CHANNEL VALUE": the
+//	                         number of the waiter's latest attempt, the TTL in ms
+//	                         of the grant it asked for, its client's channel, and
+//	                         the value of that grant (the rest of the string, any
+//	                         bytes), written again by each attempt; the key's own
+//	                         TTL is the place's patience, renewed by each attempt
 //	P:wake:ID        channel one per client (ID: 24 hex digits): handoff messages
 //	                         "OWNER TOKEN SEQ TTL K"
+//	P:lock 0x1f K 0x1f holder
+//	                 channel an empty message at each change of K's holder or
+//	                         value that a script makes (grant, release, handoff,
+//	                         force release, SetValue); not at expiry
 //
 // Isolation. No prefix, key or owner id holds a control byte (WithPrefix,
 // driver.ValidateKey, driver.ValidateOwner), so the first 0x1f of a key name ends
@@ -36,12 +51,16 @@ package redislock
 // token counter was at P:token:K, then P:lock:K 0x1f token. Clients of an older
 // layout do not exclude clients of this one: stop every older client before
 // starting new ones. The server clock term keeps tokens rising across the move.) A
-// channel ends in ":wake:" and hex digits, so it too names its prefix. Key names
-// still start with "P:", so an ACL key pattern P:* covers a prefix's keys.
+// wake channel ends in ":wake:" and hex digits, so it too names its prefix; a holder
+// channel is spelt like a key (Redis keeps channels apart from keys) and names its
+// prefix and key the same way. Names start with "P:", so an ACL key pattern P:*
+// and channel pattern &P:* cover a prefix's keys and channels.
 //
 // The uncontended path costs little more than the least correct lock: acquire is SET
 // NX PX plus PEXPIRETIME and INCR of the token counter, release is GET plus DEL, each
-// one script call with few arguments. Queue work happens only when someone waits:
+// one script call with few arguments, and each PUBLISHes to the holder channel (to
+// nobody, unless someone watches: a lookup in the server's channel table). A value
+// costs an argument and a SET, or DEL, of the value key where there is one. Queue work happens only when someone waits:
 // the queue and waiter keys are derived inside the scripts from the prefix (which the
 // client passes only where needed, or which the scripts read from the channel and
 // the " qN" mark), so the layout suits a single Redis instance, not Redis Cluster.
@@ -49,12 +68,14 @@ package redislock
 
 // The parts of the key names; the tests check that the scripts derive the same.
 const (
-	lockPart    = ":lock\x1f"
-	queuePart   = ":queue\x1f"
-	waiterPart  = ":waiter\x1f"
-	ownerSep    = "\x1f"
-	tokenSuffix = "\x1ftoken" // ends a lock key to name its token counter
-	wakePart    = ":wake:"
+	lockPart     = ":lock\x1f"
+	queuePart    = ":queue\x1f"
+	waiterPart   = ":waiter\x1f"
+	ownerSep     = "\x1f"
+	tokenSuffix  = "\x1ftoken"  // ends a lock key to name its token counter
+	valueSuffix  = "\x1fvalue"  // ends a lock key to name its value
+	holderSuffix = "\x1fholder" // ends a lock key to name its holder channel
+	wakePart     = ":wake:"
 )
 
 // wakeIDBytes is the number of random bytes in a wake-up channel's ID.

@@ -37,6 +37,7 @@ func names(p, k, o string) map[string]string {
 	return map[string]string{
 		"lock":   lockKey(p, k),
 		"token":  lockKey(p, k) + tokenSuffix,
+		"value":  lockKey(p, k) + valueSuffix,
 		"queue":  queueKey(p, k),
 		"waiter": waiterKey(p, k, o),
 	}
@@ -79,6 +80,11 @@ func FuzzKeyNames(f *testing.F) {
 		if (ch1 == ch2) != (p1 == p2) || ch1[:strings.LastIndex(ch1, wakePart)] != p1 {
 			t.Fatalf("wake channels %q, %q", ch1, ch2)
 		}
+		// Holder channels: one per prefix and key, never a wake channel.
+		h1, h2 := lockKey(p1, k1)+holderSuffix, lockKey(p2, k2)+holderSuffix
+		if (h1 == h2) != (p1 == p2 && k1 == k2) || h1 == ch2 || h2 == ch1 || !strings.HasPrefix(h1, p1+":") {
+			t.Fatalf("holder channels %q, %q (wake channels %q, %q)", h1, h2, ch1, ch2)
+		}
 	})
 }
 
@@ -86,9 +92,9 @@ func FuzzKeyNames(f *testing.F) {
 // finds the prefix of a channel by its wakePart.
 func TestScriptNameParts(t *testing.T) {
 	src := scriptSource("names.lua")
-	_, decl, ok := strings.Cut(src, "local LOCK, QUEUE, WAITER, SEP, TOKEN = ")
+	_, decl, ok := strings.Cut(src, "local LOCK, QUEUE, WAITER, SEP, TOKEN, VALUE, HOLDER = ")
 	if !ok {
-		t.Fatalf("names.lua declares no LOCK, QUEUE, WAITER, SEP, TOKEN:\n%s", src)
+		t.Fatalf("names.lua declares no LOCK, QUEUE, WAITER, SEP, TOKEN, VALUE, HOLDER:\n%s", src)
 	}
 	decl, _, _ = strings.Cut(decl, "\n")
 	var got []string
@@ -99,13 +105,13 @@ func TestScriptNameParts(t *testing.T) {
 		}
 		got = append(got, lit)
 	}
-	if want := []string{lockPart, queuePart, waiterPart, ownerSep, tokenSuffix}; !slices.Equal(got, want) {
+	if want := []string{lockPart, queuePart, waiterPart, ownerSep, tokenSuffix, valueSuffix, holderSuffix}; !slices.Equal(got, want) {
 		t.Fatalf("names.lua parts %q, want %q", got, want)
 	}
 	if pat := "'^(.*)" + wakePart + "%x+$'"; !strings.Contains(scriptSource("acquire.lua"), pat) {
 		t.Fatalf("acquire.lua does not find the prefix with %s", pat)
 	}
-	for _, f := range []string{"acquire", "refresh", "release", "withdraw", "force_release", "inspect"} {
+	for _, f := range []string{"acquire", "refresh", "release", "withdraw", "force_release", "inspect", "set_value"} {
 		if src := scriptSource(f + ".lua"); strings.Contains(src, includeLine) || !strings.HasPrefix(src, "-- "+f+".lua: ") {
 			t.Errorf("%s.lua: an include left, or no header", f)
 		}

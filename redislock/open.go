@@ -19,7 +19,8 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts ...Option) (*Backe
 	if rdb == nil {
 		return nil, invalid("nil redis client")
 	}
-	b := &Backend{rdb: rdb, config: defaultConfig(), waiters: make(map[driver.Holder]*waiter)}
+	b := &Backend{rdb: rdb, config: defaultConfig(), waiters: make(map[driver.Holder]*waiter),
+		holders: make(map[string]*holderSub), pings: make(map[string]chan struct{}), lost: make(chan struct{})}
 	for _, o := range opts {
 		if err := o(&b.config); err != nil {
 			return nil, err

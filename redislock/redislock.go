@@ -46,6 +46,36 @@
 // handed the key, which then stays blocked for one TTL, as with a crashed holder. A
 // waiter that gives up passes on a grant handed to it.
 //
+// # Values
+//
+// A grant's value (driver.Valuer: an election leader's address, say) lives in a key
+// beside the lock key (see the key layout in names.go), written by the script that
+// makes the grant with the same expiry, extended by Refresh, replaced by SetValue
+// (one script that compares the owner and leaves the TTL as it was) and by a
+// re-entry, and deleted with the grant by release, handoff and force release. A
+// mark in the lock key says that the value key belongs to the current grant, so an
+// expiry takes both at once and a later grant never shows an earlier value. A
+// waiting attempt keeps its value with its queued place (each attempt writes it
+// again), and the release that hands the key to that place sets it in the same
+// script. Inspect returns it. A grant without a value costs nothing more.
+//
+// # Watching holders
+//
+// WatchHolder (driver.HolderWatcher, for dlock.Client.Observe) subscribes to the
+// key's holder channel on the client's one pub/sub connection, the one wake-ups use:
+// watches cost no connection of their own, and the watches of one key on a client
+// share one subscription. The scripts publish an empty message there at every
+// grant, re-entry that sets or drops a value, release, handoff, force release and
+// SetValue. An expiry is not published (Redis reports one only through keyspace
+// notifications, a server setting, sent when the server gets round to deleting
+// the key): Observe reads the holder again when its TTL runs out, and learns of an
+// expiry then. When the pub/sub connection breaks, go-redis reconnects and
+// subscribes again, and every watch is then notified once, for what it may have
+// missed. The cost on the uncontended path is a PUBLISH in acquire and one in
+// release, to a channel nobody listens to unless someone watches: a lookup in the
+// server's channel table, as cheap as the EXISTS that would have to tell whether
+// anyone listens (well under a microsecond of server time each).
+//
 // The scripts are files under scripts/, each with a header naming its keys,
 // arguments and reply; Redis caches each script until SCRIPT FLUSH, and a flushed
 // script is sent again on its next use.
@@ -117,7 +147,8 @@ func init() {
 }
 
 // Backend is the Redis backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector and driver.ForceReleaser, and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Valuer and driver.HolderWatcher,
+// and is safe for concurrent use.
 type Backend struct {
 	config
 	rdb    redis.UniversalClient
@@ -135,6 +166,13 @@ type Backend struct {
 	listen     sync.WaitGroup
 	seq        atomic.Uint64 // numbers the waiting attempts of this client
 
+	// Holder watches (holder.go), on the connection of ps.
+	hmu     sync.Mutex
+	holders map[string]*holderSub    // by holder channel
+	pings   map[string]chan struct{} // by payload: confirm's pings not yet answered
+	pingSeq uint64
+	lost    chan struct{} // closed, and replaced, when reading ps failed
+
 	persistence Persistence
 }
 
@@ -143,6 +181,8 @@ var (
 	_ driver.WatchAdvisor  = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
+	_ driver.Valuer        = (*Backend)(nil)
+	_ driver.HolderWatcher = (*Backend)(nil)
 )
 
 // Client returns the go-redis client.

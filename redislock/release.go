@@ -57,7 +57,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	if err != nil {
 		return driver.Info{}, wrap("inspect", key, err)
 	}
-	if len(v) != 4 {
+	if len(v) != 5 {
 		return driver.Info{}, wrap("inspect", key, fmt.Errorf("unexpected reply %v", v))
 	}
 	owner, _ := v[0].(string)
@@ -65,5 +65,27 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	tokStr, _ := v[2].(string)
 	tok, _ := strconv.ParseUint(tokStr, 10, 64)
 	live, _ := v[3].(int64)
-	return driver.Info{Key: key, Owner: owner, Token: tok, TTL: time.Duration(max(pttl, 0)) * time.Millisecond, Waiters: int(live)}, nil
+	info := driver.Info{Key: key, Owner: owner, Token: tok, TTL: time.Duration(max(pttl, 0)) * time.Millisecond, Waiters: int(live)}
+	if val, ok := v[4].(string); ok && val != "" {
+		info.Value = []byte(val)
+	}
+	return info, nil
+}
+
+// SetValue implements driver.Valuer: one script compares the owner, replaces the
+// value (with the lock key's expiry) and publishes on the holder channel. With
+// WithReplicas it waits for the replicas as Refresh does.
+func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte) error {
+	args := []any{owner}
+	if len(value) > 0 {
+		args = append(args, value)
+	}
+	cmd, err := b.runScript(ctx, setValueScript, b.keys(key), args...)
+	if n, cerr := cmd.Int64(); cerr == nil && n == 0 {
+		return wrap("set value", key, driver.ErrNotHeld)
+	}
+	if err != nil {
+		return wrap("set value", key, err)
+	}
+	return nil
 }

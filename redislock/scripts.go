@@ -25,6 +25,7 @@ var (
 	withdrawScript     = loadScript("withdraw.lua")
 	forceReleaseScript = loadScript("force_release.lua")
 	inspectScript      = loadScript("inspect.lua")
+	setValueScript     = loadScript("set_value.lua")
 )
 
 func loadScript(name string) *redis.Script { return redis.NewScript(scriptSource(name)) }

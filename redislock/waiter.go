@@ -79,20 +79,33 @@ func (b *Backend) subscribe(ctx context.Context) error {
 	// adds a goroutine hop to every wake-up.
 	b.listen.Go(func() {
 		for {
-			m, err := ps.ReceiveMessage(context.Background())
+			m, err := ps.Receive(context.Background())
 			if err != nil {
+				b.pubsubLost()
 				if errors.Is(err, redis.ErrClosed) || b.closed.Load() {
 					return
 				}
 				// go-redis reconnects on the next call; wake-ups lost meanwhile
-				// are covered by the waiters' fallback timer.
+				// are covered by the waiters' fallback timer, holder changes by
+				// the notification sent when a holder channel is subscribed again.
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}
-			if b.dispatch(m.Payload) {
-				// Let the waiter take its grant before this goroutine goes
-				// back to reading (with one P, it would run first).
-				runtime.Gosched()
+			switch m := m.(type) {
+			case *redis.Message:
+				if m.Channel != b.wakeCh {
+					b.holderChanged(m.Channel)
+				} else if b.dispatch(m.Payload) {
+					// Let the waiter take its grant before this goroutine goes
+					// back to reading (with one P, it would run first).
+					runtime.Gosched()
+				}
+			case *redis.Subscription:
+				if m.Kind == "subscribe" && m.Channel != b.wakeCh {
+					b.subscribedTo(m.Channel)
+				}
+			case *redis.Pong:
+				b.ponged(m.Payload)
 			}
 		}
 	})

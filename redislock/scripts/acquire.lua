@@ -6,25 +6,35 @@
 --          "q" when an earlier attempt of this wait queued (else "-"), PATIENCE the
 --          queued place's lifetime in ms, SEQ the attempt's number, CHANNEL the
 --          wake-up channel of the waiter's client (P:wake:ID)
--- ARGV[4]  "x" when the request does not say Reenter; absent when it does
+-- ARGV[4]  "x" when the request does not say Reenter; "" or absent when it does
+-- ARGV[5]  the value of the grant (any bytes, not empty); absent for none
 -- Returns the token (> 0) when granted; when the key is held, -(pttl + 1) with its
 -- remaining TTL in ms, or -1 when that is unknown; 0 when the owner holds the key
--- but the token counter is gone.
+-- but the token counter is gone. A grant, and a re-entry that sets or drops a
+-- value, publish on the holder channel.
 --#include names.lua
-local owner, ttl, w = ARGV[1], ARGV[2], ARGV[3]
+local owner, ttl, w, val = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
 if w == '' then w = nil end
+-- The lock value of a new grant: the owner id, and the mark " v" if it has a value.
+local nv = owner
+if val then nv = owner .. ' v' end
 -- An earlier attempt of this wait queued: a free key goes to the queue's head (the
 -- waiting path below), not to whoever asks first.
 local queued = w and string.sub(w, 1, 1) == 'q'
-if not queued and redis.call('SET', KEYS[1], owner, 'NX', 'PX', ttl) then
+if not queued and redis.call('SET', KEYS[1], nv, 'NX', 'PX', ttl) then
   -- token(KEYS[1], ttl) of token.lua, inlined: the uncontended path makes no closure.
   local tk = KEYS[1] .. TOKEN
   local n = redis.call('INCR', tk)
-  local now = (redis.call('PEXPIRETIME', KEYS[1]) - ttl) * 1000
+  local at = redis.call('PEXPIRETIME', KEYS[1])
+  local now = (at - ttl) * 1000
   if n < now then
     n = now
     redis.call('SET', tk, string.format('%d', n))
   end
+  -- The value key expires when the lock key does, to the millisecond (two PX in
+  -- one script may be a millisecond apart).
+  if val then redis.call('SET', KEYS[1] .. VALUE, val, 'PXAT', at) end
+  redis.call('PUBLISH', KEYS[1] .. HOLDER, '')
   return n
 end
 --#include token.lua
@@ -43,7 +53,7 @@ if v and (v == owner or string.sub(v, 1, #owner + 1) == owner .. ' ') then
   -- over the holder's grant nor keep it alive: only a request that says Reenter,
   -- or a waiting attempt whose client's channel is in the handed mark (a grant
   -- handed to this client's own queued place), may re-enter.
-  local may = not ARGV[4]
+  local may = ARGV[4] ~= 'x'
   if not may and w then
     local ch = string.match(w, '(%S+)$')
     may = string.find(v .. ' ', ' h' .. ch .. ' ', 1, true) ~= nil
@@ -51,12 +61,26 @@ if v and (v == owner or string.sub(v, 1, #owner + 1) == owner .. ' ') then
   if not may then return held() end
   -- Re-entry, resume, or a grant handed to this owner: once the server has seen
   -- the owner, the handed mark goes, so that a waiter of the same owner elsewhere
-  -- that gives up does not release it.
-  if string.find(v, ' h', 1, true) then
-    redis.call('SET', KEYS[1], (string.gsub(v, ' h%S+', '')), 'PX', ttl)
+  -- that gives up does not release it. The request's value replaces the grant's.
+  local had = string.find(v, ' v', 1, true)
+  local mv = v
+  if string.find(v, ' h', 1, true) then mv = string.gsub(v, ' h%S+', '') end
+  if had and not val then
+    mv = string.gsub(mv, ' v', '')
+  elseif val and not had then
+    mv = mv .. ' v'
+  end
+  if mv ~= v then
+    redis.call('SET', KEYS[1], mv, 'PX', ttl)
   else
     redis.call('PEXPIRE', KEYS[1], ttl)
   end
+  if val then
+    redis.call('SET', KEYS[1] .. VALUE, val, 'PXAT', redis.call('PEXPIRETIME', KEYS[1]))
+  elseif had then
+    redis.call('DEL', KEYS[1] .. VALUE)
+  end
+  if val or had then redis.call('PUBLISH', KEYS[1] .. HOLDER, '') end
   return tonumber(redis.call('GET', KEYS[1] .. TOKEN) or '0')
 end
 if w then
@@ -71,12 +95,17 @@ if w then
     -- Free (the holder's grant expired) and we are queued: take it and leave.
     redis.call('LREM', queue, 1, owner)
     redis.call('DEL', wk)
-    local nv = owner
-    if redis.call('LLEN', queue) > 0 then nv = owner .. ' q' .. #prefix end
+    if redis.call('LLEN', queue) > 0 then nv = nv .. ' q' .. #prefix end
     redis.call('SET', KEYS[1], nv, 'PX', ttl)
+    if val then redis.call('SET', KEYS[1] .. VALUE, val, 'PXAT', redis.call('PEXPIRETIME', KEYS[1])) end
+    redis.call('PUBLISH', KEYS[1] .. HOLDER, '')
     return token(KEYS[1], ttl)
   end
-  local old = redis.call('SET', wk, seq .. ' ' .. ttl .. ' ' .. ch, 'PX', pat, 'GET')
+  -- The place: the attempt's number, the TTL and value of the grant it asks
+  -- for, and its client's channel, for a release to hand the key over.
+  local place = seq .. ' ' .. ttl .. ' ' .. ch
+  if val then place = place .. ' ' .. val end
+  local old = redis.call('SET', wk, place, 'PX', pat, 'GET')
   if not old and not redis.call('LPOS', queue, owner) then
     redis.call('RPUSH', queue, owner)
   end

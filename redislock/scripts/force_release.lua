@@ -1,5 +1,5 @@
 -- force_release.lua: frees the lock whatever its owner, handing it to the next live
--- waiter if any.
+-- waiter if any, and publishes on the holder channel.
 -- KEYS[1]  the lock key
 -- ARGV[1]  the key prefix
 -- Returns 1 when freed or handed over, 0 when the lock was not held.

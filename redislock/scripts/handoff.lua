@@ -1,23 +1,33 @@
 -- handoff.lua: defines hand_off(lock, prefix, key), which grants a lock that is
--- being freed to the first live queued waiter (its place names the TTL it asked
--- for), issues its token and publishes the grant on the waiter's channel as
--- "OWNER TOKEN SEQ TTL KEY", dropping dead places on the way; with no live waiter
--- it deletes the lock. Included by other scripts, after names.lua and token.lua.
+-- being freed to the first live queued waiter (its place names the TTL and the
+-- value it asked for), issues its token and publishes the grant on the waiter's
+-- channel as "OWNER TOKEN SEQ TTL KEY", dropping dead places on the way; with no
+-- live waiter it deletes the lock. Either way it publishes on the holder channel.
+-- Included by other scripts, after names.lua and token.lua.
 local function hand_off(lock, prefix, key)
   local queue = prefix .. QUEUE .. key
   local wp = prefix .. WAITER .. key .. SEP
+  redis.call('PUBLISH', lock .. HOLDER, '')
   while true do
     local h = redis.call('LPOP', queue)
     if not h then
-      redis.call('DEL', lock)
+      redis.call('DEL', lock, lock .. VALUE)
       return
     end
     local e = redis.call('GETDEL', wp .. h)
     if e then
-      local seq, ttl, ch = string.match(e, '^(%d+) (%d+) (%S+)$')
+      -- "SEQ TTL CHANNEL", then a space and the value if there is one.
+      local seq, ttl, ch, val = string.match(e, '^(%d+) (%d+) (%S+) ?(.*)$')
       if ch then
         -- Marked queued whether or not others wait: its release looks.
-        redis.call('SET', lock, h .. ' h' .. ch .. ' q' .. #prefix, 'PX', ttl)
+        local v = h .. ' h' .. ch .. ' q' .. #prefix
+        if val ~= '' then
+          redis.call('SET', lock, v .. ' v', 'PX', ttl)
+          redis.call('SET', lock .. VALUE, val, 'PXAT', redis.call('PEXPIRETIME', lock))
+        else
+          redis.call('SET', lock, v, 'PX', ttl)
+          redis.call('DEL', lock .. VALUE)
+        end
         local n = token(lock, ttl)
         redis.call('PUBLISH', ch, h .. ' ' .. string.format('%d', n) .. ' ' .. seq .. ' ' .. ttl .. ' ' .. key)
         return

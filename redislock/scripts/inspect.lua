@@ -1,8 +1,8 @@
 -- inspect.lua: reads the holder of a lock.
 -- KEYS[1]  the lock key
 -- ARGV[1]  the key prefix
--- Returns {owner, pttl in ms, last token as a string, live queued waiters}, or
--- false (a nil reply) when nobody holds the lock.
+-- Returns {owner, pttl in ms, last token as a string, live queued waiters, value
+-- or false}, or false (a nil reply) when nobody holds the lock.
 --#include names.lua
 local v = redis.call('GET', KEYS[1])
 if not v then return false end
@@ -13,5 +13,8 @@ local live = 0
 for _, h in ipairs(redis.call('LRANGE', prefix .. QUEUE .. key, 0, -1)) do
   if redis.call('EXISTS', wp .. h) == 1 then live = live + 1 end
 end
+-- The mark " v": the grant has a value.
+local val = false
+if string.find(v, ' v', 1, true) then val = redis.call('GET', KEYS[1] .. VALUE) end
 -- The owner id is the value's first word (marks follow it).
-return {string.match(v, '^%S+'), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1] .. TOKEN) or '0', live}
+return {string.match(v, '^%S+'), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1] .. TOKEN) or '0', live, val}

@@ -1,12 +1,19 @@
--- refresh.lua: extends the owner's grant.
+-- refresh.lua: extends the owner's grant, and its value with it.
 -- KEYS[1]  the lock key
 -- ARGV[1]  the owner id
 -- ARGV[2]  the new TTL, in ms
 -- Returns 1 when extended, 0 when the owner does not hold the key.
+--#include names.lua
 local owner = ARGV[1]
 local v = redis.call('GET', KEYS[1])
--- The holder's value is its owner id, alone or followed by a space and marks.
-if v == owner or v and string.sub(v, 1, #owner + 1) == owner .. ' ' then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if v == owner then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+-- The holder's value is its owner id, followed by a space and marks; " v" says
+-- the grant has a value, whose key expires with the lock key, to the millisecond.
+if v and string.sub(v, 1, #owner + 1) == owner .. ' ' then
+  local n = redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if string.find(v, ' v', 1, true) then
+    redis.call('PEXPIREAT', KEYS[1] .. VALUE, redis.call('PEXPIRETIME', KEYS[1]))
+  end
+  return n
 end
 return 0

@@ -1,11 +1,14 @@
 -- release.lua: frees the owner's grant, handing it to the next live waiter if any.
 -- KEYS[1]  the lock key
 -- ARGV[1]  the owner id
--- Returns 1 when freed or handed over, 0 when the owner did not hold the key.
+-- Returns 1 when freed or handed over, 0 when the owner did not hold the key. A
+-- release publishes on the holder channel.
+--#include names.lua
 local owner = ARGV[1]
 local v = redis.call('GET', KEYS[1])
 if v == owner then
   redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', KEYS[1] .. HOLDER, '')
   return 1
 end
 -- The holder's value is its owner id, alone or followed by a space and marks.
@@ -13,10 +16,10 @@ if not v or string.sub(v, 1, #owner + 1) ~= owner .. ' ' then return 0 end
 -- The mark " qN": waiters queued, and the prefix is the lock key's first N bytes.
 local n = string.match(v, ' q(%d+)')
 if not n then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[1] .. VALUE)
+  redis.call('PUBLISH', KEYS[1] .. HOLDER, '')
   return 1
 end
---#include names.lua
 --#include token.lua
 --#include handoff.lua
 local prefix = string.sub(KEYS[1], 1, tonumber(n))

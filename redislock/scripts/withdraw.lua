@@ -12,10 +12,9 @@ local owner, prefix, ch = ARGV[1], ARGV[2], ARGV[3]
 local key = string.sub(KEYS[1], #prefix + #LOCK + 1)
 local wk = prefix .. WAITER .. key .. SEP .. owner
 local e = redis.call('GET', wk)
--- A place is "SEQ TTL CHANNEL": ours if it ends with our channel (a waiter of the
--- same owner on another client keeps its own).
-local tail = ' ' .. ch
-if not e or string.sub(e, -#tail) == tail then
+-- A place is "SEQ TTL CHANNEL" and maybe a value: ours if it names our channel (a
+-- waiter of the same owner on another client keeps its own).
+if not e or string.match(e, '^%d+ %d+ (%S+)') == ch then
   redis.call('LREM', prefix .. QUEUE .. key, 0, owner)
   if e then redis.call('DEL', wk) end
 end
