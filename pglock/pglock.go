@@ -183,8 +183,8 @@ const DefaultTable = "dlock_locks"
 const DefaultLinger = time.Minute
 
 // Backend is the PostgreSQL backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector and driver.ForceReleaser, and
-// is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Valuer and driver.HolderWatcher,
+// and is safe for concurrent use.
 type Backend struct {
 	config
 	pool    *pgxpool.Pool
@@ -200,6 +200,8 @@ var (
 	_ driver.Notifier      = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
+	_ driver.Valuer        = (*Backend)(nil)
+	_ driver.HolderWatcher = (*Backend)(nil)
 )
 
 // Pool returns the connection pool.
