@@ -18,13 +18,13 @@ import (
 // electionBackends start one real server of each kind and return its URL.
 var electionBackends = []struct {
 	name  string
-	start func(t *testing.T) string
+	start func(t testing.TB) string
 }{
-	{"redis", func(t *testing.T) string { return testserver.StartRedis(t).URL() }},
-	{"redlock", func(t *testing.T) string { return testserver.RedlockURL(testserver.StartRedisNodes(t, 3), "") }},
-	{"etcd", func(t *testing.T) string { return testserver.StartEtcd(t).URL("dlock") }},
-	{"zk", func(t *testing.T) string { return testserver.StartZooKeeper(t).URL("/dlock") }},
-	{"postgres", func(t *testing.T) string { return testserver.StartPostgres(t).URL() }},
+	{"redis", func(t testing.TB) string { return testserver.StartRedis(t).URL() }},
+	{"redlock", func(t testing.TB) string { return testserver.RedlockURL(testserver.StartRedisNodes(t, 3), "") }},
+	{"etcd", func(t testing.TB) string { return testserver.StartEtcd(t).URL("dlock") }},
+	{"zk", func(t testing.TB) string { return testserver.StartZooKeeper(t).URL("/dlock") }},
+	{"postgres", func(t testing.TB) string { return testserver.StartPostgres(t).URL() }},
 }
 
 // candidate is one `dlock run --wait forever` process campaigning for an election.
