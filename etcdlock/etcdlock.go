@@ -160,8 +160,8 @@ const (
 var ErrSessionLost = errors.New("etcdlock: session lease lost")
 
 // Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser and driver.Bounder, and is safe for
-// concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Bounder, driver.Valuer and
+// driver.HolderWatcher, and is safe for concurrent use.
 type Backend struct {
 	cli     *clientv3.Client
 	own     bool // close cli in Close
@@ -191,6 +191,8 @@ var (
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Bounder       = (*Backend)(nil)
+	_ driver.Valuer        = (*Backend)(nil)
+	_ driver.HolderWatcher = (*Backend)(nil)
 )
 
 // Client returns the etcd client.
