@@ -93,8 +93,14 @@ func (b *Backend) deleteOwn(ctx context.Context, name, owner string, trusted boo
 // Release implements driver.Backend: it deletes the owner's member key, which wakes
 // the one waiter that watches it. An owner that has no member key through this
 // backend (a restarted process cleaning up after itself) has every member key of
-// the lock with its owner id deleted.
+// the lock with its owner id deleted. A release whose request fails is retried in
+// the background; one whose context has already ended sends nothing and changes
+// nothing: the grant stays until Release is called again, or until this backend
+// deletes it a TTL after its last Refresh (see tracked).
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
+	if err := ctx.Err(); err != nil {
+		return wrap("release", key, err)
+	}
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
 	ok := driver.Holder{Key: key, Owner: owner}
