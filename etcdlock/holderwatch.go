@@ -3,9 +3,13 @@ package etcdlock
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dlockio/dlock/driver"
 )
@@ -137,7 +141,7 @@ func (b *Backend) watchRange(ctx context.Context, prefix string, created, change
 	wch := b.cli.Watch(clientv3.WithRequireLeader(ctx), prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	for resp := range wch {
 		if err := resp.Err(); err != nil {
-			return err // also a cancelled watch, with etcd's reason
+			return watchErr(err) // also a cancelled watch, with etcd's reason
 		}
 		if resp.Created {
 			created()
@@ -147,4 +151,21 @@ func (b *Backend) watchRange(ctx context.Context, prefix string, created, change
 		}
 	}
 	return errWatchClosed
+}
+
+// watchErr returns err, the error that ended a watch, as the etcd error it names
+// when the etcd client passes that on as text only (a watch that etcd cancelled
+// with a reason: "rpc error: code = PermissionDenied desc = etcdserver: permission
+// denied"), so that errors.Is, retryable and authErr know it.
+func watchErr(err error) error {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return err
+	}
+	if _, desc, ok := strings.Cut(err.Error(), "desc = "); ok {
+		if conv := rpctypes.Error(status.Error(codes.Unknown, desc)); errors.As(conv, &ee) {
+			return ee
+		}
+	}
+	return err
 }

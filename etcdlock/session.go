@@ -60,8 +60,9 @@ func (s *session) isDone() bool {
 	}
 }
 
-// end ends the session: its grants are lost, its waiters are woken and give up, and its lease is
-// revoked on the server (best effort), now when sync is set, else in the background.
+// end ends the session: its grants are lost, its waiters are woken and give up, and
+// its lease is revoked on the server (best effort), now when sync is set, else in
+// the background.
 func (s *session) end(cause error, sync bool) {
 	s.mu.Lock()
 	if s.ended {
