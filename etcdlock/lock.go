@@ -350,8 +350,8 @@ func (b *Backend) exists(ctx context.Context, req driver.Request, s *session, w 
 }
 
 // keep keeps the existing member key mine on session s's lease, with the request's
-// value (its create revision, the token, stays; see rewrite), and reads whether it is first, and else the member
-// just ahead of it, which a waiter watches.
+// value (its create revision, the token, stays; see rewrite), and reads whether it
+// is first, and else the member just ahead of it, which a waiter watches.
 func (b *Backend) keep(ctx context.Context, req driver.Request, s *session, w *waiter, mine *mvccpb.KeyValue, member string, put clientv3.Op) (driver.Grant, error) {
 	prefix := b.LockPrefix(req.Key)
 	ops := []clientv3.Op{firstKeyOp(prefix), predecessorOp(prefix, mine.CreateRevision)}
