@@ -71,7 +71,8 @@
 // the key): Observe reads the holder again when its TTL runs out, and learns of an
 // expiry then. When the pub/sub connection breaks, go-redis reconnects and
 // subscribes again, and every watch is then notified once, for what it may have
-// missed. The cost on the uncontended path is a PUBLISH in acquire and one in
+// missed (a connection that hangs without an error is noticed only when it fails;
+// Observe's own periodic reads cover that). The cost on the uncontended path is a PUBLISH in acquire and one in
 // release, to a channel nobody listens to unless someone watches: a lookup in the
 // server's channel table, as cheap as the EXISTS that would have to tell whether
 // anyone listens (well under a microsecond of server time each).
