@@ -83,7 +83,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		return a.fail(ctx, usedUp(a.start), a.r.errs)
 	}
 	b.saw(req.Key, token)
-	b.remember(req.Key, req.Owner, token)
+	b.remember(req.Key, req.Owner, token, req.Value)
 	a.withdrawElsewhere()
 	return driver.Grant{Token: token}, nil
 }
@@ -119,10 +119,15 @@ func (a *attempt) phaseOne(ctx context.Context) {
 	if req.Reenter {
 		reenter = "1"
 	}
-	keys, proposal := a.keys, a.proposal // not a: the closure would move it to the heap
+	keys := a.keys // not a: the closure would move it to the heap
+	args := make([]any, 9, 10)
+	args[0], args[1], args[2], args[3], args[4] = req.Owner, ttl, a.proposal, wait, patience
+	args[5], args[6], args[7], args[8] = prefix, b.wakeCh, since, reenter
+	if len(req.Value) > 0 {
+		args = append(args, req.Value)
+	}
 	a.r = fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (acqReply, error) {
-		return parseAcq(acquireScript.Run(ctx, n.rdb, keys, req.Owner, ttl, proposal, wait, patience,
-			prefix, b.wakeCh, since, reenter).Result())
+		return parseAcq(acquireScript.Run(ctx, n.rdb, keys, args...).Result())
 	})
 }
 

@@ -11,6 +11,39 @@ import (
 	"github.com/dlockio/dlock/driver"
 )
 
+// SetValue implements driver.Valuer: it replaces the value on every node where
+// owner holds the key (one script per node, comparing the owner and keeping the
+// TTL) and succeeds if a majority did. It returns an error matching ErrNotHeld when
+// the owner provably holds no majority, and a QuorumError otherwise; nodes that
+// took the new value then keep it, and Inspect reads whichever value a majority
+// holds.
+func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte) error {
+	keys := b.keys(key)[:1]
+	args := []any{owner}
+	if len(value) > 0 {
+		args = append(args, value)
+	}
+	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (int64, error) {
+		return setValueScript.Run(ctx, n.rdb, keys, args...).Int64()
+	})
+	ok, failed := 0, 0
+	for i := range b.nodes {
+		switch {
+		case r.errs[i] != nil:
+			failed++
+		case r.vals[i] == valueSet:
+			ok++
+		}
+	}
+	if ok >= b.quorum {
+		b.setValue(key, owner, value)
+		return nil
+	}
+	qe := &QuorumError{Op: "set value", Key: key, OK: ok, Need: b.quorum, Nodes: len(b.nodes), Err: b.nodeErrors(r.errs)}
+	qe.notHeld = ok+failed < b.quorum
+	return qe
+}
+
 // ForceRelease implements driver.ForceReleaser: it deletes the lock on every node,
 // whatever its owner. The old holder learns at its next renewal; the next grant's
 // token is larger, as for any grant.
@@ -41,6 +74,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 type view struct {
 	owner string
 	tok   uint64
+	value string // "" for none
 	pttl  int64
 	wait  int64 // live waiters
 }
@@ -55,9 +89,10 @@ func (b *Backend) inspectNode(ctx context.Context, n *node, keys []string, prefi
 		return view{}, fmt.Errorf("unexpected script reply %v", v)
 	}
 	var out view
-	if s, ok := v[0].(string); ok {
-		h, t, _ := strings.Cut(s, tokenSep)
-		out.owner = h
+	if s, ok := v[0].(string); ok { // "OWNER", "OWNER TOKEN" or "OWNER TOKEN VALUE"
+		h, rest, _ := strings.Cut(s, tokenSep)
+		t, value, _ := strings.Cut(rest, tokenSep)
+		out.owner, out.value = h, value
 		out.tok, _ = strconv.ParseUint(t, 10, 64)
 	}
 	out.pttl, _ = v[1].(int64)
@@ -67,7 +102,10 @@ func (b *Backend) inspectNode(ctx context.Context, n *node, keys []string, prefi
 
 // Inspect implements driver.Inspector with the majority's view: the owner that holds
 // the key on a majority of nodes, its token, the time for which a majority still
-// holds it, and the largest number of live waiters any node knows.
+// holds it, the value a majority of nodes holds with it, and the largest number of
+// live waiters any node knows. When the owner holds a majority but no value does
+// (a SetValue under way, or one that reached too few nodes) it returns a
+// QuorumError.
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	keys, prefix := b.keys(key), b.waiterPrefix(key)
 	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (view, error) {
@@ -96,11 +134,23 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 		// The TTL for which a majority still holds it: the quorum-th largest.
 		slices.SortFunc(vs, func(a, c view) int { return int(c.pttl - a.pttl) })
 		var tok uint64
+		votes := make(map[string]int, 1)
 		for _, v := range vs {
 			tok = max(tok, v.tok)
+			votes[v.value]++
 		}
-		return driver.Info{Key: key, Owner: owner, Token: tok,
-			TTL: time.Duration(max(vs[b.quorum-1].pttl, 0)) * time.Millisecond, Waiters: int(waiters)}, nil
+		info := driver.Info{Key: key, Owner: owner, Token: tok,
+			TTL: time.Duration(max(vs[b.quorum-1].pttl, 0)) * time.Millisecond, Waiters: int(waiters)}
+		for value, n := range votes {
+			if n >= b.quorum {
+				if value != "" {
+					info.Value = []byte(value)
+				}
+				return info, nil
+			}
+		}
+		return driver.Info{}, &QuorumError{Op: "inspect", Key: key, OK: len(vs), Need: b.quorum, Nodes: len(b.nodes),
+			Note: "no majority of nodes agrees on the value", Err: b.nodeErrors(r.errs)}
 	}
 	if best+failed >= b.quorum {
 		return driver.Info{}, &QuorumError{Op: "inspect", Key: key, OK: len(b.nodes) - failed, Need: b.quorum, Nodes: len(b.nodes),

@@ -3,9 +3,13 @@ package redlock
 // Key layout on every node, for a lock named K under prefix P (0x1f is the ASCII
 // unit separator):
 //
-//	P:lock 0x1f K     string  "OWNER" or "OWNER TOKEN": the holder on this node and,
-//	                          once the fencing token is known, the token; TTL = the
-//	                          lease TTL
+//	P:lock 0x1f K     string  "OWNER", "OWNER TOKEN" or "OWNER TOKEN VALUE": the
+//	                          holder on this node, the fencing token once it is
+//	                          known ("0" before, when a value follows), and the
+//	                          grant's value (driver.Valuer; any bytes, the rest of
+//	                          the string) if it has one; TTL = the lease TTL. The
+//	                          value goes wherever the grant goes: expiry, release,
+//	                          force release.
 //	P:fence 0x1f K    string  this node's fencing counter: the largest token it
 //	                          accepted; no TTL, it must outlive every lock (see the
 //	                          package documentation)
@@ -18,7 +22,11 @@ package redlock
 //	                          first node); the backend never touches it
 //
 // A client's wake-up channel is P:wake:ID; a release publishes "NONCE OWNER K" on
-// the channel of the waiter it wakes.
+// the channel of the waiter it wakes. A lock's holder channel is its lock key, the
+// byte 0x1f and "holder" (lib.lua's HOLDER; Redis keeps channels apart from keys):
+// every script that changes the lock on a node (grant, token commit, restore,
+// value change, release, force release) publishes an empty message there; an
+// expiry does not.
 //
 // No prefix, key or owner id holds a control byte (WithPrefix, driver.ValidateKey,
 // driver.ValidateOwner), so the first 0x1f of a key name ends "P:kind", whose kind
@@ -31,11 +39,12 @@ package redlock
 // clock, above the old tokens.) Key names start with "P:", so an ACL key pattern P:*
 // covers a prefix's keys.
 //
-// Owner ids never contain a space (driver.ValidateOwner), so "OWNER TOKEN" splits
-// unambiguously and cannot be forged by a crafted owner id. Keys and values travel as
-// KEYS and ARGV, never inside the script text, so any key is safe. Waiter keys are
-// computed inside the scripts, from the waiter key prefix the client passes, which
-// suits independent masters, not Redis Cluster.
+// Owner ids and tokens never contain a space (driver.ValidateOwner), so "OWNER
+// TOKEN VALUE" splits unambiguously at its first two spaces and cannot be forged
+// by a crafted owner id. Keys and values travel as KEYS and ARGV, never inside the
+// script text, so any key is safe. Waiter keys and holder channels are computed
+// inside the scripts, from the waiter key prefix the client passes and the lock
+// key, which suits independent masters, not Redis Cluster.
 
 const (
 	lockPart   = ":lock\x1f"
@@ -44,15 +53,17 @@ const (
 	waiterPart = ":waiter\x1f"
 	floorPart  = ":floor\x1f"
 	ownerSep   = "\x1f"
-	tokenSep   = " " // between OWNER and TOKEN in a lock value (lib.lua's SEP)
+	tokenSep   = " "          // between OWNER, TOKEN and VALUE in a lock value (lib.lua's SEP)
+	holderPart = "\x1fholder" // ends a lock key to name its holder channel (lib.lua's HOLDER)
 )
 
-func lockKey(prefix, key string) string      { return prefix + lockPart + key }
-func fenceKey(prefix, key string) string     { return prefix + fencePart + key }
-func waitSetKey(prefix, key string) string   { return prefix + waitPart + key }
-func floorKey(prefix, key string) string     { return prefix + floorPart + key }
-func waiterPrefix(prefix, key string) string { return prefix + waiterPart + key + ownerSep }
-func wakeChannel(prefix, id string) string   { return prefix + ":wake:" + id }
+func lockKey(prefix, key string) string       { return prefix + lockPart + key }
+func fenceKey(prefix, key string) string      { return prefix + fencePart + key }
+func waitSetKey(prefix, key string) string    { return prefix + waitPart + key }
+func floorKey(prefix, key string) string      { return prefix + floorPart + key }
+func waiterPrefix(prefix, key string) string  { return prefix + waiterPart + key + ownerSep }
+func wakeChannel(prefix, id string) string    { return prefix + ":wake:" + id }
+func holderChannel(prefix, key string) string { return lockKey(prefix, key) + holderPart }
 
 // LockKey returns the Redis key, on every node, that holds the lock named key: the
 // prefix, ":lock", the byte 0x1f and the key (see the key layout above).

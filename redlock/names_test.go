@@ -56,7 +56,23 @@ func FuzzKeyNames(f *testing.F) {
 				t.Fatalf("%s of (%q, %q) = %q does not start with the prefix and \":\"", kind1, p1, k1, a)
 			}
 		}
+		// Holder channels: one per prefix and key, never a wake channel.
+		h1, h2 := holderChannel(p1, k1), holderChannel(p2, k2)
+		if (h1 == h2) != (p1 == p2 && k1 == k2) || h1 == wakeChannel(p2, o2) || !strings.HasPrefix(h1, p1+":") {
+			t.Fatalf("holder channels %q, %q", h1, h2)
+		}
 	})
+}
+
+// The holder channel the scripts publish on is the one the backend subscribes to.
+func TestScriptHolderChannel(t *testing.T) {
+	src, err := scriptFiles.ReadFile("scripts/lib.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "local HOLDER = '\\31" + strings.TrimPrefix(holderPart, "\x1f") + "'\n"; !strings.Contains(string(src), want) {
+		t.Fatalf("lib.lua does not declare %s", want)
+	}
 }
 
 // TestPrefixControl checks that a prefix cannot hold the separator.

@@ -137,6 +137,12 @@ func (b *Backend) queued(key, owner string, ahead int, local bool) {
 		w.queued = true
 		w.local, w.checked, w.ahead = local, time.Now(), ahead
 	}
+	b.startListening()
+}
+
+// startListening starts the subscriber connections, once; called with Backend.mu
+// held.
+func (b *Backend) startListening() {
 	if b.notify {
 		return
 	}
@@ -176,11 +182,19 @@ func (b *Backend) listen(n *node) {
 		}
 		switch m := m.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
+			switch {
+			case m.Kind != "subscribe":
+			case m.Channel == b.wakeCh:
 				b.confirmed(n)
+			default:
+				b.holderSubscribed(n, m.Channel)
 			}
 		case *redis.Message:
-			b.wake(m.Payload)
+			if m.Channel == b.wakeCh {
+				b.wake(m.Payload)
+			} else {
+				b.holderChanged(m.Channel)
+			}
 		}
 	}
 }

@@ -133,6 +133,39 @@
 // What is NOT promised: FIFO order; a resume (Reenter) from another process returning
 // the same token after nodes lost data (it gets a larger one); any guarantee when the
 // assumptions above fail, beyond what fencing tokens give.
+//
+// # Values
+//
+// A grant's value (driver.Valuer: an election leader's address, say) is stored on
+// every node as part of the lock, so it expires, is released and force released
+// with it, and the next grant has its own. Acquire writes it, a re-entry replaces
+// it, a renewal that restores the lock on a node that lost it writes it back (if
+// this client made the grant), and SetValue replaces it on every node where the
+// owner holds the lock, leaving the TTL as it was; it succeeds on a majority, and
+// otherwise returns an error (matching ErrNotHeld when the owner provably holds no
+// majority), leaving the nodes it reached with the new value. Inspect follows its
+// rule for the owner: the value that a majority of nodes holds with the owner; when
+// none does (a SetValue under way, or one that failed part way), it returns a
+// QuorumError rather than guess. A waiter's value travels with its own attempts
+// (there is no handoff on the nodes).
+//
+// # Watching holders
+//
+// WatchHolder (driver.HolderWatcher, for dlock.Client.Observe) subscribes to the
+// key's holder channel on every node, on the subscriber connections that wake-ups
+// use (one per node, whatever the number of watches; one subscription per key per
+// client), and returns once a majority of nodes confirmed. Every script that
+// changes a lock on a node publishes an empty message there: grant, token commit,
+// re-entry that changes the value, restore, SetValue, release, force release; a
+// message from any node notifies the watch. A node that confirms the subscription
+// later (slow, down, or subscribing again after its connection broke) also
+// notifies, since it may have changed meanwhile; so a change made after
+// WatchHolder returns is not missed, only heard late from a node that was not
+// heard (a connection that hangs without an error is noticed only when it fails;
+// Observe's own periodic reads cover that). An expiry is not published: Observe
+// reads the holder again when its TTL runs out. The cost on the uncontended path is a PUBLISH per node in acquire
+// and in release, to a channel nobody listens to unless someone watches (a lookup
+// in the node's channel table).
 package redlock
 
 import (
@@ -148,12 +181,13 @@ import (
 // Files: options.go (options), open.go (New, Open, the checks of the nodes),
 // errors.go (NodeError, QuorumError), fanout.go (one call to every node), acquire.go
 // (phase one and commit rounds), tokens.go (the client side of the majority register,
-// the handoff), release.go (refresh, release), inspect.go (inspect, force release),
-// notify.go (waiting by notification), names.go (key layout), scripts.go and
-// scripts/*.lua (the Lua scripts).
+// the handoff), release.go (refresh, release), inspect.go (inspect, set value,
+// force release), notify.go (waiting by notification), holder.go (watching
+// holders), names.go (key layout), scripts.go and scripts/*.lua (the Lua scripts).
 
 // Backend is the Redlock backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector and driver.ForceReleaser, and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Valuer and driver.HolderWatcher,
+// and is safe for concurrent use.
 type Backend struct {
 	nodes  []*node
 	quorum int
@@ -165,16 +199,20 @@ type Backend struct {
 	mu      sync.Mutex
 	closed  bool
 	closing chan struct{}
-	fence   map[string]uint64        // key -> largest counter seen, for proposals
-	tokens  map[driver.Holder]uint64 // token of grants made here, for counter repair
-	yield   map[string]yielding      // key -> a recent release woke a waiter
-	wakeCh  string                   // this client's wake-up channel
+	fence   map[string]uint64       // key -> largest counter seen, for proposals
+	grants  map[driver.Holder]grant // grants made here, to repair nodes
+	yield   map[string]yielding     // key -> a recent release woke a waiter
+	wakeCh  string                  // this client's wake-up channel
 	waiters map[driver.Holder]*waiter
-	recent  []release // the latest releases that woke a waiter here
-	notify  bool      // subscriber connections started
+	recent  []release             // the latest releases that woke a waiter here
+	notify  bool                  // subscriber connections started
+	holders map[string]*holderSub // by holder channel (holder.go)
 	// subscribed: some node confirmed the subscription
 	subscribed bool
 	bg         sync.WaitGroup
+	// subMu orders the holder channel subscriptions and unsubscriptions, so that
+	// the nodes get them in the order the watches start and stop.
+	subMu sync.Mutex
 }
 
 type node struct {
@@ -188,6 +226,8 @@ var (
 	_ driver.Notifier      = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
+	_ driver.Valuer        = (*Backend)(nil)
+	_ driver.HolderWatcher = (*Backend)(nil)
 )
 
 func (b *Backend) isClosed() bool {

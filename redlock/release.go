@@ -12,8 +12,8 @@ import (
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	start := time.Now()
 	keys := b.keys(key)[:2] // lock, fence
-	tok := b.tokenOf(key, owner)
-	pttl := ms(ttl)
+	g := b.grantOf(key, owner)
+	tok, pttl := g.token, ms(ttl)
 	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (int64, error) {
 		return refreshScript.Run(ctx, n.rdb, keys, owner, pttl, tok, refreshOnly).Int64()
 	})
@@ -35,9 +35,14 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		}
 		if len(absent) > 0 {
 			// A node that lost the key (restarted empty) would grant it to anyone:
-			// close it again for the valid owner.
+			// close it again for the valid owner, with the grant's value if this
+			// client knows it.
+			args := []any{owner, pttl, tok, refreshRestore}
+			if len(g.value) > 0 {
+				args = append(args, g.value)
+			}
 			fanout(ctx, b, absent, func(ctx context.Context, n *node) (int64, error) {
-				return refreshScript.Run(ctx, n.rdb, keys, owner, pttl, tok, refreshRestore).Int64()
+				return refreshScript.Run(ctx, n.rdb, keys, args...).Int64()
 			})
 		}
 		return nil

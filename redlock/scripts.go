@@ -8,8 +8,8 @@ import (
 )
 
 // The scripts live in scripts/*.lua, each opening with a header that names its KEYS,
-// ARGV and reply. lib.lua (fence, holder) and wake.lua (wake) hold helpers joined in
-// front of the scripts that use them.
+// ARGV and reply. lib.lua (fence, parts, holder, join) and wake.lua (wake) hold
+// helpers joined in front of the scripts that use them.
 //
 //go:embed scripts/*.lua
 var scriptFiles embed.FS
@@ -33,9 +33,10 @@ var (
 	commitScript       = script("lib", "commit")
 	refreshScript      = script("lib", "refresh")
 	releaseScript      = script("lib", "wake", "release")
-	forceReleaseScript = script("wake", "force_release")
+	forceReleaseScript = script("lib", "wake", "force_release")
 	withdrawScript     = script("withdraw")
 	inspectScript      = script("inspect")
+	setValueScript     = script("lib", "set_value")
 )
 
 // The replies and flags of the scripts, as their headers name them.
@@ -63,4 +64,7 @@ const (
 	// release.lua's reply when no waiter was woken, and force_release.lua's.
 	released = 1
 	deleted  = 1
+
+	// set_value.lua's reply when the owner holds the lock.
+	valueSet = 1
 )

@@ -45,27 +45,45 @@ func (b *Backend) saw(key string, c uint64) {
 	b.fence[key] = c
 }
 
-// remember records the token of a grant made here, for counter repair in Refresh.
-func (b *Backend) remember(key, owner string, token uint64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.tokens) >= maxFenceCache {
-		clear(b.tokens) // only used to repair counters; leases lost unnoticed leave entries
-	}
-	b.tokens[driver.Holder{Key: key, Owner: owner}] = token
+// grant is what this client remembers of a grant it made: the token, for counter
+// repair, and the value, to restore with the lock on a node that lost it.
+type grant struct {
+	token uint64
+	value []byte
 }
 
-// tokenOf returns the token of the owner's grant made here, or 0.
-func (b *Backend) tokenOf(key, owner string) uint64 {
+// remember records a grant made here.
+func (b *Backend) remember(key, owner string, token uint64, value []byte) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.tokens[driver.Holder{Key: key, Owner: owner}]
+	if len(b.grants) >= maxFenceCache {
+		clear(b.grants) // only used to repair nodes; leases lost unnoticed leave entries
+	}
+	b.grants[driver.Holder{Key: key, Owner: owner}] = grant{token, value}
+}
+
+// grantOf returns the owner's grant made here, or a zero grant.
+func (b *Backend) grantOf(key, owner string) grant {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.grants[driver.Holder{Key: key, Owner: owner}]
+}
+
+// setValue records the new value of the owner's grant made here, if there is one.
+func (b *Backend) setValue(key, owner string, value []byte) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h := driver.Holder{Key: key, Owner: owner}
+	if g, ok := b.grants[h]; ok {
+		g.value = value
+		b.grants[h] = g
+	}
 }
 
 func (b *Backend) forget(key, owner string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.tokens, driver.Holder{Key: key, Owner: owner})
+	delete(b.grants, driver.Holder{Key: key, Owner: owner})
 }
 
 // yielding makes this client's waiting Lock calls on a key step back for a moment

@@ -13,20 +13,24 @@
 -- ARGV[9] reenter: 1 the request says Reenter (driver.Request); 0 an owner that holds
 --         the key here is refused like another owner, and not recorded as a waiter,
 --         because the same owner id may be in use by another client or process
+-- ARGV[10] the grant's value (any bytes, not empty); absent for none
 --
 -- Returns {status, counter, x[, rank]}:
 --   {FRESH, c, p}      the lock was free and is now the owner's; c is the counter
 --                      before; p is the proposal if it was accepted (counter and
 --                      lock now carry it), else 0
 --   {REENTRY, c, t}    the owner already held it here and reenter is 1: TTL
---                      extended; t is the token recorded with it, 0 if none
+--                      extended, value replaced by the request's; t is the token
+--                      recorded with it, 0 if none
 --   {HELD, c, pttl, r} held by another owner; c is the counter (0 if missing); pttl
 --                      its remaining TTL in ms (-1 if unknown); r the owner's rank in
 --                      the wait set (0: oldest), NOT_QUEUED if it is not there. With
 --                      wait 1 or 2 the owner is recorded as a waiter.
+-- A grant, and a re-entry that changes the value, publish on the holder channel.
 local lockKey, fenceKey, waitKey = KEYS[1], KEYS[2], KEYS[3]
 local owner, ttl, proposal, wait = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local patience, waiterPrefix, channel, since, reenter = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local val = ARGV[10]
 local HELD, FRESH, REENTRY = 0, 1, 2
 local NOT_QUEUED = -1
 
@@ -48,22 +52,30 @@ if not v then
   local c = fence(fenceKey)
   leave()
   local p = tonumber(proposal)
+  local t = '0'
   if p > c then
     redis.call('SET', fenceKey, proposal)
-    redis.call('SET', lockKey, owner .. SEP .. proposal, 'PX', ttl)
-    return {FRESH, c, p}
+    t = proposal
+  else
+    p = 0
   end
-  redis.call('SET', lockKey, owner, 'PX', ttl)
-  return {FRESH, c, 0}
+  redis.call('SET', lockKey, join(owner, t, val), 'PX', ttl)
+  redis.call('PUBLISH', lockKey .. HOLDER, '')
+  return {FRESH, c, p}
 end
-local h, t = holder(v)
+local h, t, old = parts(v)
 if h == owner and reenter ~= '1' then
   return {HELD, counter(), redis.call('PTTL', lockKey), NOT_QUEUED}
 end
 if h == owner then
-  redis.call('PEXPIRE', lockKey, ttl)
+  if old == val then
+    redis.call('PEXPIRE', lockKey, ttl)
+  else
+    redis.call('SET', lockKey, join(owner, t, val), 'PX', ttl)
+    redis.call('PUBLISH', lockKey .. HOLDER, '')
+  end
   leave()
-  return {REENTRY, fence(fenceKey), t}
+  return {REENTRY, fence(fenceKey), tonumber(t)}
 end
 if wait ~= '0' then
   redis.call('SET', waiterPrefix .. owner, channel, 'PX', patience)

@@ -1,15 +1,17 @@
 -- force_release.lua: deletes the lock on one node whatever its owner, and wakes a
--- waiter (joined after wake.lua).
+-- waiter (joined after lib.lua and wake.lua).
 --
 -- KEYS[1] lock, KEYS[2] wait set.
 -- ARGV[1] waiter key prefix, ARGV[2] nonce (the same on every node for one
 -- release), ARGV[3] the lock name.
 --
--- Returns DELETED (1) if a lock was deleted, NONE (0) if there was none.
+-- Returns DELETED (1) if a lock was deleted (and publishes on the holder channel),
+-- NONE (0) if there was none.
 local lockKey, waitKey = KEYS[1], KEYS[2]
 local waiterPrefix, nonce, name = ARGV[1], ARGV[2], ARGV[3]
 local NONE, DELETED = 0, 1
 
 if redis.call('DEL', lockKey) == 0 then return NONE end
+redis.call('PUBLISH', lockKey .. HOLDER, '')
 if redis.call('EXISTS', waitKey) == 1 then wake(waitKey, waiterPrefix, nonce, name) end
 return DELETED

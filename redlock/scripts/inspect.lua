@@ -4,7 +4,7 @@
 -- ARGV[1] waiter key prefix.
 --
 -- Returns {value or false, pttl, counter or '0', live waiters}: the lock value
--- ("OWNER" or "OWNER TOKEN"), its remaining TTL in ms (negative if none), the
+-- ("OWNER", "OWNER TOKEN" or "OWNER TOKEN VALUE"), its remaining TTL in ms (negative if none), the
 -- node's fencing counter, and the number of waiters in the wait set whose place
 -- has not lapsed.
 local lockKey, fenceKey, waitKey = KEYS[1], KEYS[2], KEYS[3]

@@ -1,14 +1,20 @@
 -- lib.lua: helpers joined in front of the scripts that read a lock value or a
 -- fencing counter (see scripts.go). Defines no KEYS or ARGV of its own.
 --
--- SEP separates owner and token in a lock value "OWNER" or "OWNER TOKEN" (owner ids
--- never contain a space, so the split is unambiguous).
+-- A lock value is "OWNER", "OWNER TOKEN" or "OWNER TOKEN VALUE": the holder, the
+-- grant's fencing token once it is known ("0" before, when a value follows), and
+-- the grant's value (any bytes, the rest of the string) if it has one. Owner ids
+-- never contain a space, nor tokens, so the split is unambiguous.
+-- SEP separates the parts; HOLDER ends the lock key to name the holder channel.
 -- fence(fenceKey) returns this node's counter; a missing counter (a new key, or a
 -- node that restarted without its data) starts from the server clock in
 -- microseconds, so that it is very likely above every token issued before the loss
 -- (a fallback: the fencing argument does not rely on it).
--- holder(v) splits a lock value into its owner and token (0 when it has none).
+-- parts(v) splits a lock value into its owner, its token as written ('0' when it
+-- has none) and its value (nil when it has none); holder(v) returns the owner and
+-- the token as a number; join(owner, t, val) makes a lock value of them.
 local SEP = ' '
+local HOLDER = '\31holder'
 local MICROS_PER_SECOND = 1000000
 
 local function fence(fenceKey)
@@ -20,10 +26,21 @@ local function fence(fenceKey)
   return n
 end
 
-local function holder(v)
+local function parts(v)
   local at = string.find(v, SEP, 1, true)
-  if at then
-    return string.sub(v, 1, at - 1), tonumber(string.sub(v, at + #SEP))
-  end
-  return v, 0
+  if not at then return v, '0', nil end
+  local at2 = string.find(v, SEP, at + 1, true)
+  if not at2 then return string.sub(v, 1, at - 1), string.sub(v, at + 1), nil end
+  return string.sub(v, 1, at - 1), string.sub(v, at + 1, at2 - 1), string.sub(v, at2 + 1)
+end
+
+local function holder(v)
+  local h, t = parts(v)
+  return h, tonumber(t)
+end
+
+local function join(owner, t, val)
+  if val then return owner .. SEP .. t .. SEP .. val end
+  if t ~= '0' then return owner .. SEP .. t end
+  return owner
 end

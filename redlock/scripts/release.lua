@@ -6,7 +6,8 @@
 -- for one release), ARGV[4] the lock name.
 --
 -- Returns the owner id of the waiter woken, else RELEASED (1) if released,
--- NOT_HELD (0) if the owner did not hold it here.
+-- NOT_HELD (0) if the owner did not hold it here. A release publishes on the
+-- holder channel.
 local lockKey, waitKey = KEYS[1], KEYS[2]
 local owner, waiterPrefix, nonce, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local NOT_HELD, RELEASED = 0, 1
@@ -15,6 +16,7 @@ local v = redis.call('GET', lockKey)
 if not v then return NOT_HELD end
 if holder(v) ~= owner then return NOT_HELD end
 redis.call('DEL', lockKey)
+redis.call('PUBLISH', lockKey .. HOLDER, '')
 if redis.call('EXISTS', waitKey) == 1 then
   local woken = wake(waitKey, waiterPrefix, nonce, name)
   if woken then return woken end
