@@ -24,9 +24,9 @@ package redlock
 // A client's wake-up channel is P:wake:ID; a release publishes "NONCE OWNER K" on
 // the channel of the waiter it wakes. A lock's holder channel is its lock key, the
 // byte 0x1f and "holder" (lib.lua's HOLDER; Redis keeps channels apart from keys):
-// every script that changes the lock on a node (grant, token commit, restore,
-// value change, release, force release) publishes an empty message there; an
-// expiry does not.
+// every script that changes the lock on a node (grant with its token, token
+// commit, restore, value change, release, force release) publishes an empty
+// message there; an expiry does not.
 //
 // No prefix, key or owner id holds a control byte (WithPrefix, driver.ValidateKey,
 // driver.ValidateOwner), so the first 0x1f of a key name ends "P:kind", whose kind

@@ -155,9 +155,11 @@
 // key's holder channel on every node, on the subscriber connections that wake-ups
 // use (one per node, whatever the number of watches; one subscription per key per
 // client), and returns once a majority of nodes confirmed. Every script that
-// changes a lock on a node publishes an empty message there: grant, token commit,
-// re-entry that changes the value, restore, SetValue, release, force release; a
-// message from any node notifies the watch. A node that confirms the subscription
+// changes a lock on a node publishes an empty message there: grant (once its token
+// is known: in phase one when the proposal is accepted, else at the commit, so that
+// the read it causes does not find a leader without a token), re-entry that changes
+// the value, restore, SetValue, release, force release; a message from any node
+// notifies the watch. A node that confirms the subscription
 // later (slow, down, or subscribing again after its connection broke) also
 // notifies, since it may have changed meanwhile; so a change made after
 // WatchHolder returns is not missed, only heard late from a node that was not

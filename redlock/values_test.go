@@ -184,6 +184,25 @@ func TestHolderWatchNodes(t *testing.T) {
 	drain(w2)
 	drain(w3)
 
+	// A grant is announced once its token is known: a new client's first grant,
+	// whose token a commit round settles, is read with that token.
+	w5, err := a.WatchHolder(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(w5)
+	fresh := open(t, testserver.RedlockURL(nodes, testQuery))
+	defer fresh.Close()
+	g, err := fresh.Acquire(ctx, driver.Request{Key: "t", Owner: "first", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	notified(t, w5, "a grant")
+	if info, err := a.Inspect(ctx, "t"); err != nil || info.Token != g.Token {
+		t.Fatalf("Inspect after the grant's notification = %+v, %v; want token %d", info, err, g.Token)
+	}
+	w5.Stop()
+
 	// One node's message is enough.
 	if err := raw[2].Publish(ctx, ch, "").Err(); err != nil {
 		t.Fatal(err)

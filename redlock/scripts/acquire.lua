@@ -26,7 +26,9 @@
 --                      its remaining TTL in ms (-1 if unknown); r the owner's rank in
 --                      the wait set (0: oldest), NOT_QUEUED if it is not there. With
 --                      wait 1 or 2 the owner is recorded as a waiter.
--- A grant, and a re-entry that changes the value, publish on the holder channel.
+-- A grant whose proposal was accepted, and a re-entry that changes the value,
+-- publish on the holder channel (a grant without a token is announced by the
+-- commit that settles it).
 local lockKey, fenceKey, waitKey = KEYS[1], KEYS[2], KEYS[3]
 local owner, ttl, proposal, wait = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local patience, waiterPrefix, channel, since, reenter = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
@@ -60,7 +62,9 @@ if not v then
     p = 0
   end
   redis.call('SET', lockKey, join(owner, t, val), 'PX', ttl)
-  redis.call('PUBLISH', lockKey .. HOLDER, '')
+  -- A grant is announced once its token is known: here if the proposal was
+  -- accepted, else by the commit (a reader told now would read token 0).
+  if p > 0 then redis.call('PUBLISH', lockKey .. HOLDER, '') end
   return {FRESH, c, p}
 end
 local h, t, old = parts(v)
