@@ -48,8 +48,9 @@
 // place, listing the queue again at most every 30 seconds, and report how many
 // are ahead (driver.HeldError.Ahead): a waiter makes no request while it waits,
 // however long the queue. A waiter that gives up deletes its child.
-// Release deletes the child. Refresh writes the child's data (the TTL), a write that
-// goes through the leader and fails if the child is gone. An owner that already has a
+// Release deletes the child. Refresh writes the child's data (the TTL, and the value
+// if there is one, see below), a write that goes through the leader and fails if the
+// child is gone. An owner that already has a
 // child reuses it (re-entry, or a restarted process resuming with a stable owner id,
 // only when the request says Reenter, see driver.Request; otherwise only a child of
 // this client's own create, by its GUID, and another client's child of the same owner
@@ -62,6 +63,25 @@
 // would ever delete (a ghost contender that would block the lock for the life of the
 // session). If the create cannot be settled before ctx ends, the GUID is kept and a
 // later Release or the local expiry deletes whatever it finds.
+//
+// # Values
+//
+// A grant's value (driver.Valuer) lives in its child's data, after the TTL: the
+// create writes it, so a queued place carries it and has it when it becomes the
+// holder, and an uncontended Lock with a value costs no extra request. A child
+// without a value is written exactly as older versions wrote it (the TTL alone), and
+// older children read as grants without a value; an older version reads a child
+// with a value as one whose TTL it does not know. Inspect returns the holder's
+// value. SetValue reads the holder's child and writes it back with the new value,
+// conditional on its version (two requests; a grant of another connection of the
+// owner id costs one more, the listing that finds its child). The child exists only
+// while it is the holder's (no contender can be created below it), so a write that
+// succeeds was made to the owner's grant; a deleted child fails it with
+// driver.ErrNotHeld. It keeps the TTL and its start: the write notes the time the
+// TTL counts from, so Inspect does not take it for a renewal. A renewal writes the
+// value it knows, conditional on the version it last saw, and reads the child again
+// if another connection of the owner id changed the value meanwhile. An attempt
+// that re-enters a grant (driver.Request.Reenter) writes its own value.
 //
 // # Safety model
 //
@@ -141,7 +161,8 @@ const (
 )
 
 // Backend is the ZooKeeper backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector and driver.ForceReleaser, and is safe for concurrent use. It holds
+// driver.Bounder, driver.Inspector, driver.ForceReleaser and driver.Valuer, and is
+// safe for concurrent use. It holds
 // one ZooKeeper session; Close ends it, which deletes every node it still has.
 type Backend struct {
 	conn   *zk.Conn
@@ -198,6 +219,8 @@ var (
 	_ driver.Notifier      = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
+	_ driver.Bounder       = (*Backend)(nil)
+	_ driver.Valuer        = (*Backend)(nil)
 )
 
 // Conn returns the ZooKeeper connection.
