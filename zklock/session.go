@@ -58,6 +58,9 @@ func (b *Backend) onEvent(ev zk.Event) {
 			if b.session != 0 && sid != b.session {
 				b.sessionGoneLocked("replaced by a new session")
 			}
+			if b.readyClosed {
+				b.signalHoldersLocked() // a reconnection: watch events may have been missed
+			}
 			if sid != b.session {
 				b.heard = b.dialedAt
 			} else if b.dialedAt.After(b.heard) {
@@ -75,6 +78,7 @@ func (b *Backend) onEvent(ev zk.Event) {
 			b.log.Warn("zklock: ZooKeeper session expired; its locks are lost", "server", ev.Server)
 			b.sessionGoneLocked("expired")
 			b.session = 0
+			b.signalHoldersLocked()
 		case zk.StateAuthFailed:
 			b.dialErr = zk.ErrAuthFailed
 		}

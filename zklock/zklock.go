@@ -83,6 +83,19 @@
 // if another connection of the owner id changed the value meanwhile. An attempt
 // that re-enters a grant (driver.Request.Reenter) writes its own value.
 //
+// # Holder watching
+//
+// WatchHolder (driver.HolderWatcher) sets two watches on the backend's session: on
+// the lock node's children (its existence while it does not exist) and on the data
+// of the holder's child. Every change of holder (a grant, a release, a force
+// release, the expiry of the holder's session) and every SetValue makes one fire;
+// ZooKeeper watches fire once, and the watch sets them again as it reads the queue or
+// the holder's data, sending only when the holder or its value changed. Nothing is
+// polled; the cost is one read per watch for every change of the queue (a waiter
+// joining or leaving lists the children) and for every renewal of the holder (which
+// writes its child's data, and is not sent on). A watch sends once after every
+// reconnection and session expiry, and sets its watches again on a new session.
+//
 // # Safety model
 //
 // The ZooKeeper session is the lease. While the session lives, its ephemeral child
@@ -161,8 +174,8 @@ const (
 )
 
 // Backend is the ZooKeeper backend. It implements driver.Backend, driver.Notifier,
-// driver.Bounder, driver.Inspector, driver.ForceReleaser and driver.Valuer, and is
-// safe for concurrent use. It holds
+// driver.Bounder, driver.Inspector, driver.ForceReleaser, driver.Valuer and
+// driver.HolderWatcher, and is safe for concurrent use. It holds
 // one ZooKeeper session; Close ends it, which deletes every node it still has.
 type Backend struct {
 	conn   *zk.Conn
@@ -191,6 +204,7 @@ type Backend struct {
 	waiters     map[driver.Holder]*waiter
 	predOf      map[string]map[*waiter]bool // watched predecessor path -> waiters
 	doomed      map[string]bool             // child paths being deleted in the background
+	holders     map[*holderWatch]bool       // live holder watches (WatchHolder)
 	granted     int
 	hbRunning   bool
 
@@ -221,6 +235,7 @@ var (
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Bounder       = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)
+	_ driver.HolderWatcher = (*Backend)(nil)
 )
 
 // Conn returns the ZooKeeper connection.
