@@ -39,6 +39,7 @@ type entry struct {
 	value      []byte
 	valueKnown bool
 	version    int32
+	placed     time.Time // when the attempt that last found the child queued was sent
 }
 
 // entryFor returns the live entry of (key, owner), making one if needed.

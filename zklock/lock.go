@@ -16,6 +16,11 @@ import (
 // Acquire implements driver.Backend.
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	for range 4 {
+		if req.Wait {
+			if err := b.placeLost(req.Key, req.Owner); err != nil {
+				return driver.Grant{}, err
+			}
+		}
 		e, err := b.entryFor(req.Key, req.Owner)
 		if err != nil {
 			return driver.Grant{}, err
@@ -58,6 +63,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		}
 	}
 	b.mu.Unlock()
+	sent := time.Now()
 
 	var pre created
 	if own == "" {
@@ -191,7 +197,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		return g, &driver.HeldError{}, false
 	}
 
-	return b.queue(ctx, e, req, e.parent+"/"+below.name, idx)
+	return b.queue(ctx, e, req, e.parent+"/"+below.name, idx, sent)
 }
 
 // grant completes an attempt whose child is first in the queue: the key is held.
@@ -248,15 +254,18 @@ func (b *Backend) keepOldest(ctx context.Context, e *entry, req driver.Request, 
 	return false, nil
 }
 
-// queue completes an attempt whose child waits behind idx others, pred the
-// nearest: it keeps the child, and watches the predecessor only.
-func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, pred string, idx int) (g driver.Grant, err error, again bool) {
+// queue completes an attempt, sent at sent, whose child waits behind idx others,
+// pred the nearest: it keeps the child, and watches the predecessor only.
+func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, pred string, idx int, sent time.Time) (g driver.Grant, err error, again bool) {
 	b.mu.Lock()
 	if e.dead {
 		b.mu.Unlock()
 		return g, nil, true
 	}
 	b.armLocked(e, req.Patience)
+	if sent.After(e.placed) {
+		e.placed = sent
+	}
 	held := &driver.HeldError{Ahead: idx - 1, Queued: true}
 	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 	if w != nil {

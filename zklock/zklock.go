@@ -96,6 +96,16 @@
 // writes its child's data, and is not sent on). A watch sends once after every
 // reconnection and session expiry, and sets its watches again on a new session.
 //
+// # Queued places and the session
+//
+// A queued place is an ephemeral child too, and lives on the session. When the
+// session ends (the backend learns of its expiry on reconnection), or when nothing
+// was heard from the ensemble for a whole session timeout since the place was last
+// confirmed (the session has then most likely expired; if it has not, the child is
+// deleted), every waiter whose place it carried is woken, and its next attempt fails
+// with an error that does not match driver.ErrLocked: a waiting Lock or Campaign
+// fails at once rather than queue again at the back without knowing it.
+//
 // # Safety model
 //
 // The ZooKeeper session is the lease. While the session lives, its ephemeral child
