@@ -78,6 +78,9 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 		}
 		cfg = &own
 	}
+	if len(cfg.value) > 0 && c.valuer == nil {
+		return nil, unsupported("lock with a value", key)
+	}
 	owner := cfg.owner
 	generated := owner == ""
 	if generated {

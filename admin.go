@@ -24,6 +24,9 @@ type Info struct {
 	// Waiters is the number of callers queued for the key on the server, or -1
 	// when the backend does not know.
 	Waiters int
+	// Value is the value stored with the holder's grant (WithValue, Campaign,
+	// Proclaim); nil if none or the backend cannot store values.
+	Value []byte
 }
 
 // Inspect reads who holds key on the server: the holder's owner id, its fencing
@@ -47,7 +50,7 @@ func (c *Client) Inspect(ctx context.Context, key string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	return Info{Key: di.Key, Owner: di.Owner, Token: Token(di.Token), TTL: di.TTL, Waiters: di.Waiters}, nil
+	return Info{Key: di.Key, Owner: di.Owner, Token: Token(di.Token), TTL: di.TTL, Waiters: di.Waiters, Value: di.Value}, nil
 }
 
 // ForceRelease frees key whoever holds it, for an operator clearing a lock whose

@@ -22,9 +22,11 @@ type Token uint64
 // release what it still holds and stop its goroutines.
 type Client struct {
 	b        driver.Backend
-	notifier driver.Notifier     // nil when the backend cannot notify
-	bounder  driver.Bounder      // nil unless grants live on a backend-kept session
-	advisor  driver.WatchAdvisor // nil unless the notifier advises
+	notifier driver.Notifier      // nil when the backend cannot notify
+	bounder  driver.Bounder       // nil unless grants live on a backend-kept session
+	advisor  driver.WatchAdvisor  // nil unless the notifier advises
+	valuer   driver.Valuer        // nil unless grants carry values
+	watcher  driver.HolderWatcher // nil unless holders can be watched
 	cfg      config
 
 	closing chan struct{} // closed by Close
@@ -50,6 +52,8 @@ func New(b driver.Backend, opts ...Option) (*Client, error) {
 	c.ren.clk, c.ren.base, c.ren.lazy = cfg.clock, cfg.clock.Now(), cfg.clock == clock.Real
 	c.notifier, _ = b.(driver.Notifier)
 	c.bounder, _ = b.(driver.Bounder)
+	c.valuer, _ = b.(driver.Valuer)
+	c.watcher, _ = b.(driver.HolderWatcher)
 	if c.notifier != nil {
 		c.advisor, _ = b.(driver.WatchAdvisor)
 	}

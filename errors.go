@@ -39,6 +39,8 @@ var (
 	// no longer be held: a renewal was refused, or the local validity deadline
 	// passed without a successful renewal.
 	ErrLeaseLost = errors.New("dlock: lease lost")
+	// ErrNoLeader: Client.Leader found no one leading the election.
+	ErrNoLeader = errors.New("dlock: no leader")
 	// ErrReleased is the cause of a lease context cancelled because the lease was
 	// released (by Release, or by Client.Close).
 	ErrReleased = errors.New("dlock: lease released")

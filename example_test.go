@@ -257,3 +257,62 @@ func ExampleClient_Inspect() {
 	// <nil>
 	// true
 }
+
+// Leader election: Campaign waits until the candidate leads and publishes its
+// value; the token is the leader's epoch, larger for every later leader; followers
+// read the leader with Leader, or follow it with Observe.
+func ExampleClient_Campaign() {
+	ctx := context.Background()
+	c, err := dlock.Open(ctx, "mem://election")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+
+	obs, err := c.Observe(ctx, "scheduler")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	show := func() {
+		ld := <-obs
+		if !ld.Exists() {
+			fmt.Println("no leader")
+			return
+		}
+		fmt.Printf("leader %s, epoch %d\n", ld.Value, ld.Token)
+	}
+	show()
+
+	lead, err := c.Campaign(ctx, "scheduler", []byte("10.0.0.1:8080"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	show()
+	// Lead under lead.Context(): it is cancelled the moment leadership may be
+	// lost. Hand lead.Token() to what the leader writes.
+	if err := lead.Proclaim(ctx, []byte("10.0.0.1:9090")); err != nil {
+		fmt.Println(err)
+	}
+	show()
+	if err := lead.Resign(ctx); err != nil {
+		fmt.Println(err)
+	}
+	show()
+
+	next, err := c.Campaign(ctx, "scheduler", []byte("10.0.0.2:8080"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer next.Resign(ctx)
+	show()
+	// Output:
+	// no leader
+	// leader 10.0.0.1:8080, epoch 1
+	// leader 10.0.0.1:9090, epoch 1
+	// no leader
+	// leader 10.0.0.2:8080, epoch 2
+}

@@ -430,6 +430,13 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 }
 
+// done reports whether Release has ended the lease (finish ran).
+func (l *Lease) done() bool {
+	l.cmu.Lock()
+	defer l.cmu.Unlock()
+	return l.released
+}
+
 func (l *Lease) finish() {
 	l.cmu.Lock()
 	defer l.cmu.Unlock()

@@ -1,6 +1,7 @@
 package dlock
 
 import (
+	"bytes"
 	"fmt"
 	"log/slog"
 	"time"
@@ -11,13 +12,16 @@ import (
 
 // Defaults.
 const (
-	DefaultTTL         = 15 * time.Second
-	DefaultDrift       = 0.01                  // fraction of the TTL
-	DefaultDriftFixed  = 2 * time.Millisecond  // added to the fraction
-	DefaultRetryMin    = 10 * time.Millisecond // first backoff when polling
-	DefaultRetryMax    = time.Second           // backoff cap, and fallback when notified
-	maxReleaseInClose  = 2 * time.Second
-	maxWithdrawTimeout = time.Second
+	DefaultTTL        = 15 * time.Second
+	DefaultDrift      = 0.01                  // fraction of the TTL
+	DefaultDriftFixed = 2 * time.Millisecond  // added to the fraction
+	DefaultRetryMin   = 10 * time.Millisecond // first backoff when polling
+	DefaultRetryMax   = time.Second           // backoff cap, and fallback when notified
+	// DefaultObserveInterval is how often Observe reads the holder of a name on a
+	// backend that cannot watch holders (see WithObserveInterval).
+	DefaultObserveInterval = time.Second
+	maxReleaseInClose      = 2 * time.Second
+	maxWithdrawTimeout     = time.Second
 )
 
 // Option configures a Client (New, Open) or a single lock call (Lock, TryLock, Do).
@@ -35,6 +39,8 @@ type config struct {
 	owner      string
 	resume     bool
 	onQueued   func(ahead int)
+	value      []byte
+	observe    time.Duration // Observe's polling interval
 	logger     *slog.Logger
 	clock      clock.Clock
 	perLock    bool
@@ -47,6 +53,7 @@ func defaultConfig() config {
 		driftFixed: DefaultDriftFixed,
 		retryMin:   DefaultRetryMin,
 		retryMax:   DefaultRetryMax,
+		observe:    DefaultObserveInterval,
 		logger:     slog.New(slog.DiscardHandler),
 		clock:      clock.Real,
 	}
@@ -164,6 +171,38 @@ func WithQueueReport(fn func(ahead int)) Option {
 			return invalid("nil queue report function")
 		}
 		c.onQueued = fn
+		return nil
+	}
+}
+
+// WithValue stores value (at most 4096 bytes) with the grant a lock call makes,
+// for others to read with Client.Inspect or Client.Leader: a leader's address, a
+// job's host and pid. Campaign's value argument sets it too. A lock call that
+// re-enters a grant this Client already holds does not change the stored value
+// (use Leadership.Proclaim). On a backend that cannot store values (not a
+// driver.Valuer) a lock call with a non-empty value fails with an error matching
+// ErrUnsupported. The value is copied.
+func WithValue(value []byte) Option {
+	return func(c *config) error {
+		if err := driver.ValidateValue(value); err != nil {
+			return err
+		}
+		c.value = bytes.Clone(value)
+		return nil
+	}
+}
+
+// WithObserveInterval sets how often Observe reads the holder of a name on a
+// backend that cannot watch holders (not a driver.HolderWatcher), so a change is
+// seen up to d late there (default 1s). On a backend that watches, Observe reads
+// on each notification, when the holder's TTL runs out, and every 30 times d as a
+// guard against a lost notification.
+func WithObserveInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return invalid("observe interval must be positive, got %v", d)
+		}
+		c.observe = d
 		return nil
 	}
 }

@@ -133,6 +133,10 @@ func Run(t *testing.T, h Harness) {
 	t.Run("HandoffCost", h.testHandoffCost)
 	t.Run("Namespaces", h.testNamespaces)
 	t.Run("ManyWaiters", h.testManyWaiters)
+	t.Run("Values", h.testValues)
+	t.Run("HolderWatch", h.testHolderWatch)
+	t.Run("Observe", h.testObserve)
+	t.Run("ResignRetry", h.testResignRetry)
 	if h.FIFO {
 		t.Run("FIFO", h.testFIFO)
 	}

@@ -9,12 +9,19 @@
 // of programs that use dlock, and as the executable statement of what every backend
 // should do.
 //
+// A grant carries the value of its request (driver.Valuer), kept with a queued place
+// until the key is handed to it, and every change of a key's holder or value is
+// signalled to the key's holder watches (driver.HolderWatcher): a grant, a release,
+// a handoff, a force release, a SetValue, and an expiry when the store notices it
+// (at the next request for the key, or through Expire).
+//
 // Safety model: exact within one process and nothing more. All Backends of one Store
 // share its state; clients opened with the same mem://NAME share the store NAME. A
 // process crash loses every lock and the token counters (tokens restart at 1).
 package memlock
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"time"
@@ -32,12 +39,14 @@ type Store struct {
 	counters map[string]uint64 // last token per key; never reset
 	queues   map[string][]place
 	watchers map[driver.Holder]*waiter
+	holders  map[string]map[*holderWatch]struct{} // holder watches by key
 }
 
 type entry struct {
 	owner   string
 	token   uint64
 	expires time.Time
+	value   []byte
 	// handedTo is the waiter a release handed the key to, until the owner
 	// re-enters it with an attempt of its own; that waiter's Stop without
 	// acquiring passes the key on.
@@ -48,6 +57,7 @@ type place struct {
 	owner    string
 	ttl      time.Duration // of the grant if the key is handed to this place
 	deadline time.Time     // dropped if no attempt is seen before
+	value    []byte        // of the grant if the key is handed to this place
 }
 
 // NewStore returns an empty store whose TTLs run on clk.
@@ -58,6 +68,7 @@ func NewStore(clk clock.Clock) *Store {
 		counters: make(map[string]uint64),
 		queues:   make(map[string][]place),
 		watchers: make(map[driver.Holder]*waiter),
+		holders:  make(map[string]map[*holderWatch]struct{}),
 	}
 }
 
@@ -69,7 +80,10 @@ func (s *Store) Backend() *Backend { return &Backend{s: s} }
 func (s *Store) Expire(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.locks, key)
+	if s.locks[key] != nil {
+		delete(s.locks, key)
+		s.changedLocked(key)
+	}
 }
 
 // Waiters returns the number of queued places for key (a test hook).
@@ -85,9 +99,20 @@ func (s *Store) heldLocked(key string, now time.Time) *entry {
 	e := s.locks[key]
 	if e != nil && !now.Before(e.expires) {
 		delete(s.locks, key)
+		s.changedLocked(key)
 		e = nil
 	}
 	return e
+}
+
+// changedLocked tells key's holder watches that its holder or value changed.
+func (s *Store) changedLocked(key string) {
+	for w := range s.holders[key] {
+		select {
+		case w.c <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // pruneLocked drops queued places whose owner has not been seen in time.
@@ -114,11 +139,11 @@ func (s *Store) enqueueLocked(key string, req driver.Request, now time.Time) int
 	deadline := now.Add(req.Patience)
 	for i := range q {
 		if q[i].owner == req.Owner {
-			q[i].deadline, q[i].ttl = deadline, req.TTL
+			q[i].deadline, q[i].ttl, q[i].value = deadline, req.TTL, clone(req.Value)
 			return i
 		}
 	}
-	s.queues[key] = append(q, place{req.Owner, req.TTL, deadline})
+	s.queues[key] = append(q, place{req.Owner, req.TTL, deadline, clone(req.Value)})
 	return len(q)
 }
 
@@ -146,8 +171,9 @@ func (s *Store) handOffLocked(key string, now time.Time) {
 	head := q[0]
 	s.dequeueLocked(key, head.owner)
 	s.counters[key]++
-	e := &entry{owner: head.owner, token: s.counters[key], expires: now.Add(head.ttl)}
+	e := &entry{owner: head.owner, token: s.counters[key], expires: now.Add(head.ttl), value: head.value}
 	s.locks[key] = e
+	s.changedLocked(key)
 	if w := s.watchers[driver.Holder{Key: key, Owner: head.owner}]; w != nil {
 		e.handedTo = w
 		w.handed = &handed{token: e.token, at: now}
@@ -156,7 +182,8 @@ func (s *Store) handOffLocked(key string, now time.Time) {
 }
 
 // Backend is one connection to a Store. It implements driver.Backend,
-// driver.Notifier, driver.Inspector and driver.ForceReleaser.
+// driver.Notifier, driver.Inspector, driver.ForceReleaser, driver.Valuer and
+// driver.HolderWatcher.
 type Backend struct {
 	s *Store
 
@@ -170,6 +197,8 @@ var (
 	_ driver.Notifier      = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
+	_ driver.Valuer        = (*Backend)(nil)
+	_ driver.HolderWatcher = (*Backend)(nil)
 )
 
 // Store returns the backend's store.
@@ -214,6 +243,10 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	case e != nil && e.owner == req.Owner && req.Reenter:
 		e.expires = now.Add(req.TTL)
 		e.handedTo = nil
+		if !bytes.Equal(e.value, req.Value) {
+			e.value = clone(req.Value)
+			s.changedLocked(req.Key)
+		}
 		return driver.Grant{Token: e.token}, nil
 	case e != nil && e.owner == req.Owner:
 		// The owner id holds the key, maybe through another client: refused,
@@ -238,7 +271,8 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	s.dequeueLocked(req.Key, req.Owner)
 	s.counters[req.Key]++
 	t := s.counters[req.Key]
-	s.locks[req.Key] = &entry{owner: req.Owner, token: t, expires: now.Add(req.TTL)}
+	s.locks[req.Key] = &entry{owner: req.Owner, token: t, expires: now.Add(req.TTL), value: clone(req.Value)}
+	s.changedLocked(req.Key)
 	return driver.Grant{Token: t}, nil
 }
 
@@ -273,6 +307,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 		return driver.ErrNotHeld
 	}
 	delete(s.locks, key)
+	s.changedLocked(key)
 	s.handOffLocked(key, now)
 	return nil
 }
@@ -341,6 +376,7 @@ func (w *waiter) Stop(_ context.Context, acquired bool) error {
 		if e != nil && e.handedTo == w {
 			// Handed to this waiter, which gives up: pass it on.
 			delete(s.locks, w.key)
+			s.changedLocked(w.key)
 			e = nil
 		}
 		if e == nil {
@@ -364,7 +400,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 		return driver.Info{}, driver.ErrNotHeld
 	}
 	s.pruneLocked(key, now)
-	return driver.Info{Key: key, Owner: e.owner, Token: e.token, TTL: e.expires.Sub(now), Waiters: len(s.queues[key])}, nil
+	return driver.Info{Key: key, Owner: e.owner, Token: e.token, TTL: e.expires.Sub(now), Waiters: len(s.queues[key]), Value: clone(e.value)}, nil
 }
 
 // ForceRelease implements driver.ForceReleaser.
@@ -380,6 +416,66 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 		return driver.ErrNotHeld
 	}
 	delete(s.locks, key)
+	s.changedLocked(key)
 	s.handOffLocked(key, now)
 	return nil
+}
+
+// SetValue implements driver.Valuer.
+func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte) error {
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.heldLocked(key, s.clk.Now())
+	if e == nil || e.owner != owner {
+		return driver.ErrNotHeld
+	}
+	e.value = clone(value)
+	s.changedLocked(key)
+	return nil
+}
+
+// WatchHolder implements driver.HolderWatcher.
+func (b *Backend) WatchHolder(ctx context.Context, key string) (driver.HolderWatch, error) {
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	w := &holderWatch{s: b.s, key: key, c: make(chan struct{}, 1)}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holders[key] == nil {
+		s.holders[key] = make(map[*holderWatch]struct{})
+	}
+	s.holders[key][w] = struct{}{}
+	return w, nil
+}
+
+type holderWatch struct {
+	s   *Store
+	key string
+	c   chan struct{}
+}
+
+func (w *holderWatch) C() <-chan struct{} { return w.c }
+
+func (w *holderWatch) Stop() {
+	s := w.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.holders[w.key], w)
+	if len(s.holders[w.key]) == 0 {
+		delete(s.holders, w.key)
+	}
+}
+
+// clone copies a value; an empty one becomes nil.
+func clone(v []byte) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return bytes.Clone(v)
 }

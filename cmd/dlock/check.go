@@ -45,7 +45,10 @@ servers started on free 127.0.0.1 ports (as the tests start them) and real worke
 processes (this same program).
 
 --workers processes contend for --keys keys. Each holder writes to the --resource
-with its fencing token, and releases:
+with its fencing token, and releases. With --election each key is an election
+instead: the workers campaign for it (Campaign, publishing their id as the value),
+write as leader with their epoch as the token, and resign; the properties below
+are then those of leaders (P1: two leaders at once; P4: epochs out of order):
 
   store     (default) a fenced store run by the checker: with fencing it accepts a
             write only if its token is at least the highest it has accepted for
@@ -127,6 +130,7 @@ setups, faults and resources.`,
 	fl.StringSliceVar(&f.faults, "fault", nil, "fault `NAME` (repeatable; see --list; default none)")
 	fl.StringSliceVar(&f.resources, "resource", f.resources, "what the workers write to: store, postgres, redis or etcd (repeatable; see --list)")
 	fl.StringVar(&f.fencing, "fencing", f.fencing, "on, off or both: whether writes are fenced (the store checks tokens; a real resource's guard does)")
+	fl.BoolVar(&f.cfg.Election, "election", false, "the election workload: workers campaign, write as leader, and resign")
 	fl.BoolVar(&f.matrix, "matrix", false, "run every setup x fault x fencing cell and write --doc")
 	fl.BoolVar(&f.list, "list", false, "list setups, faults and resources, then exit")
 	fl.StringVar(&f.out, "out", f.out, "`DIR` for the JSON histories and HTML timelines (\"\" for none)")

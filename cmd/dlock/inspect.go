@@ -22,7 +22,9 @@ func newInspectCommand(e *env) *cobra.Command {
 		Short: "Show who holds a lock",
 		Long: `Inspect shows the holder of KEY: its owner id, fencing token, the time left
 before the server expires the grant unless renewed, and the number of queued
-waiters (-1 when the backend cannot tell). A free key is reported as free (exit 0).
+waiters (-1 when the backend cannot tell), and the value the holder stored with it
+(dlock run --value, or a program's WithValue or Campaign), if any. A free key is
+reported as free (exit 0).
 ` + passwordHelp,
 		Example: `  dlock inspect --backend redis://127.0.0.1:6379/0 nightly-report
   dlock inspect --json deploy`,
@@ -45,6 +47,7 @@ waiters (-1 when the backend cannot tell). A free key is reported as free (exit 
 				out := map[string]any{"key": args[0], "held": held}
 				if held {
 					out["owner"], out["token"], out["ttl_ms"], out["waiters"] = info.Owner, info.Token, info.TTL.Milliseconds(), info.Waiters
+					addValue(out, info.Value)
 				}
 				enc := json.NewEncoder(e.stdout)
 				enc.SetIndent("", "  ")
@@ -56,6 +59,9 @@ waiters (-1 when the backend cannot tell). A free key is reported as free (exit 
 			}
 			fmt.Fprintf(e.stdout, "key:     %s\nowner:   %s\ntoken:   %d\nttl:     %v\nwaiters: %d\n",
 				args[0], info.Owner, info.Token, info.TTL.Round(time.Millisecond), info.Waiters)
+			if len(info.Value) > 0 {
+				fmt.Fprintf(e.stdout, "value:   %s\n", showValue(info.Value))
+			}
 			return nil
 		},
 	}

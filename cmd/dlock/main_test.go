@@ -23,6 +23,9 @@ import (
 // its workers by running its own executable, which in a test is this binary.
 func TestMain(m *testing.M) {
 	runner.MaybeRunWatchdog()
+	if spec := os.Getenv(etcdPeerEnv); spec != "" {
+		os.Exit(runEtcdPeer(spec))
+	}
 	if os.Getenv("DLOCK_TEST_MAIN") == "1" {
 		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/cmd/dlock/internal/runner"
+	"github.com/dlockio/dlock/driver"
 )
 
 func init() { register(newRunCommand) }
@@ -24,6 +25,7 @@ func newRunCommand(e *env) *cobra.Command {
 		owner   string
 		resume  bool
 		quiet   bool
+		value   string
 	)
 	cmd := &cobra.Command{
 		Use:   "run [flags] KEY -- COMMAND [ARGS...]",
@@ -40,6 +42,12 @@ unless renewed, the number of waiters and this run's place in the queue when the
 backend tells (Redis does not tell the place). On a terminal
 the line is rewritten in place each second; elsewhere a line is printed when the
 holder, token or queue changes. --quiet turns it off.
+
+Leader election: with --wait forever, run is a candidate that runs COMMAND only
+while it leads KEY; start one on each machine and the next takes over, with a
+larger DLOCK_TOKEN (its epoch), within the TTL of the leader's death. --value
+publishes, say, the leader's address; "dlock leader KEY" shows it and follows
+every change.
 
 The command runs in its own process group, and dlock acts on the whole group:
   - INT, TERM and HUP sent to dlock are forwarded to the group;
@@ -82,7 +90,8 @@ Exit codes:
   128+N                dlock was interrupted by signal N while waiting`,
 		Example: `  dlock run --backend redis://127.0.0.1:6379/0 nightly-report -- ./report.sh
   DLOCK_URL=etcd://127.0.0.1:2379 dlock run --wait 10m --ttl 30s deploy -- make deploy
-  dlock run --backend redis://127.0.0.1:6379/0 --password-file /run/secrets/redis job -- ./job.sh`,
+  dlock run --backend redis://127.0.0.1:6379/0 --password-file /run/secrets/redis job -- ./job.sh
+  dlock run --wait forever --value "$(hostname):8080" scheduler -- ./scheduler   # leader election`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			dash := cmd.ArgsLenAtDash()
 			switch {
@@ -111,6 +120,12 @@ Exit codes:
 			}
 			if owner != "" {
 				opts = append(opts, dlock.WithOwner(owner))
+			}
+			if value != "" {
+				if err := driver.ValidateValue([]byte(value)); err != nil {
+					return usageError{err}
+				}
+				opts = append(opts, dlock.WithValue([]byte(value)))
 			}
 			if resume {
 				if owner == "" {
@@ -144,6 +159,7 @@ Exit codes:
 	cmd.Flags().DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL to the command's process group (lease lost, or processes left when the command exits)")
 	cmd.Flags().StringVar(&owner, "owner", "", "stable owner id ([A-Za-z0-9._:-]); another run with the same id is refused while this one holds the lock (see --resume)")
 	cmd.Flags().BoolVar(&resume, "resume", false, "with --owner: take over the lock if that owner id already holds it (a restarted job picking up its lease); only if no other live run uses that id, else both hold at once")
+	cmd.Flags().StringVar(&value, "value", "", "store `TEXT` with the lock for others to read (dlock inspect, dlock leader): a leader's address, say")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only errors (no status while waiting, no \"acquired\" line)")
 	return cmd
 }

@@ -456,3 +456,32 @@ func TestResourceWrites(t *testing.T) {
 		t.Errorf("%d stale writes, want 1", n)
 	}
 }
+
+// The election workload: leaders write under their epochs and resign; on safe
+// setups under kill -9 of the server (AOF, fsync always), a partition and a
+// pause, no two leaders overlap (P1), no stale write is accepted (P3) and epochs
+// are in order (P4).
+func TestRunElection(t *testing.T) {
+	for _, c := range []struct{ setup, fault string }{
+		{"redis-aof", FaultKill},
+		{"etcd", FaultPartition},
+		{"zk", FaultPause},
+	} {
+		t.Run(c.setup+"/"+c.fault, func(t *testing.T) {
+			cfg := testConfig(t, "", "", true)
+			cfg.Election = true
+			cfg.TTL, cfg.Interval, cfg.Duration = time.Second, 2*time.Second, 6*time.Second
+			o := RunCell(ctxT(t, 2*time.Minute), Cell{Setup: c.setup, Fault: c.fault, Fenced: true}, cfg, t.TempDir())
+			if o.Report == nil {
+				t.Fatalf("run failed: %s", o.RunError)
+			}
+			r := o.Report
+			if r.Summary.Faults == 0 || r.Summary.AcquiresOK < 5 {
+				t.Fatalf("faults %d, leaderships %d: the cell did not run", r.Summary.Faults, r.Summary.AcquiresOK)
+			}
+			if o.Verdict != VerdictAsExpected || r.P1.Count != 0 || r.P3.Count != 0 || r.P4.Count != 0 {
+				t.Errorf("verdict %q, P1 %d, P3 %d, P4 %d: %v", o.Verdict, r.P1.Count, r.P3.Count, r.P4.Count, r.Violations())
+			}
+		})
+	}
+}

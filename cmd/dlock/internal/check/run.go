@@ -33,7 +33,10 @@ type Config struct {
 	// Fenced: the store rejects writes with an older token; on a real resource,
 	// every write goes through the resource's guard (without it, the same write
 	// without the token check).
-	Fenced   bool
+	Fenced bool
+	// Election: the workers campaign for each key as an election (Campaign,
+	// Resign) and write as leaders, instead of taking it as a lock.
+	Election bool
 	Workers  int           // worker processes (default 5)
 	Keys     int           // keys they contend for (default 2)
 	Duration time.Duration // how long the workload runs (default 10s); with a target, the most it runs
@@ -395,7 +398,7 @@ func (r *run) startWorker(id int, storeAddr string) error {
 	wc := WorkerConfig{
 		ID: id, URL: r.tg.urlFor(id), Store: storeAddr, Keys: r.cfg.Keys, TTL: r.ttl,
 		Hold: r.cfg.Hold, Writes: 2, LockTimeout: 4 * r.ttl, Seed: r.cfg.Seed,
-		Resource: r.cfg.Resource, Fenced: r.cfg.Fenced,
+		Resource: r.cfg.Resource, Fenced: r.cfg.Fenced, Election: r.cfg.Election,
 	}
 	args := append(slices.Clone(r.cfg.Worker[1:]), wc.Args()...)
 	cmd := exec.Command(r.cfg.Worker[0], args...)

@@ -38,6 +38,9 @@ type WorkerConfig struct {
 	Writes      int           // writes to the store per lease
 	LockTimeout time.Duration // give up a Lock after this long (a failed acquire)
 	Seed        int64
+	// Election: each key is an election; the worker campaigns (Campaign, with its
+	// id as the value), writes as leader under its epoch, and resigns.
+	Election bool
 }
 
 // URLEnv is the environment variable that gives a worker its backend URL, so that
@@ -51,6 +54,7 @@ func (c WorkerConfig) Args() []string {
 		"--ttl", c.TTL.String(), "--hold", c.Hold.String(), "--writes", fmt.Sprint(c.Writes),
 		"--lock-timeout", c.LockTimeout.String(), "--seed", fmt.Sprint(c.Seed),
 		"--resource", c.resource(), "--fenced=" + fmt.Sprint(c.Fenced),
+		"--election=" + fmt.Sprint(c.Election),
 	}
 }
 
@@ -231,7 +235,7 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 		key := fmt.Sprintf("k%d", w.rnd.IntN(w.cfg.Keys))
 		lctx, cancel := context.WithTimeout(waitCtx, w.cfg.LockTimeout)
 		start := history.Now()
-		l, err := c.Lock(lctx, key)
+		l, ld, err := w.acquire(lctx, c, key)
 		end := history.Now()
 		cancel()
 		if err != nil && w.stopping.Load() {
@@ -260,7 +264,11 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 			return err
 		}
 		rs := history.Now()
-		err = l.Release(ctx)
+		if ld != nil {
+			err = ld.Resign(ctx)
+		} else {
+			err = l.Release(ctx)
+		}
 		op := history.Op{Key: key, Kind: history.Release, Lease: lease, Start: rs, End: history.Now(), OK: err == nil, Token: tok}
 		if err != nil {
 			op.Err = err.Error()
@@ -269,6 +277,20 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 		w.current.Store(nil)
 	}
 	return nil
+}
+
+// acquire locks key, or, in an election workload, campaigns for it and returns
+// the leadership too.
+func (w *worker) acquire(ctx context.Context, c *dlock.Client, key string) (*dlock.Lease, *dlock.Leadership, error) {
+	if !w.cfg.Election {
+		l, err := c.Lock(ctx, key)
+		return l, nil, err
+	}
+	ld, err := c.Campaign(ctx, key, []byte(fmt.Sprintf("worker-%d", w.cfg.ID)))
+	if err != nil {
+		return nil, nil, err
+	}
+	return ld.Lease(), ld, nil
 }
 
 // critical is the critical section: Writes writes spread over Hold, each after a
@@ -418,6 +440,7 @@ func ParseWorkerArgs(args []string) (WorkerConfig, error) {
 	fs.IntVar(&c.Writes, "writes", 2, "writes per lease")
 	fs.DurationVar(&c.LockTimeout, "lock-timeout", 4*time.Second, "lock timeout")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed")
+	fs.BoolVar(&c.Election, "election", false, "campaign instead of lock")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

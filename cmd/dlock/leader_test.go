@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// electionBackends start one real server of each kind and return its URL.
+var electionBackends = []struct {
+	name  string
+	start func(t testing.TB) string
+}{
+	{"redis", func(t testing.TB) string { return testserver.StartRedis(t).URL() }},
+	{"redlock", func(t testing.TB) string { return testserver.RedlockURL(testserver.StartRedisNodes(t, 3), "") }},
+	{"etcd", func(t testing.TB) string { return testserver.StartEtcd(t).URL("dlock") }},
+	{"zk", func(t testing.TB) string { return testserver.StartZooKeeper(t).URL("/dlock") }},
+	{"postgres", func(t testing.TB) string { return testserver.StartPostgres(t).URL() }},
+}
+
+// candidate is one `dlock run --wait forever` process campaigning for an election.
+type candidate struct {
+	cmd   *exec.Cmd
+	token string // the file where its command writes DLOCK_TOKEN once it leads
+}
+
+func startCandidate(t *testing.T, url, name, value string) *candidate {
+	t.Helper()
+	tok := filepath.Join(t.TempDir(), "token")
+	cmd := command(context.Background(), "run", "--backend", url, "--ttl", "2s", "--wait", "forever", "--quiet",
+		"--value", value, name, "--", "sh", "-c", `echo "$DLOCK_TOKEN" > "$0.tmp" && mv "$0.tmp" "$0" && exec sleep 1000`, tok)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return &candidate{cmd: cmd, token: tok}
+}
+
+// leads returns the token the candidate's command saw, once it leads.
+func (c *candidate) leads() (uint64, bool) {
+	b, err := os.ReadFile(c.token)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
+}
+
+// leaderJSON runs `dlock leader --json` and decodes its output.
+func leaderJSON(t *testing.T, url, name string) map[string]any {
+	t.Helper()
+	code, out, errs := run("leader", "--backend", url, "--json", name)
+	if code != 0 {
+		t.Fatalf("dlock leader: exit %d: %s", code, errs)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("dlock leader --json printed %q: %v", out, err)
+	}
+	return m
+}
+
+// Leader election with real processes on every backend: of two `dlock run`
+// candidates, one leads and publishes its value; kill -9 it, and the other leads
+// within the TTL plus the backend's failover time, with a larger token, and
+// `dlock leader` shows it and its value.
+func TestElectionKill9(t *testing.T) {
+	for _, be := range electionBackends {
+		t.Run(be.name, func(t *testing.T) {
+			url := be.start(t)
+			name := "scheduler"
+			if m := leaderJSON(t, url, name); m["leader"] != false {
+				t.Fatalf("before any candidate: %v", m)
+			}
+			a := startCandidate(t, url, name, "host-a:8080")
+			var first uint64
+			waitFor(t, "the first candidate to lead", func() bool { var ok bool; first, ok = a.leads(); return ok })
+			b := startCandidate(t, url, name, "host-b:8080")
+			m := leaderJSON(t, url, name)
+			if m["value"] != "host-a:8080" || uint64(m["token"].(float64)) != first {
+				t.Fatalf("dlock leader while a leads: %v (a's token %d)", m, first)
+			}
+			if _, ok := b.leads(); ok {
+				t.Fatal("both candidates lead")
+			}
+			killed := time.Now()
+			if err := a.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			_ = a.cmd.Wait()
+			var second uint64
+			waitFor(t, "the second candidate to lead", func() bool { var ok bool; second, ok = b.leads(); return ok })
+			took := time.Since(killed)
+			t.Logf("%s: the follower led %v after the leader's kill -9 (TTL 2s)", be.name, took.Round(time.Millisecond))
+			if second <= first {
+				t.Fatalf("new leader's token %d not above %d", second, first)
+			}
+			// Liveness, not speed: within the TTL plus a generous failover allowance.
+			if took > 2*time.Second+10*time.Second {
+				t.Fatalf("follower led only %v after the kill", took)
+			}
+			m = leaderJSON(t, url, name)
+			if m["value"] != "host-b:8080" || uint64(m["token"].(float64)) != second {
+				t.Fatalf("dlock leader after the failover: %v (b's token %d)", m, second)
+			}
+		})
+	}
+}
+
+// `dlock leader --watch` prints the current state, then each change.
+func TestLeaderWatch(t *testing.T) {
+	srv, _ := redisFor(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := command(ctx, "leader", "--backend", srv.URL(), "--watch", "--interval", "50ms", "jobs")
+	out, err := w.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); _ = w.Wait() }()
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	next := func(want string) {
+		t.Helper()
+		select {
+		case l := <-lines:
+			if !strings.Contains(l, want) {
+				t.Fatalf("dlock leader --watch printed %q, want %q", l, want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("dlock leader --watch printed nothing; want %q", want)
+		}
+	}
+	next("jobs: no leader")
+	a := startCandidate(t, srv.URL(), "jobs", "a\nb")
+	next(`value "a\nb"`)
+	if err := a.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.cmd.Wait()
+	next("jobs: no leader")
+}
