@@ -114,10 +114,13 @@ func (b *Backend) sessionGoneLocked(why error) {
 	}
 }
 
-// losePlaceLocked marks the waiter of e, if e is a queued place (or an attempt at
-// one) rather than a grant, as having lost its place for the reason why.
+// losePlaceLocked marks the waiter of e, if e is a queued place rather than a grant,
+// as having lost its place for the reason why. An entry whose create has not
+// returned yet is not marked: a create that did not reach the ensemble before the
+// session ended is made again on the next session, and an attempt that queued it
+// there goes on waiting.
 func (b *Backend) losePlaceLocked(e *entry, why error) {
-	if e.dead || e.granted || e.path == "" && e.guid == "" {
+	if e.dead || e.granted || e.path == "" {
 		return
 	}
 	if w := b.waiters[driver.Holder{Key: e.key, Owner: e.owner}]; w != nil && w.lost == nil {

@@ -129,14 +129,26 @@ func TestWaiterSessionLoss(t *testing.T) {
 			}
 			defer l.Release(ctx)
 			errc := make(chan error, 1)
+			queued := make(chan struct{}, 1)
 			go func() {
-				l2, err := waiter.Lock(ctx, key)
+				// Queued: the attempt that queued it has returned (its watch on
+				// the holder's node is set).
+				l2, err := waiter.Lock(ctx, key, dlock.WithQueueReport(func(int) {
+					select {
+					case queued <- struct{}{}:
+					default:
+					}
+				}))
 				if err == nil {
 					_ = l2.Release(ctx)
 				}
 				errc <- err
 			}()
-			eventually(t, "the waiter queues", func() bool { return len(children(t, raw, key)) == 2 })
+			select {
+			case <-queued:
+			case err := <-errc:
+				t.Fatalf("waiting Lock before its session ended: %v", err)
+			}
 			tc.end(t, px)
 			select {
 			case err := <-errc:
@@ -150,6 +162,9 @@ func TestWaiterSessionLoss(t *testing.T) {
 			// The place is gone from the queue (with the session, or deleted).
 			px.Heal()
 			eventually(t, "the lost place leaves the queue", func() bool { return len(children(t, raw, key)) == 1 })
+			// A new session, or the old one if the ensemble had not expired it
+			// yet when the partition healed (the place was then deleted).
+			eventually(t, "the backend reconnects", func() bool { return wb.Conn().State() == zk.StateHasSession })
 			// The backend carries on: a new Lock queues and is granted.
 			go func() {
 				l2, err := waiter.Lock(ctx, key)
