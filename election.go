@@ -208,6 +208,10 @@ func (c *Client) Leader(ctx context.Context, name string) (Leader, error) {
 	return Leader{Name: name, Owner: info.Owner, Value: info.Value, Token: info.Token, TTL: info.TTL}, nil
 }
 
+// observeReadTimeout bounds one read of the holder, so a connection that went
+// silent does not stall an observer for longer.
+const observeReadTimeout = 10 * time.Second
+
 // observeGuard is how many observe intervals pass, on a backend that watches
 // holders, between reads made in case a notification was lost.
 const observeGuard = 30
@@ -283,6 +287,16 @@ func (o *observer) run(ctx context.Context) {
 	if o.w != nil {
 		defer o.w.Stop()
 	}
+	// A read in flight ends when the client closes, so Close never waits on it.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-o.c.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	var wake <-chan struct{}
 	if o.w != nil {
 		wake = o.w.C()
@@ -321,7 +335,9 @@ func (o *observer) read(ctx context.Context) time.Duration {
 	if o.w != nil {
 		every *= observeGuard
 	}
-	ld, err := o.c.Leader(ctx, o.name)
+	rctx, cancel := context.WithTimeout(ctx, observeReadTimeout)
+	ld, err := o.c.Leader(rctx, o.name)
+	cancel()
 	if err != nil && !errors.Is(err, ErrNoLeader) {
 		if ctx.Err() == nil {
 			o.cfg.logger.Debug("dlock: observe", "name", o.name, "err", err)

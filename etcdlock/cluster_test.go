@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -144,4 +148,77 @@ func TestClusterLeaderCrash(t *testing.T) {
 		t.Fatalf("the leader was not crashed and restarted (grants: %d)", chk.grants)
 	}
 	t.Logf("%d grants, last token %d, longest gap between grants %v, %d transient Lock errors", chk.grants, chk.last, chk.maxGap, transient.Load())
+}
+
+// A holder watch on a member that loses the leader (etcd cancels the watch) is
+// started again once the cluster has a leader again, notifies once then (changes
+// may have been made meanwhile through other members), and sees later changes.
+func TestHolderWatchLeaderLoss(t *testing.T) {
+	cl := testserver.StartEtcdCluster(t, 3, 50, 500)
+	leader := cl.Leader(10 * time.Second)
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	var follower *testserver.EtcdMember
+	var others []*testserver.EtcdMember
+	for _, m := range cl.Members {
+		if m != leader && follower == nil {
+			follower = m
+		} else {
+			others = append(others, m)
+		}
+	}
+	b := open(t, "etcd://"+follower.Endpoint()+"/dlock")
+	defer b.Close()
+	ctx := context.Background()
+	key := drivertest.Key(t, "k")
+	w, err := b.WatchHolder(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	// A watch of the test's own on the follower tells when it cancels the watches
+	// that require a leader.
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	probe := rawClient(t, follower.Endpoint()).Watch(clientv3.WithRequireLeader(pctx), "probe", clientv3.WithCreatedNotify())
+	<-probe
+
+	var wg sync.WaitGroup
+	for _, m := range others {
+		wg.Go(m.Stop)
+	}
+	wg.Wait()
+	select {
+	case <-probe: // cancelled, with ErrNoLeader
+	case <-time.After(drivertest.Wait):
+		t.Fatal("the follower kept a watch that requires a leader")
+	}
+	select {
+	case <-w.C():
+	default:
+	}
+	errs := make([]error, len(others))
+	for i, m := range others {
+		wg.Go(func() { errs[i] = m.Restart() })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(drivertest.Wait):
+		t.Fatal("no notification once the watch was back")
+	}
+	other := open(t, cl.URL("dlock"))
+	defer other.Close()
+	if _, err := other.Acquire(ctx, driver.Request{Key: key, Owner: "o", TTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(drivertest.Wait):
+		t.Fatal("no notification of a grant after the watch came back")
+	}
 }

@@ -20,7 +20,8 @@
 //
 // Every contender for a lock creates its own member key in the lock's range,
 // prefix/<key> followed by the byte 0x1f (Backend.LockPrefix), bound to a session
-// lease of its client, with its owner id as the value. The lock belongs to the
+// lease of its client, with its owner id as the value (and the request's value, if
+// any, see Values and holder watching). The lock belongs to the
 // member with the lowest create revision; the others queue behind it in
 // create-revision order (FIFO). Acquire is one transaction: if no member exists,
 // create the own member key, which takes the lock; otherwise a waiting Lock queues
@@ -52,16 +53,18 @@
 // when the revision moved between the read that found the predecessor and the
 // watch's creation, the predecessor is read again at that revision, so no delete is
 // missed. A woken waiter checks, in one linearizable read, that its own key still
-// exists and is now the first. A waiter whose session ends, or whose key vanished,
-// gives up at once: Lock returns an error matching ErrSessionLost, because its place
-// in the queue is gone.
+// exists and is now the first. A waiter whose session ends (see Sessions and TTL)
+// is woken, and one whose key vanished gives up at once too: its next attempt, and
+// so a waiting Lock or Campaign, returns an error matching ErrSessionLost (never
+// ErrLocked), because its place in the queue is gone.
 //
 // Release deletes the own member key. Refresh checks that it still exists, with the
 // grant's create revision and owner, first in line, on the live session lease.
 // ForceRelease deletes the first member key. Inspect reads the first member (keys
-// only, then its value), the number behind it, and its lease's remaining TTL. Requests that fail because etcd is
-// between leaders are retried within the request timeout (every write here is
-// idempotent).
+// only, then its value), the number behind it, and its lease's remaining TTL.
+// Requests that fail because etcd is between leaders are retried within the request
+// timeout (every write here is idempotent). A Release whose context has already
+// ended sends nothing and leaves the grant as it is (see Backend.Release).
 //
 // # Sessions and TTL
 //
@@ -74,8 +77,11 @@
 // time its last successful keep-alive was sent, plus the lease TTL); if that moment
 // comes within a safety margin (TTL/50 + 10ms) without a newer successful
 // keep-alive, or the server says the lease is gone, the session ends: every grant
-// made under it is reported lost at once (driver.Grant.Lost), and waiters on it give
-// up. The next Acquire starts a new session. The backend is a driver.Bounder: after
+// made under it is reported lost at once (driver.Grant.Lost), and every waiter with
+// a place on it is woken (driver.Waiter.C) and gives up with ErrSessionLost. A lease
+// revoked or expired on the server is noticed at the next keep-alive, within about TTL/3;
+// one the client cannot keep alive, at the safety margin above. The next Acquire
+// starts a new session. The backend is a driver.Bounder: after
 // each acquire and renewal the core ends the lease's validity no later than that
 // margin before the session's earliest expiry, so Lease.Expiry never promises more
 // than the session, even for a grant made on a session last kept alive before it.
@@ -86,6 +92,37 @@
 // withdrawal that failed is retried in the background, and keys on a session that
 // nothing in the client answers for (a write applied after its request was given up)
 // are deleted when the session's periodic check finds them twice.
+//
+// # Values and holder watching
+//
+// The backend is a driver.Valuer and a driver.HolderWatcher (dlock's elections:
+// Campaign's and Proclaim's values, Leader, Observe). A request's value is stored in
+// its member key, after the owner id and the byte 0x00 (an owner id holds no control
+// byte); a request without one writes the owner id alone, as before, so locking
+// without values costs not a byte more. The value is written with the member key, so
+// a queued place carries its own value into the grant the queue hands it, and it
+// goes with the key: the next grant has its own value or none. An attempt that
+// re-enters a grant (driver.Request.Reenter) rewrites the key with its value, in the
+// transaction it makes anyway. SetValue is one transaction that compares the member
+// key's create revision (the token: a member that was first stays first while it
+// exists) and its owner, and rewrites the value keeping the key's lease, so the TTL
+// is unchanged; for a grant made through another client with the same owner id it
+// reads the first member first. Inspect returns the value with the owner.
+//
+// WatchHolder is one etcd watch on the lock's range, on the backend's client and
+// watch stream, from the revision at which etcd set it up (WatchHolder returns once
+// it has). Every change of a member key notifies: a grant, a release, a force
+// release, a SetValue, and a lease's expiry or revocation, which etcd signals by
+// deleting the lease's keys; so does a waiter that queues or leaves, which the watch
+// cannot tell from a change of holder without knowing which member is first, so an
+// observer of a busy lock reads it again for every waiter that comes or goes. If
+// etcd ends the watch (the member lost the leader, or the history it needs was
+// compacted), it is started again from the current revision and notifies once it is
+// in place; a broken connection is resumed by the etcd client from the next
+// revision, without a gap. Nothing is polled.
+//
+// Clients of the version before values read a member key with a value as another
+// owner's; do not mix them on locks that carry values.
 //
 // # Safety model
 //
@@ -160,8 +197,8 @@ const (
 var ErrSessionLost = errors.New("etcdlock: session lease lost")
 
 // Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser and driver.Bounder, and is safe for
-// concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Bounder, driver.Valuer and
+// driver.HolderWatcher, and is safe for concurrent use.
 type Backend struct {
 	cli     *clientv3.Client
 	own     bool // close cli in Close
@@ -191,6 +228,8 @@ var (
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Bounder       = (*Backend)(nil)
+	_ driver.Valuer        = (*Backend)(nil)
+	_ driver.HolderWatcher = (*Backend)(nil)
 )
 
 // Client returns the etcd client.
@@ -202,7 +241,8 @@ func (b *Backend) Prefix() string { return b.prefix }
 // LockPrefix returns the etcd key prefix under which the member keys of the lock
 // named key live: prefix/<key> and the byte 0x1f, where "%" and "/" in key are
 // escaped as %25 and %2F. A member key is the lock prefix followed by <client
-// id>.<n>; its value is the owner id. See lockPrefix for why no lock's range can
+// id>.<n>; its value is the owner id, followed by the byte 0x00 and the grant's
+// value when it has one. See lockPrefix for why no lock's range can
 // contain another's, whatever the prefixes.
 func (b *Backend) LockPrefix(key string) string { return lockPrefix(b.prefix, key) }
 

@@ -16,6 +16,7 @@ import (
 var (
 	errLeaseGone = errors.New("session lease gone")
 	errNameTaken = errors.New("member key name taken by another owner")
+	errPlaceLost = fmt.Errorf("%w while waiting; the place in the queue is gone", ErrSessionLost)
 )
 
 // Acquire implements driver.Backend.
@@ -32,6 +33,11 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		b.mu.Lock()
 		w = b.waiters[ok]
 		b.mu.Unlock()
+		if w != nil && w.placeLost() {
+			// Its session ended (which woke it): fail at once, without a new
+			// session, rather than queue afresh at the back.
+			return driver.Grant{}, wrap("acquire", req.Key, errPlaceLost)
+		}
 	}
 	for range 4 {
 		s, err := b.session(ctx, req.TTL)
@@ -55,8 +61,8 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		case errors.Is(err, errLeaseGone):
 			// The lease ended on the server before the keep-alive loop noticed.
 			s.end(fmt.Errorf("%w: the server no longer has lease %x", ErrSessionLost, int64(s.id)), false)
-			if w != nil && w.queuedOn(s) {
-				return driver.Grant{}, wrap("acquire", req.Key, fmt.Errorf("%w while waiting; the place in the queue is gone", ErrSessionLost))
+			if w != nil && w.placedOn(s) {
+				return driver.Grant{}, wrap("acquire", req.Key, errPlaceLost)
 			}
 		case errors.Is(err, errNameTaken):
 			// Try again under another name.
@@ -81,7 +87,10 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			// unknown, but the waiter answers for the member key it may have
 			// written (Stop deletes it) and the next attempt finds it: report the
 			// lock as taken, so the core waits and tries again, rather than end a
-			// wait that has no deadline with a timeout error.
+			// wait that has no deadline with a timeout error. If the session
+			// ends meanwhile, the place the attempt may have made goes with it,
+			// and the waiter gives up (see session.end).
+			w.mayBePlaced(s)
 			b.untrackOrphan(ok)
 			return driver.Grant{}, waitOn(req.Key, err)
 		default:
@@ -134,7 +143,7 @@ func (b *Backend) callerHolds(ctx context.Context, first *mvccpb.KeyValue, owner
 	if err != nil {
 		return nil, leaseErr(err)
 	}
-	if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == first.CreateRevision && string(g.Kvs[0].Value) == owner {
+	if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == first.CreateRevision && ownerOf(g.Kvs[0].Value) == owner {
 		return g.Kvs[0], nil
 	}
 	return nil, nil
@@ -163,7 +172,7 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 			return g, err
 		}
 	}
-	put := clientv3.OpPut(member, req.Owner, clientv3.WithLease(s.id))
+	put := clientv3.OpPut(member, memberValue(req.Owner, req.Value), clientv3.WithLease(s.id))
 	resp, hint, err := b.create(ctx, req, s, prefix, member, put)
 	if err != nil {
 		return driver.Grant{}, leaseErr(err)
@@ -186,7 +195,7 @@ func (b *Backend) placedAttempt(ctx context.Context, s *session, w *waiter, pref
 	}
 	if ws != s {
 		if ws.isDone() {
-			return driver.Grant{}, true, fmt.Errorf("%w while waiting; the place in the queue is gone", ErrSessionLost)
+			return driver.Grant{}, true, errPlaceLost
 		}
 		return driver.Grant{}, false, nil
 	}
@@ -272,8 +281,8 @@ func (b *Backend) created(ctx context.Context, req driver.Request, s *session, w
 		if nested.GetSucceeded() {
 			return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 		}
-		if first := firstKV(nested.GetResponses()[0]); first != nil && string(first.Value) == req.Owner && req.Reenter {
-			return b.resume(ctx, driver.Holder{Key: req.Key, Owner: req.Owner}, first, s, "")
+		if first := firstKV(nested.GetResponses()[0]); first != nil && ownerOf(first.Value) == req.Owner && req.Reenter {
+			return b.resume(ctx, req, first, s, "")
 		}
 		return driver.Grant{}, &driver.HeldError{}
 	}
@@ -317,7 +326,7 @@ func (b *Backend) exists(ctx context.Context, req driver.Request, s *session, w 
 	if mine == nil {
 		return driver.Grant{}, errors.New("member key vanished during the read") // transient
 	}
-	if string(mine.Value) != req.Owner {
+	if ownerOf(mine.Value) != req.Owner {
 		b.burn(driver.Holder{Key: req.Key, Owner: req.Owner}, member)
 		return driver.Grant{}, errNameTaken
 	}
@@ -340,13 +349,13 @@ func (b *Backend) exists(ctx context.Context, req driver.Request, s *session, w 
 	return b.keep(ctx, req, s, w, mine, member, put)
 }
 
-// keep keeps the existing member key mine on session s's lease (its create
-// revision, the token, stays) and reads whether it is first, and else the member
-// just ahead of it, which a waiter watches.
+// keep keeps the existing member key mine on session s's lease, with the request's
+// value (its create revision, the token, stays; see rewrite), and reads whether it
+// is first, and else the member just ahead of it, which a waiter watches.
 func (b *Backend) keep(ctx context.Context, req driver.Request, s *session, w *waiter, mine *mvccpb.KeyValue, member string, put clientv3.Op) (driver.Grant, error) {
 	prefix := b.LockPrefix(req.Key)
 	ops := []clientv3.Op{firstKeyOp(prefix), predecessorOp(prefix, mine.CreateRevision)}
-	if mine.Lease != int64(s.id) {
+	if rewrite(mine, s, req) {
 		ops = append(ops, put)
 	}
 	resp, err := b.cli.Txn(ctx).
@@ -385,7 +394,7 @@ func (b *Backend) resumeCallers(ctx context.Context, req driver.Request, s *sess
 	if kv == nil {
 		return driver.Grant{}, false, nil
 	}
-	g, err = b.resume(ctx, driver.Holder{Key: req.Key, Owner: req.Owner}, kv, s, member)
+	g, err = b.resume(ctx, req, kv, s, member)
 	return g, true, err
 }
 
@@ -398,8 +407,8 @@ func (b *Backend) resumeCallers(ctx context.Context, req driver.Request, s *sess
 // when the attempt goes on as a place in the queue.
 func (b *Backend) resumeFirst(ctx context.Context, req driver.Request, s *session, member string, hint firstHint, hinted *mvccpb.KeyValue, readAt, myRev int64) (g driver.Grant, done bool, err error) {
 	if hinted != nil && hinted.CreateRevision == hint.rev {
-		if !b.ours(string(hinted.Key)) && string(hinted.Value) == req.Owner {
-			g, err := b.resume(ctx, driver.Holder{Key: req.Key, Owner: req.Owner}, hinted, s, member)
+		if !b.ours(string(hinted.Key)) && ownerOf(hinted.Value) == req.Owner {
+			g, err := b.resume(ctx, req, hinted, s, member)
 			return g, true, err
 		}
 		return driver.Grant{}, false, nil
@@ -418,17 +427,17 @@ func (b *Backend) resumeFirst(ctx context.Context, req driver.Request, s *sessio
 // (written by a previous process with the same owner id), for a request that says
 // Reenter (driver.Request; without it the holder is waited for like any other, since
 // another live process may use the same owner id): it moves the key onto
-// session s, keeping its create revision and so its token, and deletes extra, a place
-// this attempt queued meanwhile.
-func (b *Backend) resume(ctx context.Context, ok driver.Holder, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {
+// session s, keeping its create revision and so its token, with the request's value
+// (a re-entry replaces it), and deletes extra, a place this attempt queued meanwhile.
+func (b *Backend) resume(ctx context.Context, req driver.Request, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {
+	ok := driver.Holder{Key: req.Key, Owner: req.Owner}
 	name := string(first.Key)
-	ops := []clientv3.Op{clientv3.OpPut(name, ok.Owner, clientv3.WithLease(s.id))}
+	ops := []clientv3.Op{clientv3.OpPut(name, memberValue(req.Owner, req.Value), clientv3.WithLease(s.id))}
 	if extra != "" {
 		ops = append(ops, clientv3.OpDelete(extra))
 	}
 	resp, err := b.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(name), "=", first.CreateRevision),
-			clientv3.Compare(clientv3.Value(name), "=", ok.Owner)).
+		If(append(ownedBy(name, req.Owner), clientv3.Compare(clientv3.CreateRevision(name), "=", first.CreateRevision))...).
 		Then(ops...).
 		Commit()
 	if err != nil {
@@ -439,4 +448,12 @@ func (b *Backend) resume(ctx context.Context, ok driver.Holder, first *mvccpb.Ke
 	}
 	b.adopt(ok, name)
 	return driver.Grant{Token: uint64(first.CreateRevision), Lost: s.done}, nil
+}
+
+// rewrite reports whether the existing member key mine must be written again for
+// req on session s: it is on another lease, or holds another value than req's (an
+// attempt that re-enters a grant replaces its value). The write keeps the key's
+// create revision, the token.
+func rewrite(mine *mvccpb.KeyValue, s *session, req driver.Request) bool {
+	return mine.Lease != int64(s.id) || string(mine.Value) != memberValue(req.Owner, req.Value)
 }

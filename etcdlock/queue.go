@@ -44,7 +44,8 @@ func (b *Backend) setFirstHint(prefix string, first *mvccpb.KeyValue) {
 // a lost reply, or a place whose watch ended) without a read of the queue sorted by
 // create revision: the tail as it was just before the key was created names the
 // member that queued just ahead of it, read from etcd's history. It moves the key
-// onto session s if it is on another (put), checks a first member the request may
+// onto session s if it is on another, or gives it the request's value (put, see
+// rewrite), checks a first member the request may
 // resume, and watches that member. done is false when the history has no answer
 // (compacted, or no tail then): the caller reads the queue instead.
 func (b *Backend) requeue(ctx context.Context, req driver.Request, s *session, w *waiter, mine *mvccpb.KeyValue, member string, put clientv3.Op) (g driver.Grant, done bool, err error) {
@@ -57,7 +58,7 @@ func (b *Backend) requeue(ctx context.Context, req driver.Request, s *session, w
 			ops = append(ops, clientv3.OpGet(hint.name))
 		}
 	}
-	if mine.Lease != int64(s.id) {
+	if rewrite(mine, s, req) {
 		ops = append(ops, put)
 	}
 	resp, err := b.cli.Txn(ctx).

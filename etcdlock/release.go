@@ -41,7 +41,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	switch {
 	case mine == nil:
 		why = "the member key is gone (released, expired or force-released)"
-	case mine.CreateRevision != h.rev || string(mine.Value) != owner:
+	case mine.CreateRevision != h.rev || ownerOf(mine.Value) != owner:
 		why = "the member key was deleted and created again"
 	case first == nil || first.CreateRevision != mine.CreateRevision:
 		why = "the member key is not first in line"
@@ -59,7 +59,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	return nil
 }
 
-// deleteOwn deletes member key name if its value is owner. A name of this backend's
+// deleteOwn deletes member key name if it is owner's. A name of this backend's
 // own that it holds a record for needs no check (trusted): only this backend writes
 // it, or another that resumed its grant, with the same owner.
 func (b *Backend) deleteOwn(ctx context.Context, name, owner string, trusted bool) (bool, error) {
@@ -79,7 +79,7 @@ func (b *Backend) deleteOwn(ctx context.Context, name, owner string, trusted boo
 			return err
 		}
 		resp, err := b.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.Value(name), "=", owner)).
+			If(ownedBy(name, owner)...).
 			Then(clientv3.OpDelete(name)).
 			Commit()
 		if err == nil {
@@ -93,8 +93,14 @@ func (b *Backend) deleteOwn(ctx context.Context, name, owner string, trusted boo
 // Release implements driver.Backend: it deletes the owner's member key, which wakes
 // the one waiter that watches it. An owner that has no member key through this
 // backend (a restarted process cleaning up after itself) has every member key of
-// the lock with its owner id deleted.
+// the lock with its owner id deleted. A release whose request fails is retried in
+// the background; one whose context has already ended sends nothing and changes
+// nothing: the grant stays until Release is called again, or until this backend
+// deletes it a TTL after its last Refresh (see tracked).
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
+	if err := ctx.Err(); err != nil {
+		return wrap("release", key, err)
+	}
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
 	ok := driver.Holder{Key: key, Owner: owner}
@@ -128,7 +134,7 @@ func (b *Backend) releaseByOwner(ctx context.Context, key, owner string) error {
 	}
 	n := 0
 	for _, kv := range resp.Kvs {
-		if string(kv.Value) != owner {
+		if ownerOf(kv.Value) != owner {
 			continue
 		}
 		deleted, err := b.deleteOwn(ctx, string(kv.Key), owner, false)
@@ -184,8 +190,9 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 }
 
 // Inspect implements driver.Inspector. It reads the first member keys only, with
-// the count, then that member's value (see firstKeyOp): two reads of one key each
-// instead of one that would read every member's value.
+// the count, then that member's value, the owner id and the grant's value (see
+// firstKeyOp): two reads of one key each instead of one that would read every
+// member's value.
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
@@ -222,9 +229,10 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 		}
 		// Else the first member left between the reads: read again.
 	}
+	owner, value := splitMember(first.Value)
 	info := driver.Info{
-		Key: key, Owner: string(first.Value), Token: uint64(first.CreateRevision),
-		Waiters: int(max(count-1, 0)),
+		Key: key, Owner: owner, Token: uint64(first.CreateRevision),
+		Waiters: int(max(count-1, 0)), Value: value,
 	}
 	if first.Lease != 0 {
 		var tr *clientv3.LeaseTimeToLiveResponse

@@ -204,6 +204,23 @@ func TestAuth(t *testing.T) {
 	if err := <-waited; err != nil {
 		t.Fatalf("waiting Lock as app: %v", err)
 	}
+	// So do values and holder watches.
+	hw, err := c.Backend().(driver.HolderWatcher).WatchHolder(ctx, "v")
+	if err != nil {
+		t.Fatalf("WatchHolder as app: %v", err)
+	}
+	lv, err := c.Campaign(ctx, "v", []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lv.Proclaim(ctx, []byte("y")); err != nil {
+		t.Fatalf("Proclaim as app: %v", err)
+	}
+	<-hw.C()
+	hw.Stop()
+	if err := lv.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, u := range []string{
 		"etcd://app:wrong-secret@" + srv.Endpoint() + "/app",
@@ -222,6 +239,20 @@ func TestAuth(t *testing.T) {
 		}
 	}
 	// Outside its prefix, the user is refused.
+	appCli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint()}, Username: "app", Password: "app-secret", Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appCli.Close()
+	ob, err := etcdlock.New(ctx, appCli, etcdlock.WithPrefix("other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ob.Close()
+	start := time.Now()
+	if _, err := ob.WatchHolder(ctx, "k"); !errors.Is(err, dlock.ErrAuth) || time.Since(start) > 3*time.Second {
+		t.Fatalf("WatchHolder outside the user's prefix = %v after %v, want ErrAuth at once", err, time.Since(start))
+	}
 	other, err := dlock.Open(ctx, "etcd://app:app-secret@"+srv.Endpoint()+"/other")
 	if err == nil {
 		defer other.Close()

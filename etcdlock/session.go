@@ -60,8 +60,9 @@ func (s *session) isDone() bool {
 	}
 }
 
-// end ends the session: its grants are lost, its waiters give up, and its lease is
-// revoked on the server (best effort), now when sync is set, else in the background.
+// end ends the session: its grants are lost, its waiters are woken and give up, and
+// its lease is revoked on the server (best effort), now when sync is set, else in
+// the background.
 func (s *session) end(cause error, sync bool) {
 	s.mu.Lock()
 	if s.ended {
@@ -89,7 +90,19 @@ func (s *session) end(cause error, sync bool) {
 	if async {
 		b.wg.Add(1)
 	}
+	waiters := make([]*waiter, 0, len(b.waiters))
+	for _, w := range b.waiters {
+		waiters = append(waiters, w)
+	}
 	b.mu.Unlock()
+	// Wake every waiter whose place in a queue was on the session, also one whose
+	// watch is not running (being set up, or ended by an earlier wake-up): its
+	// next attempt fails with ErrSessionLost (see Acquire).
+	for _, w := range waiters {
+		if w.placedOn(s) {
+			w.wake()
+		}
+	}
 	if async {
 		go func() {
 			defer b.wg.Done()

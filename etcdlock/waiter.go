@@ -41,6 +41,7 @@ type waiter struct {
 	member    string   // the name of that key
 	rev       int64    // create revision of the own member key, once queued
 	sess      *session // the session the own member key is on
+	unsure    *session // an attempt whose outcome is unknown ran on it: it may hold a place
 	predKey   string   // the member watched
 	predRev   int64
 	cancel    context.CancelFunc // of the watch goroutine, if any
@@ -144,10 +145,28 @@ func (w *waiter) place() (int64, *session, string) {
 	return w.rev, w.sess, w.member
 }
 
-func (w *waiter) queuedOn(s *session) bool {
+// placedOn reports whether the waiter has, or may have, a place in the queue on
+// session s.
+func (w *waiter) placedOn(s *session) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.rev > 0 && w.sess == s
+	return (w.rev > 0 && w.sess == s) || w.unsure == s
+}
+
+// placeLost reports whether the waiter had, or may have had, a place in the queue
+// on a session that has ended: the place went with the session's lease.
+func (w *waiter) placeLost() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return (w.rev > 0 && w.sess.isDone()) || (w.unsure != nil && w.unsure.isDone())
+}
+
+// mayBePlaced records that an attempt on session s, whose outcome is unknown, may
+// have made the waiter a place in the queue.
+func (w *waiter) mayBePlaced(s *session) {
+	w.mu.Lock()
+	w.unsure = s
+	w.mu.Unlock()
 }
 
 // follow records the waiter's place (its key member, created at myRev on session s)
@@ -159,7 +178,7 @@ func (w *waiter) follow(predKey string, predRev, readRev int64, s *session, myRe
 	if w.stopped {
 		return
 	}
-	w.rev, w.sess, w.member = myRev, s, member
+	w.rev, w.sess, w.member, w.unsure = myRev, s, member, nil
 	if w.cancel != nil && w.predKey == predKey && w.predRev == predRev {
 		select {
 		case <-w.done: // that watch ended (and woke us): start another

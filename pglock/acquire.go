@@ -93,6 +93,10 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if patience <= 0 {
 		patience = req.TTL
 	}
+	var value []byte // NULL for none, empty or not
+	if len(req.Value) > 0 {
+		value = req.Value
+	}
 	place := ""
 	if req.Wait {
 		place = b.lst.place(req.Key, req.Owner)
@@ -100,8 +104,12 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if place == "" {
 		// No row: the key is free, and a plain INSERT takes it.
 		var token int64
+		batch := b.stamped(req, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL))
+		if value != nil {
+			batch = b.stamped(req, b.sql.fastAcquireValue, req.Key, req.Owner, micros(req.TTL), value)
+		}
 		err := retry(ctx, func() error {
-			br := b.pool.SendBatch(ctx, b.stamped(req, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL)))
+			br := b.pool.SendBatch(ctx, batch)
 			_, err := br.Exec()
 			if err == nil {
 				err = br.QueryRow().Scan(&token)
@@ -130,7 +138,7 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 		var ahead int64
 		var newPlace string
 		err := retry(ctx, func() error {
-			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter))
+			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter, value))
 			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead, &newPlace)
 			if err == nil && granted && wrote && token != nil && *token == 0 {
 				err = br.QueryRow().Scan(token) // the row was inserted: its token

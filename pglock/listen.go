@@ -16,15 +16,17 @@ import (
 )
 
 // listener owns a client's dedicated LISTEN connection, on the client's own channel.
-// One goroutine runs it: it connects when the first waiter registers, issues LISTEN,
-// then receives notifications (each names the one waiter, owner and key, for which a
-// release reserved the lock) until no waiter has been registered for linger, or the
-// connection breaks (then it reconnects and wakes every waiter, since wake-ups may
-// have been lost meanwhile).
+// One goroutine runs it: it connects when the first waiter or holder watch
+// registers, issues LISTEN, then receives notifications (each names the one waiter,
+// owner and key, for which a release reserved the lock) until no waiter or watch
+// has been registered for linger, or the connection breaks (then it reconnects and
+// wakes every waiter and watch, since wake-ups may have been lost meanwhile). The
+// same connection serves the holder watches (watch.go).
 type listener struct {
 	cfg     *pgx.ConnConfig
 	channel string
 	linger  time.Duration
+	tableID uint32 // the lock table's oid, for the watch channel and lock keys
 
 	closeCtx    context.Context // cancelled by close; bounds connects
 	closeCancel context.CancelFunc
@@ -46,6 +48,10 @@ type listener struct {
 	interrupt context.CancelFunc // cancels the WaitForNotification in progress
 	openWait  bool               // the wait in progress has no linger timeout
 
+	watched        map[string]*watchedKey // holder watches by key (watch.go)
+	watchListening bool                   // LISTEN on the watch channel is in effect
+	watchDirty     bool                   // the connection must catch up with watched (syncWatches)
+
 	// withdraw gives up owner's place in key's queue and passes on a reservation
 	// made for it (Backend.withdraw).
 	withdraw func(ctx context.Context, key, owner string) error
@@ -60,7 +66,8 @@ const (
 
 func newListener(cfg *pgx.ConnConfig, channel string, linger time.Duration) *listener {
 	l := &listener{cfg: cfg, channel: channel, linger: linger,
-		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[driver.Holder]*waiter), places: make(map[driver.Holder]string)}
+		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[driver.Holder]*waiter), places: make(map[driver.Holder]string),
+		watched: make(map[string]*watchedKey)}
 	l.closeCtx, l.closeCancel = context.WithCancel(context.Background())
 	return l
 }
@@ -131,13 +138,25 @@ func (l *listener) removeLocked(w *waiter) bool {
 	}
 	delete(l.waiters, k)
 	l.count--
-	if l.count == 0 {
+	if !l.busyLocked() {
 		l.idleSince = time.Now()
 		if l.openWait && l.interrupt != nil {
 			l.interrupt() // let the receive loop start the linger timeout
 		}
 	}
 	return true
+}
+
+// busyLocked reports whether a waiter or a holder watch needs the connection.
+func (l *listener) busyLocked() bool { return l.count > 0 || len(l.watched) > 0 }
+
+// dropConnLocked records that the connection is gone, with its LISTENs and locks.
+func (l *listener) dropConnLocked() {
+	l.listening, l.watchListening = false, false
+	for _, wk := range l.watched {
+		wk.locked = false
+	}
+	l.watchDirty = len(l.watched) > 0
 }
 
 func (l *listener) wakeAllLocked() {
@@ -147,9 +166,15 @@ func (l *listener) wakeAllLocked() {
 }
 
 // dispatch is the connection's notification handler; it runs on the listener's
-// goroutine while it reads from the connection. The payload is "owner key".
+// goroutine while it reads from the connection. The payload is "owner key" on the
+// client's channel, the key on the watch channel.
 func (l *listener) dispatch(_ *pgconn.PgConn, n *pgconn.Notification) {
 	if n.Channel != l.channel {
+		if n.Channel == watchChannel(l.tableID) {
+			l.mu.Lock()
+			l.wakeKeyLocked(n.Payload)
+			l.mu.Unlock()
+		}
 		return
 	}
 	owner, key, ok := strings.Cut(n.Payload, " ")
@@ -250,7 +275,7 @@ func (l *listener) run() {
 	for {
 		// Wait for demand.
 		l.mu.Lock()
-		for l.count == 0 && !l.closed {
+		for !l.busyLocked() && !l.closed {
 			l.mu.Unlock()
 			select {
 			case <-l.kick:
@@ -267,52 +292,68 @@ func (l *listener) run() {
 		l.mu.Unlock()
 
 		conn, err := l.connect()
-		if err != nil {
+		if err == nil {
 			l.mu.Lock()
-			l.failedAt, l.failErr = attempt, err
+			l.listening = true
 			l.broadcastLocked()
-			l.mu.Unlock()
-			select {
-			case <-time.After(backoff):
-			case <-l.closeCtx.Done():
+			if lost {
+				l.wakeAllLocked()
 			}
-			backoff = min(2*backoff, 2*time.Second)
+			l.mu.Unlock()
+			lost, err = l.receive(conn)
+			closeConn(conn)
+		}
+		if err == nil {
+			backoff = 50 * time.Millisecond
 			continue
 		}
-		backoff = 50 * time.Millisecond
+		// The connection, or bringing it in line with the watches, failed.
 		l.mu.Lock()
-		l.listening = true
+		l.failedAt, l.failErr = attempt, err
 		l.broadcastLocked()
-		if lost {
-			l.wakeAllLocked()
-		}
 		l.mu.Unlock()
-		lost = l.receive(conn)
-		closeConn(conn)
+		select {
+		case <-time.After(backoff):
+		case <-l.closeCtx.Done():
+		}
+		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 
-// receive reads notifications until the connection breaks (it returns true), the
-// listener closes, or no one has waited for linger (false).
-func (l *listener) receive(conn *pgconn.PgConn) bool {
+// receive reads notifications, and brings the connection in line with the holder
+// watches when they change, until the connection breaks (it returns true), the
+// listener closes, or no one has waited or watched for linger (false). It returns
+// the error of a failed syncWatches (the connection is then to be closed).
+func (l *listener) receive(conn *pgconn.PgConn) (bool, error) {
 	for {
 		l.mu.Lock()
 		if l.closed {
-			l.listening = false
+			l.dropConnLocked()
 			l.mu.Unlock()
-			return false
+			return false, nil
+		}
+		if l.watchDirty {
+			l.mu.Unlock()
+			if err := l.syncWatches(conn); err != nil {
+				l.mu.Lock()
+				l.dropConnLocked()
+				l.broadcastLocked()
+				l.mu.Unlock()
+				return true, err
+			}
+			continue
 		}
 		var ctx context.Context
 		var cancel context.CancelFunc
-		l.openWait = l.count > 0
+		l.openWait = l.busyLocked()
 		if l.openWait {
 			ctx, cancel = context.WithCancel(context.Background())
 		} else {
 			left := l.linger - time.Since(l.idleSince)
 			if left <= 0 {
-				l.listening = false
+				l.dropConnLocked()
 				l.mu.Unlock()
-				return false
+				return false, nil
 			}
 			ctx, cancel = context.WithTimeout(context.Background(), left)
 		}
@@ -326,10 +367,10 @@ func (l *listener) receive(conn *pgconn.PgConn) bool {
 		l.interrupt = nil
 		broken := err != nil && (conn.IsClosed() || ctx.Err() == nil)
 		if broken {
-			l.listening = false
+			l.dropConnLocked()
 			l.broadcastLocked()
 			l.mu.Unlock()
-			return true
+			return true, nil
 		}
 		l.mu.Unlock()
 	}

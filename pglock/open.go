@@ -161,11 +161,13 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, opts []Option) (*Backen
 		}
 	}
 	b.channel = "dlock_" + driver.RandomHex(12)
-	b.sql = loadStatements(b.table.Sanitize(), b.seq.Sanitize())
-	if err := b.ensureSchema(ctx); err != nil {
+	tableID, err := b.ensureSchema(ctx)
+	if err != nil {
 		return nil, err
 	}
+	b.sql = loadStatements(b.table.Sanitize(), b.seq.Sanitize(), tableID)
 	b.lst = newListener(pool.Config().ConnConfig, b.channel, b.linger)
+	b.lst.tableID = tableID
 	b.lst.withdraw = b.withdraw
 	return b, nil
 }

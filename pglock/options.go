@@ -63,7 +63,7 @@ func WithTable(name string) Option {
 }
 
 // WithLinger sets how long a client keeps its listening connection open after its
-// last waiter stopped waiting (default one minute).
+// last waiter stopped waiting and its last holder watch stopped (default one minute).
 func WithLinger(d time.Duration) Option {
 	return func(b *config) error {
 		if d <= 0 {

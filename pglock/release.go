@@ -124,12 +124,37 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	}
 	var owner string
 	var token, left, waiters int64
-	err := b.pool.QueryRow(ctx, b.sql.inspect, key).Scan(&owner, &token, &left, &waiters)
+	var value []byte
+	err := b.pool.QueryRow(ctx, b.sql.inspect, key).Scan(&owner, &token, &left, &waiters, &value)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return driver.Info{}, driver.ErrNotHeld
 	}
 	if err != nil {
 		return driver.Info{}, b.ctxErr(ctx, wrap("inspect", key, err))
 	}
-	return driver.Info{Key: key, Owner: owner, Token: uint64(token), TTL: time.Duration(max(left, 0)) * time.Microsecond, Waiters: int(waiters)}, nil
+	return driver.Info{Key: key, Owner: owner, Token: uint64(token), TTL: time.Duration(max(left, 0)) * time.Microsecond, Waiters: int(waiters), Value: value}, nil
+}
+
+// SetValue implements driver.Valuer: one UPDATE of owner's live grant, which
+// compares the owner and leaves the expiry as it was, and notifies the key's
+// watches.
+func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte) error {
+	if b.closed.Load() {
+		return driver.ErrClosed
+	}
+	if len(value) == 0 {
+		value = nil // none
+	}
+	var tag pgconn.CommandTag
+	err := retry(ctx, func() (err error) {
+		tag, err = b.pool.Exec(ctx, b.sql.setValue, key, owner, value)
+		return err
+	})
+	if err != nil {
+		return b.ctxErr(ctx, wrap("set value", key, err))
+	}
+	if tag.RowsAffected() == 0 {
+		return wrap("set value", key, driver.ErrNotHeld)
+	}
+	return nil
 }

@@ -10,21 +10,26 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ensureSchema checks the session's durability setting and creates the table and
-// sequence when they are missing.
-func (b *Backend) ensureSchema(ctx context.Context) error {
+// hasValueColumn is true when table $1 exists and has the value column, which
+// versions before values did not create.
+const hasValueColumn = `EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'value' AND NOT attisdropped)`
+
+// ensureSchema checks the session's durability setting, creates the table and
+// sequence when they are missing and adds the value column to a table made by an
+// earlier version. It returns the table's oid.
+func (b *Backend) ensureSchema(ctx context.Context) (uint32, error) {
 	t, seq := b.table.Sanitize(), b.seq.Sanitize()
 	var syncCommit string
-	var haveTable, haveSeq bool
-	err := b.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
-		t, seq).Scan(&syncCommit, &haveTable, &haveSeq)
+	var haveTable, haveSeq, haveValue bool
+	err := b.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, `+hasValueColumn,
+		t, seq).Scan(&syncCommit, &haveTable, &haveSeq, &haveValue)
 	if err != nil {
-		return b.ctxErr(ctx, fmt.Errorf("connect: %w", err))
+		return 0, b.ctxErr(ctx, fmt.Errorf("connect: %w", err))
 	}
 	if !durableCommit(syncCommit) {
-		return fmt.Errorf("the session's synchronous_commit is %q: a crash could lose grants and reissue fencing tokens; add synchronous_commit=on to the URL or fix the role's or server's setting", syncCommit)
+		return 0, fmt.Errorf("the session's synchronous_commit is %q: a crash could lose grants and reissue fencing tokens; add synchronous_commit=on to the URL or fix the role's or server's setting", syncCommit)
 	}
-	if haveTable && haveSeq {
+	if haveTable && haveSeq && haveValue {
 		return b.checkTable(ctx)
 	}
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
@@ -34,27 +39,33 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 			return err
 		}
 		// Re-check under the lock: another client may have just created them.
-		var haveTable bool
+		var haveTable, haveSeq, haveValue bool
 		start := int64(1)
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint`, t).Scan(&haveTable, &start); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, `+hasValueColumn,
+			t, seq).Scan(&haveTable, &haveSeq, &start, &haveValue); err != nil {
 			return err
 		}
 		if haveTable {
-			if err := checkColumns(ctx, tx, t); err != nil {
+			if err := checkColumns(ctx, tx, t, false); err != nil {
 				return err
 			}
-			var maxTok *int64
-			if err := tx.QueryRow(ctx, `SELECT max(token) FROM `+t).Scan(&maxTok); err != nil {
-				return err
+		}
+		if !haveSeq {
+			if haveTable {
+				var maxTok *int64
+				if err := tx.QueryRow(ctx, `SELECT max(token) FROM `+t).Scan(&maxTok); err != nil {
+					return err
+				}
+				if maxTok != nil && *maxTok >= start {
+					start = *maxTok + 1
+				}
 			}
-			if maxTok != nil && *maxTok >= start {
-				start = *maxTok + 1
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE SEQUENCE IF NOT EXISTS %s AS bigint START WITH %d`, seq, start)); err != nil {
+				return fmt.Errorf("create sequence %s: %w", seq, err)
 			}
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE SEQUENCE IF NOT EXISTS %s AS bigint START WITH %d`, seq, start)); err != nil {
-			return fmt.Errorf("create sequence %s: %w", seq, err)
-		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
+		if !haveTable {
+			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
 	key        text COLLATE "C" PRIMARY KEY,
 	owner      text NOT NULL,
 	token      bigint NOT NULL,
@@ -62,28 +73,53 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 	reserved   boolean NOT NULL DEFAULT false,
 	queue_owner   text[] NOT NULL DEFAULT '{}',
 	queue_channel text[] NOT NULL DEFAULT '{}',
-	queue_expires timestamptz[] NOT NULL DEFAULT '{}'
+	queue_expires timestamptz[] NOT NULL DEFAULT '{}',
+	value      bytea
 )`); err != nil {
-			return fmt.Errorf("create table %s: %w", t, err)
+				return fmt.Errorf("create table %s: %w", t, err)
+			}
+		}
+		if haveTable && !haveValue {
+			// A table of a version before values. Adding a nullable column without
+			// a default changes only the catalog; clients of the older version go
+			// on working (they never name it), though they neither store values
+			// nor notify watches.
+			if _, err := tx.Exec(ctx, `ALTER TABLE `+t+` ADD COLUMN IF NOT EXISTS value bytea`); err != nil {
+				return fmt.Errorf("%w: add column value: %w", errAlter, err)
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "42501" {
-			return fmt.Errorf("create the lock table (nothing was created; grant CREATE on the schema, or have an administrator create the table and sequence shown in the pglock documentation): %w", err)
+		switch {
+		case errors.Is(err, errAlter) && errors.As(err, &pe) && pe.Code == "42501":
+			return 0, fmt.Errorf("table %s was made by an earlier version of dlock and lacks the column value, which only its owner can add (nothing was changed; have the owner run ALTER TABLE %s ADD COLUMN IF NOT EXISTS value bytea): %w", t, t, pe)
+		case errors.As(err, &pe) && pe.Code == "42501":
+			return 0, fmt.Errorf("create the lock table (nothing was created; grant CREATE on the schema, or have an administrator create the table and sequence shown in the pglock documentation): %w", err)
+		case errors.Is(err, errNotLockTable):
+			return 0, b.ctxErr(ctx, err)
 		}
-		if errors.Is(err, errNotLockTable) {
-			return b.ctxErr(ctx, err)
-		}
-		return b.ctxErr(ctx, fmt.Errorf("create the lock table: %w", err))
+		return 0, b.ctxErr(ctx, fmt.Errorf("create the lock table: %w", err))
 	}
 	return b.checkTable(ctx)
 }
 
-// checkTable makes sure an existing table has the columns pglock uses.
-func (b *Backend) checkTable(ctx context.Context) error {
-	return b.ctxErr(ctx, checkColumns(ctx, b.pool, b.table.Sanitize()))
+// errAlter marks a failure to add the value column to an existing table.
+var errAlter = errors.New("alter the lock table")
+
+// checkTable makes sure an existing table has the columns pglock uses, and returns
+// its oid.
+func (b *Backend) checkTable(ctx context.Context) (uint32, error) {
+	t := b.table.Sanitize()
+	if err := checkColumns(ctx, b.pool, t, true); err != nil {
+		return 0, b.ctxErr(ctx, err)
+	}
+	var oid uint32
+	if err := b.pool.QueryRow(ctx, `SELECT to_regclass($1)::oid`, t).Scan(&oid); err != nil {
+		return 0, b.ctxErr(ctx, fmt.Errorf("table %s: %w", t, err))
+	}
+	return oid, nil
 }
 
 var errNotLockTable = errors.New("not usable as a dlock table")
@@ -92,8 +128,14 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func checkColumns(ctx context.Context, q querier, table string) error {
-	rows, err := q.Query(ctx, `SELECT key, owner, token, expires_at, reserved, queue_owner, queue_channel, queue_expires FROM `+table+` WHERE false`)
+// checkColumns checks that table has the columns pglock uses (withValue: also the
+// value column, which ensureSchema adds to a table of an earlier version).
+func checkColumns(ctx context.Context, q querier, table string, withValue bool) error {
+	cols := "key, owner, token, expires_at, reserved, queue_owner, queue_channel, queue_expires"
+	if withValue {
+		cols += ", value"
+	}
+	rows, err := q.Query(ctx, `SELECT `+cols+` FROM `+table+` WHERE false`)
 	if err == nil {
 		rows.Close()
 		err = rows.Err()

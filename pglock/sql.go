@@ -20,6 +20,8 @@ import "strings"
 //	queue_owner               '{}' when no place was queued since the last handoff
 //	                          that found none; '{+}' when places may exist
 //	queue_channel             when reserved: the LISTEN channel of owner's client
+//	value                     the holder's value (driver.Valuer), NULL for none; set
+//	                          by the statement that grants, cleared by a handoff
 //
 // A place row: owner is the waiter, token its patience in µs (how long a
 // reservation made for it lasts), expires_at when the place lapses unless the
@@ -42,7 +44,7 @@ import "strings"
 //
 // The statements themselves are in sql/*.sql (see sqlfiles.go).
 type statements struct {
-	stamp, fastAcquire, acquireWait, acquireTry, refresh, fastRelease, lockRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect string
+	stamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, refresh, fastRelease, lockRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
 }
 
 // literal quotes s as an SQL string literal. Table names are validated identifiers,

@@ -8,13 +8,15 @@ import (
 )
 
 // The statements live in sql/*.sql, one per file, each with a header (a template
-// comment, not sent to the server) naming its parameters and result. The table name
-// and the token sequence are the only things put into them, each in one way:
-// {{.Table}} is the table's identifier, validated (WithTable, identRE) and quoted
-// (pgx.Identifier.Sanitize), and {{.Seq}} the sequence's name as a quoted SQL
-// literal. acquire.sql has one variant with the row
-// lock and one without ({{.Lock}}); hand_off.sql takes its condition ({{.Cond}})
-// from the fixed strings in loadStatements, never from input.
+// comment, not sent to the server) naming its parameters and result. The table name,
+// the token sequence and the table's oid and watch channel are the only things put
+// into them, each in one way: {{.Table}} is the table's identifier, validated
+// (WithTable, identRE) and quoted (pgx.Identifier.Sanitize), {{.Seq}} the sequence's
+// name and {{.WatchChannel}} the channel as quoted SQL literals, {{.TableID}} a
+// number. acquire.sql has one variant with the row lock and one without
+// ({{.Lock}}), fast_acquire.sql one with a value and one without ({{.Value}});
+// hand_off.sql takes its condition ({{.Cond}}) from the fixed strings in
+// loadStatements, never from input.
 //
 //go:embed sql/*.sql
 var sqlFiles embed.FS
@@ -23,9 +25,11 @@ var sqlTemplates = template.Must(template.New("").Option("missingkey=error").Par
 
 // sqlData is what the templates are given.
 type sqlData struct {
-	Table, Seq string
-	Lock       bool
-	Cond       string
+	Table, Seq   string
+	TableID      uint32
+	WatchChannel string
+	Lock, Value  bool
+	Cond         string
 }
 
 // render runs the template of file name (in sql/) with d.
@@ -37,15 +41,18 @@ func render(name string, d sqlData) string {
 	return strings.TrimSpace(b.String())
 }
 
-// loadStatements renders every statement for the lock table and its sequence.
-func loadStatements(table, seq string) statements {
-	d := sqlData{Table: table, Seq: literal(seq)}
+// loadStatements renders every statement for the lock table (oid tableID) and its
+// sequence.
+func loadStatements(table, seq string, tableID uint32) statements {
+	d := sqlData{Table: table, Seq: literal(seq), TableID: tableID, WatchChannel: literal(watchChannel(tableID))}
 	with := func(f func(*sqlData)) sqlData { c := d; f(&c); return c }
 	handOff := func(cond string) string { return render("hand_off", with(func(c *sqlData) { c.Cond = cond })) }
 	return statements{
 		stamp:       render("stamp", d),
 		fastAcquire: render("fast_acquire", d),
-		fastRelease: render("fast_release", d),
+		// With a value: the uncontended path without one sends no parameter for it.
+		fastAcquireValue: render("fast_acquire", with(func(c *sqlData) { c.Value = true })),
+		fastRelease:      render("fast_release", d),
 		// A waiting attempt may write (its place), so it locks the row; an attempt
 		// that will not wait reads the snapshot and writes only to take the lock.
 		acquireWait: render("acquire", with(func(c *sqlData) { c.Lock = true })),
@@ -63,5 +70,6 @@ func loadStatements(table, seq string) statements {
 		withdrawOwner: render("withdraw_owner", d),
 		withdraw:      handOff(`cur.reserved AND cur.owner = $2::text`),
 		inspect:       render("inspect", d),
+		setValue:      render("set_value", d),
 	}
 }

@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +15,11 @@ import (
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -157,4 +165,121 @@ func TestLeaderWatch(t *testing.T) {
 	}
 	_ = a.cmd.Wait()
 	next("jobs: no leader")
+}
+
+// partitionBackends start a real server (or several) and return a URL to it and the
+// addresses in the URL that a proxy may stand in for.
+var partitionBackends = []struct {
+	name  string
+	start func(t testing.TB) (url string, addrs []string)
+}{
+	{"redis", func(t testing.TB) (string, []string) { s := testserver.StartRedis(t); return s.URL(), []string{s.Addr()} }},
+	{"redlock", func(t testing.TB) (string, []string) {
+		nodes := testserver.StartRedisNodes(t, 3)
+		var addrs []string
+		for _, n := range nodes {
+			addrs = append(addrs, n.Addr())
+		}
+		return testserver.RedlockURL(nodes, ""), addrs
+	}},
+	{"etcd", func(t testing.TB) (string, []string) { s := testserver.StartEtcd(t); return s.URL("dlock"), []string{s.Endpoint()} }},
+	{"zk", func(t testing.TB) (string, []string) { s := testserver.StartZooKeeper(t); return s.URL("/dlock"), []string{s.Addr()} }},
+	{"postgres", func(t testing.TB) (string, []string) {
+		s := testserver.StartPostgres(t)
+		u, err := neturl.Parse(s.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.URL(), []string{u.Host}
+	}},
+}
+
+// Cut the leader's connection: its leadership context is cancelled before the
+// follower leads, on every backend.
+func TestElectionPartition(t *testing.T) {
+	for _, be := range partitionBackends {
+		t.Run(be.name, func(t *testing.T) {
+			direct, addrs := be.start(t)
+			toxi := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+			proxied := direct
+			var proxies []*toxiproxy.Proxy
+			for i, a := range addrs {
+				px := toxiproxy.NewProxy(toxi, fmt.Sprint("p", i), "127.0.0.1:0", a)
+				if err := px.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(px.Stop)
+				proxies = append(proxies, px)
+				proxied = strings.ReplaceAll(proxied, a, px.Listen)
+			}
+			ctx := context.Background()
+			open := func(url string) *dlock.Client {
+				// A drift allowance of 10% (200ms) covers timers that fire late on
+				// a busy test machine: the property is that the old leader knows
+				// before the new one leads, by the margin the client is set for.
+				c, err := dlock.Open(ctx, url, dlock.WithTTL(2*time.Second), dlock.WithDrift(0.1, 0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				return c
+			}
+			leader, follower := open(proxied), open(direct)
+			lead, err := leader.Campaign(ctx, "p", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lost := make(chan time.Time, 1)
+			go func() { <-lead.Done(); lost <- time.Now() }()
+			led := make(chan time.Time, 1)
+			var next *dlock.Leadership
+			go func() {
+				l, err := follower.Campaign(ctx, "p", nil)
+				if err != nil {
+					t.Error(err)
+				}
+				next = l
+				led <- time.Now()
+			}()
+			time.Sleep(300 * time.Millisecond) // the follower queues
+			cut := time.Now()
+			defer func() { // heal, so that the clients close without waiting on a dead link
+				for _, px := range proxies {
+					for _, stream := range []string{"upstream", "downstream"} {
+						_ = px.Toxics.RemoveToxic(ctx, "cut-"+stream)
+					}
+				}
+			}()
+			for _, px := range proxies {
+				for _, stream := range []string{"upstream", "downstream"} {
+					js := fmt.Sprintf(`{"name":"cut-%s","type":"timeout","stream":%q,"attributes":{"timeout":0}}`, stream, stream)
+					if _, err := px.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			var lostAt, ledAt time.Time
+			select {
+			case lostAt = <-lost:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the cut-off leader never learned it lost leadership")
+			}
+			select {
+			case ledAt = <-led:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the follower never led")
+			}
+			if next == nil {
+				t.FailNow()
+			}
+			t.Logf("%s: leader knew %v after the cut, the follower led %v after it", be.name, lostAt.Sub(cut).Round(time.Millisecond), ledAt.Sub(cut).Round(time.Millisecond))
+			if !lostAt.Before(ledAt) {
+				t.Fatalf("the follower led %v before the old leader's context ended", lostAt.Sub(ledAt))
+			}
+			if !errors.Is(context.Cause(lead.Context()), dlock.ErrLeaseLost) {
+				t.Fatalf("cause %v, want ErrLeaseLost", context.Cause(lead.Context()))
+			}
+			_ = next.Resign(ctx)
+		})
+	}
 }

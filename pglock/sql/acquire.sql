@@ -2,7 +2,8 @@
 acquire is an attempt by owner $2 on key $1. $3 TTL µs, $4 will wait, $5 the
 client's LISTEN channel, $6 patience µs, $7 the caller's place (its row's key) if
 it has one, else '', $8 whether to renew the place's expiry (its client does not
-hold its advisory lock now), $9 the request says Reenter (driver.Request).
+hold its advisory lock now), $9 the request says Reenter (driver.Request), $10
+the request's value (NULL for none), stored with a grant (a re-entry's too).
 
 With .Lock (a waiting attempt, which may write its place) the key's row is locked
 FOR UPDATE; without (an attempt that will not wait), the row is read from the
@@ -14,6 +15,9 @@ reserved for its owner id, or is its own and $9 holds (re-entry: same token); or
 when the row expired and no live waiter is queued ahead of it. A live grant of its
 owner id without $9 (self) is refused and nothing is written. Otherwise a waiting
 caller takes or renews its place in the queue.
+
+A grant made by the update notifies the key's watches (one made by the insert:
+stamp does).
 
 Returns (granted, must write, wrote, token, µs left on the holder's grant, live
 places ahead of the caller's (at most 8 counted; all of them for a caller not yet
@@ -55,8 +59,8 @@ WITH cur AS (
 	DELETE FROM {{.Table}} p USING t WHERE p.key = $7::text AND p.owner = $2::text AND t.granted
 	RETURNING 1
 ), ins AS (
-	INSERT INTO {{.Table}} (key, owner, token, expires_at)
-	SELECT $1::text, $2::text, t.token, now() + $3::bigint{{template "us"}} FROM t WHERE t.absent
+	INSERT INTO {{.Table}} (key, owner, token, expires_at, value)
+	SELECT $1::text, $2::text, t.token, now() + $3::bigint{{template "us"}}, $10::bytea FROM t WHERE t.absent
 	ON CONFLICT (key) DO NOTHING
 	RETURNING 1
 ), upd AS (
@@ -65,10 +69,11 @@ WITH cur AS (
 		token = coalesce(t.token, r.token),
 		expires_at = CASE WHEN t.granted THEN now() + $3::bigint{{template "us"}} ELSE r.expires_at END,
 		reserved = r.reserved AND NOT t.granted,
-		queue_owner = CASE WHEN t.granted THEN r.queue_owner ELSE '{+}'::text[] END
+		queue_owner = CASE WHEN t.granted THEN r.queue_owner ELSE '{+}'::text[] END,
+		value = CASE WHEN t.granted THEN $10::bytea ELSE r.value END
 	FROM t WHERE r.key = $1::text AND NOT t.absent
 		AND (t.granted OR $4::boolean AND NOT t.self AND r.queue_owner = '{}'){{if not .Lock}} AND r.xmin = t.ver{{end}}
-	RETURNING 1
+	RETURNING CASE WHEN t.granted THEN {{template "notify" .}} END
 )
 SELECT t.granted, t.absent OR t.granted OR ($4::boolean AND t.unmarked AND NOT t.self),
 	EXISTS (SELECT FROM ins) OR EXISTS (SELECT FROM upd), t.token,
