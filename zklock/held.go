@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,6 +32,14 @@ type entry struct {
 	lostSet bool
 	timer   *time.Timer
 	gen     uint64 // bumped when the timer is re-armed
+
+	// The node's data as this backend last wrote or read it: the value, whether
+	// it is known to be on the node (false for an adopted node), and the data
+	// version, for the conditional writes of Refresh and SetValue.
+	value      []byte
+	valueKnown bool
+	version    int32
+	placed     time.Time // when the attempt that last found the child queued was sent
 }
 
 // entryFor returns the live entry of (key, owner), making one if needed.
@@ -239,10 +247,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		})
 	}
 	sent := time.Now()
-	err := b.call(ctx, func() error {
-		_, err := b.conn.Set(p, []byte(strconv.FormatInt(ttl.Milliseconds(), 10)), -1)
-		return err
-	})
+	value, version, err := b.renew(ctx, e, p, ttl)
 	wg.Wait()
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -262,6 +267,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		if sent.After(b.heard) && sess == b.session {
 			b.heard = sent
 		}
+		e.value, e.valueKnown, e.version = value, true, version
 		b.armLocked(e, ttl)
 		return nil
 	case errors.Is(err, zk.ErrNoNode):
@@ -269,6 +275,47 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		return fmt.Errorf("%w: zklock: the contender node of %q is gone", driver.ErrNotHeld, key)
 	}
 	return wrap("refresh", key, err)
+}
+
+// renew writes the TTL into e's node p, keeping the value on it: the write is
+// conditional on the data version this backend last saw, and if another connection
+// wrote the node since (SetValue through another connection of the owner id), it
+// reads the value there and writes again. It returns the value and the new version.
+// Called with e.op held.
+func (b *Backend) renew(ctx context.Context, e *entry, p string, ttl time.Duration) ([]byte, int32, error) {
+	b.mu.Lock()
+	value, version, known := e.value, e.version, e.valueKnown
+	b.mu.Unlock()
+	for range 4 {
+		if !known {
+			var data []byte
+			var st *zk.Stat
+			err := b.call(ctx, func() error {
+				var err error
+				data, st, err = b.conn.Get(p)
+				return err
+			})
+			if err != nil {
+				return nil, 0, err
+			}
+			value, version, known = slices.Clone(decodeData(data).value), st.Version, true
+		}
+		var st *zk.Stat
+		err := b.call(ctx, func() error {
+			var err error
+			st, err = b.conn.Set(p, encodeData(ttl, 0, value), version)
+			return err
+		})
+		if errors.Is(err, zk.ErrBadVersion) {
+			known = false
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		return value, st.Version, nil
+	}
+	return nil, 0, errors.New("the node kept changing")
 }
 
 // Release implements driver.Backend.

@@ -3,15 +3,14 @@ package zklock
 import (
 	"context"
 	"errors"
-	"strconv"
-	"time"
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/go-zookeeper/zk"
 )
 
 // Inspect implements driver.Inspector. TTL is an estimate: the holder's TTL less the
-// time since its last renewal (the child's mtime, on the server's clock).
+// time since its last renewal (the child's mtime, on the server's clock). Value is
+// the value in the holder's node (see SetValue).
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	parent := b.LockPath(key)
 	for range 3 {
@@ -44,13 +43,9 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 		if err != nil {
 			return driver.Info{}, wrap("inspect", key, err)
 		}
-		info := driver.Info{Key: key, Owner: q[0].owner, Token: uint64(st.Czxid), Waiters: len(q) - 1}
-		if ms, err := strconv.ParseInt(string(data), 10, 64); err == nil && ms > 0 {
-			ttl := time.Duration(ms) * time.Millisecond
-			left := time.Until(time.UnixMilli(st.Mtime).Add(ttl))
-			info.TTL = min(max(left, time.Millisecond), ttl)
-		}
-		return info, nil
+		d := decodeData(data)
+		return driver.Info{Key: key, Owner: q[0].owner, Token: uint64(st.Czxid), Waiters: len(q) - 1,
+			TTL: d.ttlLeft(st), Value: d.value}, nil
 	}
 	return driver.Info{}, wrap("inspect", key, errors.New("the queue kept changing"))
 }

@@ -1,11 +1,11 @@
 package zklock
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -16,6 +16,11 @@ import (
 // Acquire implements driver.Backend.
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	for range 4 {
+		if req.Wait {
+			if err := b.placeLost(req.Key, req.Owner); err != nil {
+				return driver.Grant{}, err
+			}
+		}
 		e, err := b.entryFor(req.Key, req.Owner)
 		if err != nil {
 			return driver.Grant{}, err
@@ -45,9 +50,10 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	}
 	own := e.name
 	knownStat := e.czxid != 0
+	reenter := req.Reenter && e.granted // a re-entry: its value replaces the stored one
 	if own != "" && req.Wait && !e.granted {
 		if w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]; w != nil && w.watching && w.pred != "" &&
-			e.session == b.session && time.Since(w.checked) < recheck {
+			e.session == b.session && time.Since(w.checked) < recheck && e.valueKnown && bytes.Equal(e.value, req.Value) {
 			// Still queued behind a watched predecessor: answered without a
 			// request (see recheck).
 			b.armLocked(e, req.Patience)
@@ -57,14 +63,18 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		}
 	}
 	b.mu.Unlock()
-	data := []byte(strconv.FormatInt(req.TTL.Milliseconds(), 10))
+	sent := time.Now()
 
 	var pre created
 	if own == "" {
-		if pre, err = b.create(ctx, e, data, req); err != nil {
+		if pre, err = b.create(ctx, e, encodeData(req.TTL, 0, req.Value), req); err != nil {
 			return g, err, false
 		}
 		own = pre.name
+		b.mu.Lock()
+		// A child adopted after a lost reply may be an earlier attempt's.
+		e.value, e.valueKnown, e.version = slices.Clone(req.Value), !pre.adopted, 0
+		b.mu.Unlock()
 	}
 	ownPath := e.parent + "/" + own
 	// Until this attempt settles, the child expires locally like a queued one, so
@@ -169,6 +179,12 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		}
 	}
 
+	if idx == 0 || req.Wait {
+		if again, err := b.storeValue(ctx, e, req, ownPath, reenter); again || err != nil {
+			return g, err, again
+		}
+	}
+
 	if idx == 0 {
 		return b.grant(ctx, e, req)
 	}
@@ -181,7 +197,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		return g, &driver.HeldError{}, false
 	}
 
-	return b.queue(ctx, e, req, e.parent+"/"+below.name, idx)
+	return b.queue(ctx, e, req, e.parent+"/"+below.name, idx, sent)
 }
 
 // grant completes an attempt whose child is first in the queue: the key is held.
@@ -231,21 +247,25 @@ func (b *Backend) keepOldest(ctx context.Context, e *entry, req driver.Request, 
 			return false, wrap("acquire", req.Key, err)
 		}
 		e.name, e.path, e.czxid, e.session, e.guid, e.watched = keep.name, kp, st.Czxid, st.EphemeralOwner, keep.guid, true
+		e.valueKnown = false // another attempt's child: its value is not known
 		b.byPath[kp] = e
 		b.mu.Unlock()
 	}
 	return false, nil
 }
 
-// queue completes an attempt whose child waits behind idx others, pred the
-// nearest: it keeps the child, and watches the predecessor only.
-func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, pred string, idx int) (g driver.Grant, err error, again bool) {
+// queue completes an attempt, sent at sent, whose child waits behind idx others,
+// pred the nearest: it keeps the child, and watches the predecessor only.
+func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, pred string, idx int, sent time.Time) (g driver.Grant, err error, again bool) {
 	b.mu.Lock()
 	if e.dead {
 		b.mu.Unlock()
 		return g, nil, true
 	}
 	b.armLocked(e, req.Patience)
+	if sent.After(e.placed) {
+		e.placed = sent
+	}
 	held := &driver.HeldError{Ahead: idx - 1, Queued: true}
 	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 	if w != nil {
@@ -289,6 +309,7 @@ type created struct {
 	session int64
 	names   []string
 	listed  bool
+	adopted bool // found by its GUID after a lost reply
 }
 
 // freshSession makes sure a request reached the leader recently enough for the
@@ -383,7 +404,7 @@ func (b *Backend) create(ctx context.Context, e *entry, data []byte, req driver.
 						b.log.Debug("zklock: adopted a contender whose create reply was lost", "key", e.key, "node", c.name)
 						b.markHeard(sent, sess)
 						name, _ := b.setName(e, c.name)
-						return created{name: name, session: sess}, nil
+						return created{name: name, session: sess, adopted: true}, nil
 					}
 				}
 			}

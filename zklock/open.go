@@ -186,7 +186,7 @@ func newBackend(cfg config, name string) *Backend {
 		closing: make(chan struct{}), ready: make(chan struct{}),
 		entries: make(map[driver.Holder]*entry), byPath: make(map[string]*entry),
 		waiters: make(map[driver.Holder]*waiter), predOf: make(map[string]map[*waiter]bool),
-		doomed:  make(map[string]bool),
+		doomed: make(map[string]bool), holders: make(map[*holderWatch]bool),
 		creates: make(map[string]*createWait), createXid: make(map[int32]*createWait),
 	}
 }

@@ -2,8 +2,11 @@ package zklock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
+	"github.com/dlockio/dlock/driver"
 	"github.com/go-zookeeper/zk"
 )
 
@@ -56,7 +59,10 @@ func (b *Backend) onEvent(ev zk.Event) {
 		case zk.StateHasSession:
 			sid := b.wireSession
 			if b.session != 0 && sid != b.session {
-				b.sessionGoneLocked("replaced by a new session")
+				b.sessionGoneLocked(errors.New("replaced by a new session"))
+			}
+			if b.readyClosed {
+				b.signalHoldersLocked() // a reconnection: watch events may have been missed
 			}
 			if sid != b.session {
 				b.heard = b.dialedAt
@@ -73,8 +79,9 @@ func (b *Backend) onEvent(ev zk.Event) {
 			}
 		case zk.StateExpired:
 			b.log.Warn("zklock: ZooKeeper session expired; its locks are lost", "server", ev.Server)
-			b.sessionGoneLocked("expired")
+			b.sessionGoneLocked(zk.ErrSessionExpired)
 			b.session = 0
+			b.signalHoldersLocked()
 		case zk.StateAuthFailed:
 			b.dialErr = zk.ErrAuthFailed
 		}
@@ -91,17 +98,34 @@ func (b *Backend) onEvent(ev zk.Event) {
 }
 
 // sessionGoneLocked drops every entry: the session that owned their children is
-// gone, and with it the watches that would have told us about them.
-func (b *Backend) sessionGoneLocked(why string) {
+// gone, and with it the watches that would have told us about them. A waiter
+// whose queued place went with it fails its next attempt (see placeLost).
+func (b *Backend) sessionGoneLocked(why error) {
+	if len(b.entries) > 0 {
+		b.log.Debug("zklock: session gone", "why", why)
+	}
 	for _, e := range b.entries {
+		b.losePlaceLocked(e, why)
 		b.dropLocked(e, false)
 	}
 	for _, w := range b.waiters {
 		b.unwatchLocked(w)
 		w.signal()
 	}
-	if len(b.entries) > 0 {
-		b.log.Debug("zklock: session gone", "why", why)
+}
+
+// losePlaceLocked marks the waiter of e, if e is a queued place rather than a grant,
+// as having lost its place for the reason why. An entry whose create has not
+// returned yet is not marked: a create that did not reach the ensemble before the
+// session ended is made again on the next session, and an attempt that queued it
+// there goes on waiting.
+func (b *Backend) losePlaceLocked(e *entry, why error) {
+	if e.dead || e.granted || e.path == "" {
+		return
+	}
+	if w := b.waiters[driver.Holder{Key: e.key, Owner: e.owner}]; w != nil && w.lost == nil {
+		w.lost = fmt.Errorf("zklock: acquire %q: the queued place was lost with the ZooKeeper session: %w", e.key, why)
+		w.signal()
 	}
 }
 
@@ -119,6 +143,9 @@ func (b *Backend) monitor() {
 		}
 		if b.granted > 0 {
 			next = min(next, time.Until(b.heard.Add(sessionValidity(b.timeout))))
+		}
+		if at, ok := b.placesLapseLocked(); ok {
+			next = min(next, time.Until(at))
 		}
 		b.mu.Unlock()
 		t := time.NewTimer(max(next, time.Millisecond))
@@ -139,6 +166,17 @@ func (b *Backend) monitor() {
 				}
 			}
 		}
+		if at, ok := b.placesLapseLocked(); ok && !now.Before(at) {
+			b.log.Warn("zklock: no reply from the ZooKeeper ensemble for the session timeout; the session has most likely expired, failing its waiters",
+				"session_timeout", b.timeout, "last_heard", b.heard)
+			why := fmt.Errorf("nothing heard from the ensemble for the session timeout (%v)", b.timeout)
+			for _, e := range b.entries {
+				if !e.granted && !e.placed.IsZero() && !now.Before(b.placeLapseLocked(e)) {
+					b.losePlaceLocked(e, why)
+					b.dropLocked(e, true)
+				}
+			}
+		}
 		start := len(b.entries) > 0 && !b.hbRunning && !now.Before(lastBeat.Add(beatEvery)) && !b.closed
 		if start {
 			b.hbRunning = true
@@ -151,6 +189,33 @@ func (b *Backend) monitor() {
 			go b.heartbeat(beatEvery, sess)
 		}
 	}
+}
+
+// placeLapseLocked is when the queued place of e is taken for lost with the session:
+// a whole session timeout after the later of the last request known to have
+// reached the leader and the attempt that found e queued. By then the ensemble has
+// most likely expired the session; if it has not, the child is deleted (dropLocked)
+// rather than left as a contender nobody waits for.
+func (b *Backend) placeLapseLocked(e *entry) time.Time {
+	from := b.heard
+	if e.placed.After(from) {
+		from = e.placed
+	}
+	return from.Add(b.timeout)
+}
+
+// placesLapseLocked returns the earliest placeLapseLocked of the queued entries;
+// ok is false when there is none.
+func (b *Backend) placesLapseLocked() (at time.Time, ok bool) {
+	for _, e := range b.entries {
+		if e.granted || e.placed.IsZero() {
+			continue
+		}
+		if t := b.placeLapseLocked(e); !ok || t.Before(at) {
+			at, ok = t, true
+		}
+	}
+	return at, ok
 }
 
 // heartbeat sends a sync, which goes through the leader, and records it as heard.

@@ -11,7 +11,11 @@ import (
 
 // Watch implements driver.Notifier. A waiting attempt watches its predecessor child
 // only; the waiter is signalled when that child is deleted, when its own child is,
-// and when the session ends.
+// and when the session ends. A waiter whose queued place was lost with the session
+// (it expired, or nothing was heard from the ensemble for the whole session
+// timeout) is signalled, and its next attempt fails with an error that does not
+// match driver.ErrLocked, so that its Lock fails at once rather than queue again at
+// the back.
 func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -37,6 +41,18 @@ type waiter struct {
 	watching bool      // the watch on pred is set on the server and has not fired
 	checked  time.Time // when an attempt last listed the queue on the server
 	ahead    int       // children between the holder and the own child then
+	lost     error     // the session that carried the queued place ended
+}
+
+// placeLost returns the error of a waiting attempt whose queued place went with its
+// session (see loseSessionLocked), nil otherwise.
+func (b *Backend) placeLost(key, owner string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w := b.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
+		return w.lost
+	}
+	return nil
 }
 
 // recheck bounds how long the attempts of a queued waiter whose watch on its

@@ -7,7 +7,9 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -91,5 +93,93 @@ func TestQueuedWaiterAnswersLocally(t *testing.T) {
 	}
 	if err := b2.Release(ctx, key, "w2"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A waiting Lock whose ZooKeeper session ends fails promptly, with an error that is
+// not ErrLocked, rather than wait on a queued place that is gone: when the session
+// is closed from outside (the backend learns of the expiry on reconnection), and
+// when the connection is cut for longer than the session timeout (it never hears
+// from the ensemble again).
+func TestWaiterSessionLoss(t *testing.T) {
+	srv := testserver.StartZooKeeper(t)
+	raw := rawConn(t, srv.Addr())
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, px *proxy)
+	}{
+		{"expired", func(t *testing.T, px *proxy) {
+			sid, pw := px.Session()
+			if err := closeSessionFromOutside(srv.Addr(), sid, pw); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"partitioned", func(t *testing.T, px *proxy) { px.Partition() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			px := newProxy(t, srv.Addr())
+			ctx := ctxT(t, 2*drivertest.Wait)
+			holder := newClient(t, open(t, srv.URL("/dlock")), dlock.WithTTL(time.Minute))
+			wb := open(t, "zk://"+px.Addr()+"/dlock?session_timeout=2s")
+			waiter := newClient(t, wb, dlock.WithTTL(time.Minute))
+			key := "session-loss-" + tc.name
+			l, err := holder.Lock(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Release(ctx)
+			errc := make(chan error, 1)
+			queued := make(chan struct{}, 1)
+			go func() {
+				// Queued: the attempt that queued it has returned (its watch on
+				// the holder's node is set).
+				l2, err := waiter.Lock(ctx, key, dlock.WithQueueReport(func(int) {
+					select {
+					case queued <- struct{}{}:
+					default:
+					}
+				}))
+				if err == nil {
+					_ = l2.Release(ctx)
+				}
+				errc <- err
+			}()
+			select {
+			case <-queued:
+			case err := <-errc:
+				t.Fatalf("waiting Lock before its session ended: %v", err)
+			}
+			tc.end(t, px)
+			select {
+			case err := <-errc:
+				if err == nil || errors.Is(err, dlock.ErrLocked) {
+					t.Fatalf("waiting Lock after its session ended = %v, want an error that is not ErrLocked", err)
+				}
+				t.Logf("waiting Lock: %v", err)
+			case <-time.After(drivertest.Wait):
+				t.Fatal("the waiting Lock did not fail when its session ended")
+			}
+			// The place is gone from the queue (with the session, or deleted).
+			px.Heal()
+			eventually(t, "the lost place leaves the queue", func() bool { return len(children(t, raw, key)) == 1 })
+			// A new session, or the old one if the ensemble had not expired it
+			// yet when the partition healed (the place was then deleted).
+			eventually(t, "the backend reconnects", func() bool { return wb.Conn().State() == zk.StateHasSession })
+			// The backend carries on: a new Lock queues and is granted.
+			go func() {
+				l2, err := waiter.Lock(ctx, key)
+				if err == nil {
+					err = l2.Release(ctx)
+				}
+				errc <- err
+			}()
+			eventually(t, "a new waiter queues", func() bool { return len(children(t, raw, key)) == 2 })
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-errc; err != nil {
+				t.Fatalf("Lock after the session was lost: %v", err)
+			}
+		})
 	}
 }

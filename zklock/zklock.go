@@ -48,8 +48,9 @@
 // place, listing the queue again at most every 30 seconds, and report how many
 // are ahead (driver.HeldError.Ahead): a waiter makes no request while it waits,
 // however long the queue. A waiter that gives up deletes its child.
-// Release deletes the child. Refresh writes the child's data (the TTL), a write that
-// goes through the leader and fails if the child is gone. An owner that already has a
+// Release deletes the child. Refresh writes the child's data (the TTL, and the value
+// if there is one, see below), a write that goes through the leader and fails if the
+// child is gone. An owner that already has a
 // child reuses it (re-entry, or a restarted process resuming with a stable owner id,
 // only when the request says Reenter, see driver.Request; otherwise only a child of
 // this client's own create, by its GUID, and another client's child of the same owner
@@ -62,6 +63,48 @@
 // would ever delete (a ghost contender that would block the lock for the life of the
 // session). If the create cannot be settled before ctx ends, the GUID is kept and a
 // later Release or the local expiry deletes whatever it finds.
+//
+// # Values
+//
+// A grant's value (driver.Valuer) lives in its child's data, after the TTL: the
+// create writes it, so a queued place carries it and has it when it becomes the
+// holder, and an uncontended Lock with a value costs no extra request. A child
+// without a value is written exactly as older versions wrote it (the TTL alone), and
+// older children read as grants without a value; an older version reads a child
+// with a value as one whose TTL it does not know. Inspect returns the holder's
+// value. SetValue reads the holder's child and writes it back with the new value,
+// conditional on its version (two requests; a grant of another connection of the
+// owner id costs one more, the listing that finds its child). The child exists only
+// while it is the holder's (no contender can be created below it), so a write that
+// succeeds was made to the owner's grant; a deleted child fails it with
+// driver.ErrNotHeld. It keeps the TTL and its start: the write notes the time the
+// TTL counts from, so Inspect does not take it for a renewal. A renewal writes the
+// value it knows, conditional on the version it last saw, and reads the child again
+// if another connection of the owner id changed the value meanwhile. An attempt
+// that re-enters a grant (driver.Request.Reenter) writes its own value.
+//
+// # Holder watching
+//
+// WatchHolder (driver.HolderWatcher) sets two watches on the backend's session: on
+// the lock node's children (its existence while it does not exist) and on the data
+// of the holder's child. Every change of holder (a grant, a release, a force
+// release, the expiry of the holder's session) and every SetValue makes one fire;
+// ZooKeeper watches fire once, and the watch sets them again as it reads the queue or
+// the holder's data, sending only when the holder or its value changed. Nothing is
+// polled; the cost is one read per watch for every change of the queue (a waiter
+// joining or leaving lists the children) and for every renewal of the holder (which
+// writes its child's data, and is not sent on). A watch sends once after every
+// reconnection and session expiry, and sets its watches again on a new session.
+//
+// # Queued places and the session
+//
+// A queued place is an ephemeral child too, and lives on the session. When the
+// session ends (the backend learns of its expiry on reconnection), or when nothing
+// was heard from the ensemble for a whole session timeout since the place was last
+// confirmed (the session has then most likely expired; if it has not, the child is
+// deleted), every waiter whose place it carried is woken, and its next attempt fails
+// with an error that does not match driver.ErrLocked: a waiting Lock or Campaign
+// fails at once rather than queue again at the back without knowing it.
 //
 // # Safety model
 //
@@ -141,7 +184,8 @@ const (
 )
 
 // Backend is the ZooKeeper backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector and driver.ForceReleaser, and is safe for concurrent use. It holds
+// driver.Bounder, driver.Inspector, driver.ForceReleaser, driver.Valuer and
+// driver.HolderWatcher, and is safe for concurrent use. It holds
 // one ZooKeeper session; Close ends it, which deletes every node it still has.
 type Backend struct {
 	conn   *zk.Conn
@@ -170,6 +214,7 @@ type Backend struct {
 	waiters     map[driver.Holder]*waiter
 	predOf      map[string]map[*waiter]bool // watched predecessor path -> waiters
 	doomed      map[string]bool             // child paths being deleted in the background
+	holders     map[*holderWatch]bool       // live holder watches (WatchHolder)
 	granted     int
 	hbRunning   bool
 
@@ -198,6 +243,9 @@ var (
 	_ driver.Notifier      = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
+	_ driver.Bounder       = (*Backend)(nil)
+	_ driver.Valuer        = (*Backend)(nil)
+	_ driver.HolderWatcher = (*Backend)(nil)
 )
 
 // Conn returns the ZooKeeper connection.

@@ -464,7 +464,8 @@ func TestResourceWrites(t *testing.T) {
 func TestRunElection(t *testing.T) {
 	for _, c := range []struct{ setup, fault string }{
 		{"redis-aof", FaultKill},
-		{"etcd", FaultPartition},
+		{"etcd", FaultLeader},
+		{"postgres", FaultPartition},
 		{"zk", FaultPause},
 	} {
 		t.Run(c.setup+"/"+c.fault, func(t *testing.T) {

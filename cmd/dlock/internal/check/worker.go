@@ -381,6 +381,31 @@ type recorder struct {
 	w *worker
 }
 
+// The recorder passes on the optional capabilities the core uses, so a worker's
+// client behaves as a program's would: a Bounder's session bound (etcd,
+// ZooKeeper) and a Valuer's values (the election workload). Where the backend
+// lacks one, the answer is what its absence means to the core.
+var (
+	_ driver.Bounder = (*recorder)(nil)
+	_ driver.Valuer  = (*recorder)(nil)
+)
+
+// Bound implements driver.Bounder.
+func (r *recorder) Bound(key, owner string) (time.Duration, bool) {
+	if b, ok := r.Backend.(driver.Bounder); ok {
+		return b.Bound(key, owner)
+	}
+	return driver.NoBound, true
+}
+
+// SetValue implements driver.Valuer.
+func (r *recorder) SetValue(ctx context.Context, key, owner string, value []byte) error {
+	if v, ok := r.Backend.(driver.Valuer); ok {
+		return v.SetValue(ctx, key, owner, value)
+	}
+	return driver.ErrUnsupported
+}
+
 func (r *recorder) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	start := history.Now()
 	g, err := r.Backend.Acquire(ctx, req)
