@@ -31,7 +31,9 @@ var electionBackends = []struct {
 	{"redis", func(t testing.TB) string { return testserver.StartRedis(t).URL() }},
 	{"redlock", func(t testing.TB) string { return testserver.RedlockURL(testserver.StartRedisNodes(t, 3), "") }},
 	{"etcd", func(t testing.TB) string { return testserver.StartEtcd(t).URL("dlock") }},
-	{"zk", func(t testing.TB) string { return testserver.StartZooKeeper(t).URL("/dlock") }},
+	// A ZooKeeper grant lives as long as its session: the session timeout, not the
+	// TTL, is how long a dead leader keeps the name.
+	{"zk", func(t testing.TB) string { return testserver.StartZooKeeper(t).URL("/dlock") + "?session_timeout=2s" }},
 	{"postgres", func(t testing.TB) string { return testserver.StartPostgres(t).URL() }},
 }
 
