@@ -102,6 +102,9 @@ func TestElectionKill9(t *testing.T) {
 			if _, ok := b.leads(); ok {
 				t.Fatal("both candidates lead")
 			}
+			if code, out, errs := run("inspect", "--backend", url, name); code != 0 || !strings.Contains(out, `value:   "host-a:8080"`) {
+				t.Fatalf("dlock inspect: exit %d, %q %q", code, out, errs)
+			}
 			killed := time.Now()
 			if err := a.cmd.Process.Kill(); err != nil {
 				t.Fatal(err)
