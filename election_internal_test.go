@@ -5,7 +5,9 @@ import "testing"
 // Observe never delivers a state older than one it took.
 func TestObserverSkipsStale(t *testing.T) {
 	o := &observer{}
-	lead := func(owner string, tok Token, v string) Leader { return Leader{Owner: owner, Token: tok, Value: []byte(v)} }
+	lead := func(owner string, tok Token, v string) Leader {
+		return Leader{Owner: owner, Token: tok, Value: []byte(v)}
+	}
 	steps := []struct {
 		ld   Leader
 		take bool

@@ -178,7 +178,10 @@ var partitionBackends = []struct {
 	name  string
 	start func(t testing.TB) (url string, addrs []string)
 }{
-	{"redis", func(t testing.TB) (string, []string) { s := testserver.StartRedis(t); return s.URL(), []string{s.Addr()} }},
+	{"redis", func(t testing.TB) (string, []string) {
+		s := testserver.StartRedis(t)
+		return s.URL(), []string{s.Addr()}
+	}},
 	{"redlock", func(t testing.TB) (string, []string) {
 		nodes := testserver.StartRedisNodes(t, 3)
 		var addrs []string
@@ -187,8 +190,14 @@ var partitionBackends = []struct {
 		}
 		return testserver.RedlockURL(nodes, ""), addrs
 	}},
-	{"etcd", func(t testing.TB) (string, []string) { s := testserver.StartEtcd(t); return s.URL("dlock"), []string{s.Endpoint()} }},
-	{"zk", func(t testing.TB) (string, []string) { s := testserver.StartZooKeeper(t); return s.URL("/dlock"), []string{s.Addr()} }},
+	{"etcd", func(t testing.TB) (string, []string) {
+		s := testserver.StartEtcd(t)
+		return s.URL("dlock"), []string{s.Endpoint()}
+	}},
+	{"zk", func(t testing.TB) (string, []string) {
+		s := testserver.StartZooKeeper(t)
+		return s.URL("/dlock"), []string{s.Addr()}
+	}},
 	{"postgres", func(t testing.TB) (string, []string) {
 		s := testserver.StartPostgres(t)
 		u, err := neturl.Parse(s.URL())
