@@ -81,6 +81,9 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 	if len(cfg.value) > 0 && c.valuer == nil {
 		return nil, unsupported("lock with a value", key)
 	}
+	if cfg.limit > 1 && c.sem == nil {
+		return nil, unsupported("lock with a holder limit above 1", key)
+	}
 	owner := cfg.owner
 	generated := owner == ""
 	if generated {

@@ -50,7 +50,7 @@ func (c *Client) Inspect(ctx context.Context, key string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	return Info{Key: di.Key, Owner: di.Owner, Token: Token(di.Token), TTL: di.TTL, Waiters: di.Waiters, Value: di.Value}, nil
+	return infoOf(di), nil
 }
 
 // ForceRelease frees key whoever holds it, for an operator clearing a lock whose
@@ -73,6 +73,34 @@ func (c *Client) ForceRelease(ctx context.Context, key string) error {
 		return unsupported("force release", key)
 	}
 	return fr.ForceRelease(ctx, key)
+}
+
+// Holders lists every holder of key, the oldest grant first, and the key's holder
+// limit (1 for an ordinary lock, n for a semaphore of WithLimit(n)); no holders
+// and limit 0 when the key is free. It returns an error matching ErrUnsupported
+// when the backend cannot have several holders of a key (not a
+// driver.Semaphorer); Inspect then tells the one holder. A snapshot, like
+// Inspect's.
+func (c *Client) Holders(ctx context.Context, key string) (limit int, holders []Info, err error) {
+	if err := c.adminCheck(key); err != nil {
+		return 0, nil, err
+	}
+	if c.sem == nil {
+		return 0, nil, unsupported("list holders", key)
+	}
+	limit, dh, err := c.sem.Holders(ctx, key)
+	if err != nil {
+		return 0, nil, err
+	}
+	holders = make([]Info, len(dh))
+	for i, di := range dh {
+		holders[i] = infoOf(di)
+	}
+	return limit, holders, nil
+}
+
+func infoOf(di driver.Info) Info {
+	return Info{Key: di.Key, Owner: di.Owner, Token: Token(di.Token), TTL: di.TTL, Waiters: di.Waiters, Value: di.Value}
 }
 
 // adminCheck validates key and refuses a closed client.

@@ -27,6 +27,7 @@ type Client struct {
 	advisor  driver.WatchAdvisor  // nil unless the notifier advises
 	valuer   driver.Valuer        // nil unless grants carry values
 	watcher  driver.HolderWatcher // nil unless holders can be watched
+	sem      driver.Semaphorer    // nil unless keys can have several holders
 	cfg      config
 
 	closing chan struct{} // closed by Close
@@ -54,6 +55,7 @@ func New(b driver.Backend, opts ...Option) (*Client, error) {
 	c.bounder, _ = b.(driver.Bounder)
 	c.valuer, _ = b.(driver.Valuer)
 	c.watcher, _ = b.(driver.HolderWatcher)
+	c.sem, _ = b.(driver.Semaphorer)
 	if c.notifier != nil {
 		c.advisor, _ = b.(driver.WatchAdvisor)
 	}

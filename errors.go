@@ -39,6 +39,10 @@ var (
 	// no longer be held: a renewal was refused, or the local validity deadline
 	// passed without a successful renewal.
 	ErrLeaseLost = errors.New("dlock: lease lost")
+	// ErrLimitMismatch: a lock call asked for a key with another holder limit
+	// (WithLimit) than the key has while it is held or waited for. It matches
+	// ErrInvalid too.
+	ErrLimitMismatch = driver.ErrLimitMismatch
 	// ErrNoLeader: Client.Leader found no one leading the election.
 	ErrNoLeader = errors.New("dlock: no leader")
 	// ErrReleased is the cause of a lease context cancelled because the lease was

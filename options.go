@@ -40,6 +40,7 @@ type config struct {
 	resume     bool
 	onQueued   func(ahead int)
 	value      []byte
+	limit      int // holders admitted at once; 0 is 1
 	observe    time.Duration // Observe's polling interval
 	logger     *slog.Logger
 	clock      clock.Clock
@@ -191,6 +192,28 @@ func WithValue(value []byte) Option {
 		return nil
 	}
 }
+
+// WithLimit makes a lock call take one of n permits of key (a semaphore): up to n
+// owners hold key at once, each with its own lease, renewal, token and release;
+// the next caller waits (FIFO) until one of them releases or expires. n is part
+// of the key's state while it is held or waited for: a call with another n (a
+// Lock without WithLimit counts as n = 1) fails with an error matching
+// ErrLimitMismatch. Every grant's token, of any permit, is larger than every
+// earlier grant's of key. n from 1 to 1,000,000; 1 is an ordinary lock. On a
+// backend that cannot keep the promise (not a driver.Semaphorer) a call with
+// n > 1 fails with an error matching ErrUnsupported.
+func WithLimit(n int) Option {
+	return func(c *config) error {
+		if n < 1 || n > MaxLimit {
+			return invalid("holder limit must be from 1 to %d, got %d", MaxLimit, n)
+		}
+		c.limit = n
+		return nil
+	}
+}
+
+// MaxLimit is the largest holder limit WithLimit takes.
+const MaxLimit = 1_000_000
 
 // WithObserveInterval sets how often Observe reads the holder of a name on a
 // backend that cannot watch holders (not a driver.HolderWatcher), so a change is

@@ -37,6 +37,10 @@
 //     SetValue) and returns it in Info.Value: an election's leader publishes its
 //     address this way. Without it a lock call with a value (dlock.WithValue,
 //     Campaign with a value, Proclaim) returns an error matching ErrUnsupported.
+//   - Semaphorer: admits up to Request.Limit holders of one key at once (a
+//     semaphore), each with its own grant, token, renewal and release, and lists
+//     them. Without it a lock call with a limit above 1 (dlock.WithLimit) returns
+//     an error matching ErrUnsupported.
 //   - HolderWatcher: tells when the holder of a key or its value may have
 //     changed, for dlock.Client.Observe. Without it Observe reads the holder
 //     again at a fixed interval (dlock.WithObserveInterval), so it learns of a
@@ -73,6 +77,10 @@ var (
 	// name or password, a rejected client certificate) or denied the identity
 	// permission for what the lock needs. Waiting does not fix it.
 	ErrAuth = errors.New("dlock: authentication failed or permission denied")
+	// ErrLimitMismatch means an attempt asked for a key with another holder limit
+	// than the key has while it is held or waited for (a semaphore of 4 locked as
+	// one of 8, or as a mutex). It matches ErrInvalid too.
+	ErrLimitMismatch = fmt.Errorf("%w: holder limit differs from the key's", ErrInvalid)
 )
 
 // Limits on keys, owner ids and values, the same for every backend so that a key
@@ -124,6 +132,13 @@ type Request struct {
 	// stored value with its own. At most MaxValueLen bytes; nil for none. A
 	// backend that is not a Valuer never sees a non-empty Value.
 	Value []byte
+	// Limit, for a Semaphorer, is how many owners may hold Key at once: 0 or 1
+	// for one (a mutex), N > 1 for a semaphore of N permits. The limit is part of
+	// the key's state while the key has holders or queued places: an attempt with
+	// another limit (counting 0 as 1) fails with an error matching
+	// ErrLimitMismatch and changes nothing; once the key has neither, the next
+	// attempt sets it. A backend that is not a Semaphorer never sees Limit > 1.
+	Limit int
 }
 
 // Grant is a successful acquire.
@@ -322,6 +337,20 @@ type Valuer interface {
 	// server in the same step. It returns an error matching ErrNotHeld when owner
 	// does not hold key; the grant's TTL is left as it was.
 	SetValue(ctx context.Context, key, owner string, value []byte) error
+}
+
+// Semaphorer is implemented by backends that admit up to Request.Limit holders of
+// a key at once. Each holder has its own grant: Refresh and Release act on the
+// (key, owner) grant alone, and every grant of the key, whatever the limit, takes
+// a token from the key's one rising sequence. Waiting is FIFO, as for a mutex: a
+// release hands the freed permit to the first queued place (see Waiter), and a
+// newcomer does not take a permit while places are queued ahead of it.
+// ForceRelease frees every holder; Inspect reports one of them (the oldest grant)
+// with Waiters counting the queued places.
+type Semaphorer interface {
+	// Holders returns the key's limit (1 for a mutex) and every live holder, the
+	// oldest grant first; no holders and limit 0 when the key is free.
+	Holders(ctx context.Context, key string) (limit int, holders []Info, err error)
 }
 
 // HolderWatcher is implemented by backends that can tell when the holder of a key

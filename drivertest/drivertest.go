@@ -137,6 +137,9 @@ func Run(t *testing.T, h Harness) {
 	t.Run("HolderWatch", h.testHolderWatch)
 	t.Run("Observe", h.testObserve)
 	t.Run("ResignRetry", h.testResignRetry)
+	t.Run("SemaphoreLimit", h.testSemaphoreLimit)
+	t.Run("SemaphoreExclusion", h.testSemaphoreExclusion)
+	t.Run("SemaphoreCrash", h.testSemaphoreCrash)
 	if h.FIFO {
 		t.Run("FIFO", h.testFIFO)
 	}

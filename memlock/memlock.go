@@ -15,6 +15,10 @@
 // a handoff, a force release, a SetValue, and an expiry when the store notices it
 // (at the next request for the key, or through Expire).
 //
+// A key may admit several holders (driver.Semaphorer, dlock.WithLimit): the first
+// N owners in FIFO order hold it, each with its own grant and token from the key's
+// one sequence, and a release hands the freed permit to the first queued place.
+//
 // Safety model: exact within one process and nothing more. All Backends of one Store
 // share its state; clients opened with the same mem://NAME share the store NAME. A
 // process crash loses every lock and the token counters (tokens restart at 1).
@@ -23,6 +27,7 @@ package memlock
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -35,8 +40,9 @@ type Store struct {
 	clk clock.Clock
 
 	mu       sync.Mutex
-	locks    map[string]*entry
-	counters map[string]uint64 // last token per key; never reset
+	locks    map[string][]*entry // a key's holders, the oldest grant first
+	limits   map[string]int      // a key's holder limit while it has holders or places
+	counters map[string]uint64   // last token per key; never reset
 	queues   map[string][]place
 	watchers map[driver.Holder]*waiter
 	holders  map[string]map[*holderWatch]struct{} // holder watches by key
@@ -47,9 +53,9 @@ type entry struct {
 	token   uint64
 	expires time.Time
 	value   []byte
-	// handedTo is the waiter a release handed the key to, until the owner
+	// handedTo is the waiter a release handed the permit to, until the owner
 	// re-enters it with an attempt of its own; that waiter's Stop without
-	// acquiring passes the key on.
+	// acquiring passes the permit on.
 	handedTo *waiter
 }
 
@@ -64,7 +70,8 @@ type place struct {
 func NewStore(clk clock.Clock) *Store {
 	return &Store{
 		clk:      clk,
-		locks:    make(map[string]*entry),
+		locks:    make(map[string][]*entry),
+		limits:   make(map[string]int),
 		counters: make(map[string]uint64),
 		queues:   make(map[string][]place),
 		watchers: make(map[driver.Holder]*waiter),
@@ -75,14 +82,15 @@ func NewStore(clk clock.Clock) *Store {
 // Backend returns a new connection to the store.
 func (s *Store) Backend() *Backend { return &Backend{s: s} }
 
-// Expire drops key's current grant as if its TTL had run out (a test hook for a
+// Expire drops key's current grants as if their TTL had run out (a test hook for a
 // crashed holder or a server that lost the key).
 func (s *Store) Expire(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.locks[key] != nil {
+	if len(s.locks[key]) > 0 {
 		delete(s.locks, key)
 		s.changedLocked(key)
+		s.tidyLocked(key)
 	}
 }
 
@@ -94,18 +102,66 @@ func (s *Store) Waiters(key string) int {
 	return len(s.queues[key])
 }
 
-// held returns the live entry for key, dropping an expired one.
-func (s *Store) heldLocked(key string, now time.Time) *entry {
-	e := s.locks[key]
-	if e != nil && !now.Before(e.expires) {
-		delete(s.locks, key)
-		s.changedLocked(key)
-		e = nil
+// liveLocked returns key's live holders, dropping expired grants.
+func (s *Store) liveLocked(key string, now time.Time) []*entry {
+	hs := s.locks[key]
+	n := 0
+	for _, e := range hs {
+		if now.Before(e.expires) {
+			hs[n] = e
+			n++
+		}
 	}
-	return e
+	if n == len(hs) {
+		return hs
+	}
+	clear(hs[n:])
+	if n == 0 {
+		delete(s.locks, key)
+		hs = nil
+	} else {
+		s.locks[key] = hs[:n]
+		hs = hs[:n]
+	}
+	s.changedLocked(key)
+	return hs
 }
 
-// changedLocked tells key's holder watches that its holder or value changed.
+// heldLocked returns owner's live grant of key, or nil.
+func (s *Store) heldLocked(key, owner string, now time.Time) *entry {
+	for _, e := range s.liveLocked(key, now) {
+		if e.owner == owner {
+			return e
+		}
+	}
+	return nil
+}
+
+// dropLocked removes e from key's holders.
+func (s *Store) dropLocked(key string, e *entry) {
+	hs := s.locks[key]
+	for i, h := range hs {
+		if h == e {
+			hs = append(hs[:i:i], hs[i+1:]...)
+			break
+		}
+	}
+	if len(hs) == 0 {
+		delete(s.locks, key)
+	} else {
+		s.locks[key] = hs
+	}
+	s.changedLocked(key)
+}
+
+// tidyLocked forgets key's limit once it has neither holders nor places.
+func (s *Store) tidyLocked(key string) {
+	if len(s.locks[key]) == 0 && len(s.queues[key]) == 0 {
+		delete(s.limits, key)
+	}
+}
+
+// changedLocked tells key's holder watches that its holders or values changed.
 func (s *Store) changedLocked(key string) {
 	for w := range s.holders[key] {
 		select {
@@ -127,6 +183,7 @@ func (s *Store) pruneLocked(key string, now time.Time) {
 	}
 	if n == 0 {
 		delete(s.queues, key)
+		s.tidyLocked(key)
 		return
 	}
 	s.queues[key] = q[:n]
@@ -160,25 +217,30 @@ func (s *Store) dequeueLocked(key, owner string) {
 	}
 }
 
-// handOffLocked grants a free key to its first queued waiter, if any, and wakes
-// that waiter with the grant.
+// grantLocked makes owner a holder of key with a new token.
+func (s *Store) grantLocked(key, owner string, ttl time.Duration, value []byte, now time.Time) *entry {
+	s.counters[key]++
+	e := &entry{owner: owner, token: s.counters[key], expires: now.Add(ttl), value: value}
+	s.locks[key] = append(s.locks[key], e)
+	s.changedLocked(key)
+	return e
+}
+
+// handOffLocked grants key's free permits to its first queued waiters, if any,
+// and wakes each with its grant.
 func (s *Store) handOffLocked(key string, now time.Time) {
 	s.pruneLocked(key, now)
-	q := s.queues[key]
-	if len(q) == 0 {
-		return
+	for len(s.queues[key]) > 0 && len(s.liveLocked(key, now)) < max(s.limits[key], 1) {
+		head := s.queues[key][0]
+		s.dequeueLocked(key, head.owner)
+		e := s.grantLocked(key, head.owner, head.ttl, head.value, now)
+		if w := s.watchers[driver.Holder{Key: key, Owner: head.owner}]; w != nil {
+			e.handedTo = w
+			w.handed = &handed{token: e.token, at: now}
+			w.wake()
+		}
 	}
-	head := q[0]
-	s.dequeueLocked(key, head.owner)
-	s.counters[key]++
-	e := &entry{owner: head.owner, token: s.counters[key], expires: now.Add(head.ttl), value: head.value}
-	s.locks[key] = e
-	s.changedLocked(key)
-	if w := s.watchers[driver.Holder{Key: key, Owner: head.owner}]; w != nil {
-		e.handedTo = w
-		w.handed = &handed{token: e.token, at: now}
-		w.wake()
-	}
+	s.tidyLocked(key)
 }
 
 // Backend is one connection to a Store. It implements driver.Backend,
@@ -199,6 +261,7 @@ var (
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
+	_ driver.Semaphorer    = (*Backend)(nil)
 )
 
 // Store returns the backend's store.
@@ -225,7 +288,14 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clk.Now()
-	e := s.heldLocked(req.Key, now)
+	hs := s.liveLocked(req.Key, now)
+	s.pruneLocked(req.Key, now)
+	var e *entry
+	for _, h := range hs {
+		if h.owner == req.Owner {
+			e = h
+		}
+	}
 	if req.Wait {
 		// Only this connection's own waiter: another client of the same owner id
 		// must not claim it, and a grant handed to this one stays claimable even
@@ -233,14 +303,19 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		if w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]; w != nil && w.handed != nil {
 			h := w.handed
 			w.handed = nil
-			if e != nil && e.owner == req.Owner && e.token == h.token {
+			if e != nil && e.token == h.token {
 				// Handed over by a release: no new grant, the TTL started then.
 				return driver.Grant{Token: e.token, Age: now.Sub(h.at)}, nil
 			}
 		}
 	}
+	limit := max(req.Limit, 1)
+	if cur, ok := s.limits[req.Key]; ok && cur != limit {
+		return driver.Grant{}, fmt.Errorf("memlock: acquire %q: %w: the key admits %d holders, the attempt asked for %d",
+			req.Key, driver.ErrLimitMismatch, cur, limit)
+	}
 	switch {
-	case e != nil && e.owner == req.Owner && req.Reenter:
+	case e != nil && req.Reenter:
 		e.expires = now.Add(req.TTL)
 		e.handedTo = nil
 		if !bytes.Equal(e.value, req.Value) {
@@ -248,32 +323,37 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			s.changedLocked(req.Key)
 		}
 		return driver.Grant{Token: e.token}, nil
-	case e != nil && e.owner == req.Owner:
+	case e != nil:
 		// The owner id holds the key, maybe through another client: refused,
 		// changing nothing (no TTL, no place; see driver.Request).
 		return driver.Grant{}, &driver.HeldError{RetryAfter: e.expires.Sub(now)}
-	case e != nil:
-		held := &driver.HeldError{RetryAfter: e.expires.Sub(now)}
-		if req.Wait {
-			held.Ahead, held.Queued = s.enqueueLocked(req.Key, req, now), true
-		}
-		return driver.Grant{}, held
 	}
-	s.pruneLocked(req.Key, now)
-	if q := s.queues[req.Key]; len(q) > 0 && q[0].owner != req.Owner {
-		// Free after an expiry, and the first queued waiter goes first.
+	// A permit is the caller's if one is free for it: the places queued ahead of
+	// it take the free permits first.
+	free, ahead := limit-len(hs), len(s.queues[req.Key])
+	for i, p := range s.queues[req.Key] {
+		if p.owner == req.Owner {
+			ahead = i
+		}
+	}
+	if ahead >= free {
 		held := &driver.HeldError{}
+		if len(hs) >= limit {
+			held.RetryAfter = hs[0].expires.Sub(now)
+			for _, h := range hs[1:] {
+				held.RetryAfter = min(held.RetryAfter, h.expires.Sub(now))
+			}
+		}
 		if req.Wait {
+			s.limits[req.Key] = limit
 			held.Ahead, held.Queued = s.enqueueLocked(req.Key, req, now), true
 		}
 		return driver.Grant{}, held
 	}
 	s.dequeueLocked(req.Key, req.Owner)
-	s.counters[req.Key]++
-	t := s.counters[req.Key]
-	s.locks[req.Key] = &entry{owner: req.Owner, token: t, expires: now.Add(req.TTL), value: clone(req.Value)}
-	s.changedLocked(req.Key)
-	return driver.Grant{Token: t}, nil
+	s.limits[req.Key] = limit
+	e = s.grantLocked(req.Key, req.Owner, req.TTL, clone(req.Value), now)
+	return driver.Grant{Token: e.token}, nil
 }
 
 // Refresh implements driver.Backend.
@@ -285,8 +365,9 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clk.Now()
-	e := s.heldLocked(key, now)
-	if e == nil || e.owner != owner {
+	e := s.heldLocked(key, owner, now)
+	if e == nil {
+		s.handOffLocked(key, now) // an expiry found on the way frees permits
 		return driver.ErrNotHeld
 	}
 	e.expires = now.Add(ttl)
@@ -302,12 +383,12 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clk.Now()
-	e := s.heldLocked(key, now)
-	if e == nil || e.owner != owner {
+	e := s.heldLocked(key, owner, now)
+	if e == nil {
+		s.handOffLocked(key, now)
 		return driver.ErrNotHeld
 	}
-	delete(s.locks, key)
-	s.changedLocked(key)
+	s.dropLocked(key, e)
 	s.handOffLocked(key, now)
 	return nil
 }
@@ -372,16 +453,11 @@ func (w *waiter) Stop(_ context.Context, acquired bool) error {
 	if !acquired {
 		s.dequeueLocked(w.key, w.owner)
 		now := s.clk.Now()
-		e := s.heldLocked(w.key, now)
-		if e != nil && e.handedTo == w {
+		if e := s.heldLocked(w.key, w.owner, now); e != nil && e.handedTo == w {
 			// Handed to this waiter, which gives up: pass it on.
-			delete(s.locks, w.key)
-			s.changedLocked(w.key)
-			e = nil
+			s.dropLocked(w.key, e)
 		}
-		if e == nil {
-			s.handOffLocked(w.key, now)
-		}
+		s.handOffLocked(w.key, now)
 	}
 	return nil
 }
@@ -395,12 +471,37 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clk.Now()
-	e := s.heldLocked(key, now)
-	if e == nil {
+	hs := s.liveLocked(key, now)
+	if len(hs) == 0 {
 		return driver.Info{}, driver.ErrNotHeld
 	}
 	s.pruneLocked(key, now)
-	return driver.Info{Key: key, Owner: e.owner, Token: e.token, TTL: e.expires.Sub(now), Waiters: len(s.queues[key]), Value: clone(e.value)}, nil
+	return s.infoLocked(key, hs[0], now), nil
+}
+
+func (s *Store) infoLocked(key string, e *entry, now time.Time) driver.Info {
+	return driver.Info{Key: key, Owner: e.owner, Token: e.token, TTL: e.expires.Sub(now), Waiters: len(s.queues[key]), Value: clone(e.value)}
+}
+
+// Holders implements driver.Semaphorer.
+func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, error) {
+	if err := b.check(ctx); err != nil {
+		return 0, nil, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	hs := s.liveLocked(key, now)
+	s.pruneLocked(key, now)
+	if len(hs) == 0 {
+		return 0, nil, nil
+	}
+	infos := make([]driver.Info, len(hs))
+	for i, e := range hs {
+		infos[i] = s.infoLocked(key, e, now)
+	}
+	return max(s.limits[key], 1), infos, nil
 }
 
 // ForceRelease implements driver.ForceReleaser.
@@ -412,7 +513,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clk.Now()
-	if s.heldLocked(key, now) == nil {
+	if len(s.liveLocked(key, now)) == 0 {
 		return driver.ErrNotHeld
 	}
 	delete(s.locks, key)
@@ -429,8 +530,8 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 	s := b.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.heldLocked(key, s.clk.Now())
-	if e == nil || e.owner != owner {
+	e := s.heldLocked(key, owner, s.clk.Now())
+	if e == nil {
 		return driver.ErrNotHeld
 	}
 	e.value = clone(value)
