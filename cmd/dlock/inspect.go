@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,7 +25,8 @@ func newInspectCommand(e *env) *cobra.Command {
 before the server expires the grant unless renewed, and the number of queued
 waiters (-1 when the backend cannot tell), and the value the holder stored with it
 (dlock run --value, or a program's WithValue or Campaign), if any. A free key is
-reported as free (exit 0).
+reported as free (exit 0). A semaphore (dlock run --limit N) shows its limit and
+every holder, oldest first.
 ` + passwordHelp,
 		Example: `  dlock inspect --backend redis://127.0.0.1:6379/0 nightly-report
   dlock inspect --json deploy`,
@@ -38,6 +40,10 @@ reported as free (exit 0).
 				return err
 			}
 			defer c.Close()
+			limit, holders, err := c.Holders(cmd.Context(), args[0])
+			if err == nil && limit > 1 {
+				return printHolders(e.stdout, args[0], limit, holders, asJSON)
+			}
 			info, err := c.Inspect(cmd.Context(), args[0])
 			held := err == nil
 			if err != nil && !errors.Is(err, dlock.ErrNotHeld) {
@@ -68,4 +74,32 @@ reported as free (exit 0).
 	backend = backendFlag(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// printHolders shows a semaphore's holders.
+func printHolders(w io.Writer, key string, limit int, holders []dlock.Info, asJSON bool) error {
+	waiters := -1
+	if len(holders) > 0 {
+		waiters = holders[0].Waiters
+	}
+	if asJSON {
+		hs := make([]map[string]any, len(holders))
+		for i, h := range holders {
+			hs[i] = map[string]any{"owner": h.Owner, "token": h.Token, "ttl_ms": h.TTL.Milliseconds()}
+			addValue(hs[i], h.Value)
+		}
+		out := map[string]any{"key": key, "held": len(holders) > 0, "limit": limit, "holders": hs, "waiters": waiters}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	fmt.Fprintf(w, "key:     %s\nlimit:   %d\nholders: %d\nwaiters: %d\n", key, limit, len(holders), waiters)
+	for _, h := range holders {
+		fmt.Fprintf(w, "  owner %s, token %d, TTL left %v", h.Owner, h.Token, h.TTL.Round(time.Millisecond))
+		if len(h.Value) > 0 {
+			fmt.Fprintf(w, ", value %s", showValue(h.Value))
+		}
+		fmt.Fprintln(w)
+	}
+	return nil
 }

@@ -26,6 +26,7 @@ func newRunCommand(e *env) *cobra.Command {
 		resume  bool
 		quiet   bool
 		value   string
+		limit   int
 	)
 	cmd := &cobra.Command{
 		Use:   "run [flags] KEY -- COMMAND [ARGS...]",
@@ -42,6 +43,10 @@ unless renewed, the number of waiters and this run's place in the queue when the
 backend tells (Redis does not tell the place). On a terminal
 the line is rewritten in place each second; elsewhere a line is printed when the
 holder, token or queue changes. --quiet turns it off.
+
+Semaphore: with --limit N, up to N runs hold KEY at once (each with its own lease
+and token), like "consul lock -n N"; the next waits for a permit. Every run on
+KEY must give the same N while any holds or waits: another N is refused (64).
 
 Leader election: with --wait forever, run is a candidate that runs COMMAND only
 while it leads KEY; start one on each machine and the next takes over, with a
@@ -91,7 +96,8 @@ Exit codes:
 		Example: `  dlock run --backend redis://127.0.0.1:6379/0 nightly-report -- ./report.sh
   DLOCK_URL=etcd://127.0.0.1:2379 dlock run --wait 10m --ttl 30s deploy -- make deploy
   dlock run --backend redis://127.0.0.1:6379/0 --password-file /run/secrets/redis job -- ./job.sh
-  dlock run --wait forever --value "$(hostname):8080" scheduler -- ./scheduler   # leader election`,
+  dlock run --wait forever --value "$(hostname):8080" scheduler -- ./scheduler   # leader election
+  dlock run --wait 10m --limit 4 encoder -- ./encode.sh                           # at most 4 at once`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			dash := cmd.ArgsLenAtDash()
 			switch {
@@ -120,6 +126,12 @@ Exit codes:
 			}
 			if owner != "" {
 				opts = append(opts, dlock.WithOwner(owner))
+			}
+			if cmd.Flags().Changed("limit") {
+				if limit < 1 || limit > dlock.MaxLimit {
+					return usagef("--limit must be from 1 to %d, got %d", dlock.MaxLimit, limit)
+				}
+				opts = append(opts, dlock.WithLimit(limit))
 			}
 			if value != "" {
 				if err := driver.ValidateValue([]byte(value)); err != nil {
@@ -159,6 +171,7 @@ Exit codes:
 	cmd.Flags().DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL to the command's process group (lease lost, or processes left when the command exits)")
 	cmd.Flags().StringVar(&owner, "owner", "", "stable owner id ([A-Za-z0-9._:-]); another run with the same id is refused while this one holds the lock (see --resume)")
 	cmd.Flags().BoolVar(&resume, "resume", false, "with --owner: take over the lock if that owner id already holds it (a restarted job picking up its lease); only if no other live run uses that id, else both hold at once")
+	cmd.Flags().IntVar(&limit, "limit", 1, "hold one of `N` permits of KEY (a semaphore: up to N runs at once); every run on KEY must give the same N")
 	cmd.Flags().StringVar(&value, "value", "", "store `TEXT` with the lock for others to read (dlock inspect, dlock leader): a leader's address, say")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only errors (no status while waiting, no \"acquired\" line)")
 	return cmd

@@ -1,0 +1,53 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/dlockio/dlock"
+)
+
+// dlock run --limit N holds one of N permits; another N is a usage error while the
+// key is held; dlock inspect lists the holders.
+func TestRunLimit(t *testing.T) {
+	ctx := context.Background()
+	url := "mem://run-limit"
+	c, err := dlock.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, err := c.Lock(ctx, "pool", dlock.WithLimit(2), dlock.WithValue([]byte("a")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := run("run", "--backend", url, "--limit", "2", "pool", "--", "true"); code != 0 {
+		t.Fatalf("a second permit of 2: exit %d: %s", code, errs)
+	}
+	b, err := c.Lock(ctx, "pool", dlock.WithLimit(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := run("run", "--backend", url, "--limit", "2", "pool", "--", "true"); code != 75 {
+		t.Fatalf("a third holder of 2: exit %d, want 75: %s", code, errs)
+	}
+	for _, args := range [][]string{{"--limit", "3"}, nil} {
+		code, _, errs := run(append(append([]string{"run", "--backend", url}, args...), "pool", "--", "true")...)
+		if code != 64 || !strings.Contains(errs, "limit") {
+			t.Fatalf("another limit (%v): exit %d, want 64: %s", args, code, errs)
+		}
+	}
+	if code, _, errs := run("run", "--backend", url, "--limit", "0", "pool", "--", "true"); code != 64 {
+		t.Fatalf("--limit 0: exit %d, want 64: %s", code, errs)
+	}
+	code, out, errs := run("inspect", "--backend", url, "pool")
+	if code != 0 || !strings.Contains(out, "limit:   2\nholders: 2\n") || !strings.Contains(out, "owner "+a.Owner()+", token 1") ||
+		!strings.Contains(out, `value "a"`) || !strings.Contains(out, "owner "+b.Owner()+", token 3") {
+		t.Fatalf("inspect: exit %d, %q %q", code, out, errs)
+	}
+	_ = a.Release(ctx)
+	_ = b.Release(ctx)
+}
