@@ -205,3 +205,25 @@ func TestProclaimFindsLoss(t *testing.T) {
 		t.Fatalf("Resign again = %v", err)
 	}
 }
+
+// A holder limit needs a backend that can count holders; bad limits are invalid.
+func TestLimitNeedsSemaphorer(t *testing.T) {
+	c, _, _ := setupPlain(t)
+	ctx := context.Background()
+	if _, err := c.Lock(ctx, "s", dlock.WithLimit(2)); !errors.Is(err, dlock.ErrUnsupported) {
+		t.Fatalf("Lock WithLimit(2) = %v, want ErrUnsupported", err)
+	}
+	if _, _, err := c.Holders(ctx, "s"); !errors.Is(err, dlock.ErrUnsupported) {
+		t.Fatalf("Holders = %v, want ErrUnsupported", err)
+	}
+	l, err := c.Lock(ctx, "s", dlock.WithLimit(1)) // an ordinary lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Release(ctx)
+	for _, n := range []int{0, -1, dlock.MaxLimit + 1} {
+		if _, err := c.Lock(ctx, "s", dlock.WithLimit(n)); !errors.Is(err, dlock.ErrInvalid) {
+			t.Fatalf("WithLimit(%d) = %v, want ErrInvalid", n, err)
+		}
+	}
+}

@@ -316,3 +316,35 @@ func ExampleClient_Campaign() {
 	// no leader
 	// leader 10.0.0.2:8080, epoch 2
 }
+
+// A semaphore: WithLimit(n) lets up to n owners hold a key at once, each with its
+// own lease and a token from the key's one rising sequence.
+func ExampleWithLimit() {
+	ctx := context.Background()
+	c, err := dlock.Open(ctx, "mem://semaphore")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+
+	a, _ := c.TryLock(ctx, "encoder", dlock.WithLimit(2))
+	b, _ := c.TryLock(ctx, "encoder", dlock.WithLimit(2))
+	_, err = c.TryLock(ctx, "encoder", dlock.WithLimit(2))
+	fmt.Println("tokens", a.Token(), b.Token(), "third:", errors.Is(err, dlock.ErrLocked))
+	_, err = c.TryLock(ctx, "encoder") // a mutex of a key held as a semaphore
+	fmt.Println("other limit:", errors.Is(err, dlock.ErrLimitMismatch))
+
+	limit, holders, _ := c.Holders(ctx, "encoder")
+	fmt.Println("limit", limit, "holders", len(holders))
+	_ = a.Release(ctx)
+	c3, _ := c.TryLock(ctx, "encoder", dlock.WithLimit(2))
+	fmt.Println("after a release, token", c3.Token())
+	_ = b.Release(ctx)
+	_ = c3.Release(ctx)
+	// Output:
+	// tokens 1 2 third: true
+	// other limit: true
+	// limit 2 holders 2
+	// after a release, token 3
+}
