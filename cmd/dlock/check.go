@@ -48,7 +48,9 @@ processes (this same program).
 with its fencing token, and releases. With --election each key is an election
 instead: the workers campaign for it (Campaign, publishing their id as the value),
 write as leader with their epoch as the token, and resign; the properties below
-are then those of leaders (P1: two leaders at once; P4: epochs out of order):
+are then those of leaders (P1: two leaders at once; P4: epochs out of order). With
+--limit N each key is a semaphore of N permits: P1 then counts a grant made while
+N others were certainly held, and P3 does not apply (the holders overlap by design):
 
   store     (default) a fenced store run by the checker: with fencing it accepts a
             write only if its token is at least the highest it has accepted for
@@ -130,6 +132,7 @@ setups, faults and resources.`,
 	fl.StringSliceVar(&f.faults, "fault", nil, "fault `NAME` (repeatable; see --list; default none)")
 	fl.StringSliceVar(&f.resources, "resource", f.resources, "what the workers write to: store, postgres, redis or etcd (repeatable; see --list)")
 	fl.StringVar(&f.fencing, "fencing", f.fencing, "on, off or both: whether writes are fenced (the store checks tokens; a real resource's guard does)")
+	fl.IntVar(&f.cfg.Limit, "limit", 0, "the semaphore workload: each key admits `N` holders (P1 counts more than N; P3 does not apply)")
 	fl.BoolVar(&f.cfg.Election, "election", false, "the election workload: workers campaign, write as leader, and resign")
 	fl.BoolVar(&f.matrix, "matrix", false, "run every setup x fault x fencing cell and write --doc")
 	fl.BoolVar(&f.list, "list", false, "list setups, faults and resources, then exit")

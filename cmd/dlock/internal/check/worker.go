@@ -41,6 +41,7 @@ type WorkerConfig struct {
 	// Election: each key is an election; the worker campaigns (Campaign, with its
 	// id as the value), writes as leader under its epoch, and resigns.
 	Election bool
+	Limit    int // > 1: each key is a semaphore of Limit permits
 }
 
 // URLEnv is the environment variable that gives a worker its backend URL, so that
@@ -54,7 +55,7 @@ func (c WorkerConfig) Args() []string {
 		"--ttl", c.TTL.String(), "--hold", c.Hold.String(), "--writes", fmt.Sprint(c.Writes),
 		"--lock-timeout", c.LockTimeout.String(), "--seed", fmt.Sprint(c.Seed),
 		"--resource", c.resource(), "--fenced=" + fmt.Sprint(c.Fenced),
-		"--election=" + fmt.Sprint(c.Election),
+		"--election=" + fmt.Sprint(c.Election), "--limit", fmt.Sprint(c.Limit),
 	}
 }
 
@@ -283,7 +284,11 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 // the leadership too.
 func (w *worker) acquire(ctx context.Context, c *dlock.Client, key string) (*dlock.Lease, *dlock.Leadership, error) {
 	if !w.cfg.Election {
-		l, err := c.Lock(ctx, key)
+		var opts []dlock.Option
+		if w.cfg.Limit > 1 {
+			opts = append(opts, dlock.WithLimit(w.cfg.Limit))
+		}
+		l, err := c.Lock(ctx, key, opts...)
 		return l, nil, err
 	}
 	ld, err := c.Campaign(ctx, key, []byte(fmt.Sprintf("worker-%d", w.cfg.ID)))
@@ -466,6 +471,7 @@ func ParseWorkerArgs(args []string) (WorkerConfig, error) {
 	fs.DurationVar(&c.LockTimeout, "lock-timeout", 4*time.Second, "lock timeout")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed")
 	fs.BoolVar(&c.Election, "election", false, "campaign instead of lock")
+	fs.IntVar(&c.Limit, "limit", 0, "holders per key (a semaphore when above 1)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

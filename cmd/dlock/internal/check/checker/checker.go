@@ -295,6 +295,7 @@ func (c *run) p1() {
 		c.note("P1: Meta.Hold is 0, so no grant is certainly held past its own attempt: lease safety was not checked")
 		return
 	}
+	limit := max(c.h.Meta.Limit, 1)
 	var found []Violation
 	for _, k := range c.keys {
 		ls := c.byKey[k] // by acquire End
@@ -311,14 +312,20 @@ func (c *run) p1() {
 			// Drop grants whose hold, however renewed, ends by t: no later
 			// attempt can be inside it.
 			active = slices.DeleteFunc(active, func(g1 *Lease) bool { return g1.maxCertainHold(hold) <= t })
+			// g2 violates when it was granted while limit earlier grants were
+			// certainly held (one for a lock); worst is the one held longest.
 			var worst *Lease
 			var worstH int64
+			inside := 0
 			for _, g1 := range active {
-				if h1 := g1.certainHold(t, hold); g2.Acquire.End < h1 && (worst == nil || h1 > worstH) {
-					worst, worstH = g1, h1
+				if h1 := g1.certainHold(t, hold); g2.Acquire.End < h1 {
+					inside++
+					if worst == nil || h1 > worstH {
+						worst, worstH = g1, h1
+					}
 				}
 			}
-			if worst == nil {
+			if inside < limit {
 				continue
 			}
 			found = append(found, Violation{
@@ -326,7 +333,7 @@ func (c *run) p1() {
 				Processes: []int{g2.Process, worst.Process},
 				Leases:    []int{g2.Lease, worst.Lease},
 				Tokens:    []uint64{g2.Token, worst.Token},
-				Detail:    c.p1Detail(k, g2, worst, worstH),
+				Detail:    c.p1Detail(k, g2, worst, worstH, inside),
 			})
 		}
 	}
@@ -336,7 +343,7 @@ func (c *run) p1() {
 	}
 }
 
-func (c *run) p1Detail(k string, g2, g1 *Lease, h1 int64) string {
+func (c *run) p1Detail(k string, g2, g1 *Lease, h1 int64, inside int) string {
 	why := fmt.Sprintf("its attempt at %s plus the hold of %v", c.ms(g1.Attempt()), c.h.Meta.Hold)
 	if rs := g1.ReleaseStart(); rs != 0 && rs == h1 {
 		why = fmt.Sprintf("its release call began at %s", c.ms(rs))
@@ -345,8 +352,12 @@ func (c *run) p1Detail(k string, g2, g1 *Lease, h1 int64) string {
 	} else if h1-int64(c.h.Meta.Hold) != g1.Attempt() {
 		why = fmt.Sprintf("a renewal sent at %s plus the hold of %v", c.ms(h1-int64(c.h.Meta.Hold)), c.h.Meta.Hold)
 	}
-	return fmt.Sprintf("Key %s was granted to %s between %s and %s, while %s, granted by %s, was certainly still held until %s (%s).",
+	d := fmt.Sprintf("Key %s was granted to %s between %s and %s, while %s, granted by %s, was certainly still held until %s (%s).",
 		k, who(g2), c.ms(g2.Attempt()), c.ms(g2.Acquire.End), who(g1), c.ms(g1.Acquire.End), c.ms(h1), why)
+	if n := c.h.Meta.Limit; n > 1 {
+		d += fmt.Sprintf(" With it, %d earlier grants were certainly held: %d holders, more than the key's %d permits.", inside, inside+1, n)
+	}
+	return d
 }
 
 // p3 is the resource safety check: the store accepted a write whose token is
@@ -356,6 +367,10 @@ func (c *run) p1Detail(k string, g2, g1 *Lease, h1 int64) string {
 // overwritten a newer holder's work.
 func (c *run) p3() {
 	p := &c.r.P3
+	if c.h.Meta.Limit > 1 {
+		c.note("P3: a semaphore's %d holders overlap by design and no token orders their writes: resource safety was not checked", c.h.Meta.Limit)
+		return
+	}
 	for _, w := range c.h.Writes {
 		p.Writes++
 		if !w.Accepted {

@@ -459,3 +459,23 @@ func TestP1ExamplesInTimeOrder(t *testing.T) {
 		t.Fatalf("examples not in time order: %+v", r.P1.Examples)
 	}
 }
+
+// With a semaphore of 2, two overlapping holders are fine; a third granted while
+// both are certainly held violates P1; P3 is not checked.
+func TestP1Semaphore(t *testing.T) {
+	b := newHistory(hold, ttl, 1000)
+	b.h.Meta.Limit = 2
+	b.grant(1, 1, "k", 1, 0, 0, 1)
+	b.grant(2, 1, "k", 2, 5, 10, 20) // the second permit
+	r := b.check(Options{})
+	wantCount(t, "P1 with 2 holders of 2", r.P1, 0)
+	if !slices.ContainsFunc(r.Notes, func(n string) bool { return strings.Contains(n, "P3: a semaphore") }) {
+		t.Errorf("notes %q do not say P3 was skipped", r.Notes)
+	}
+	b.grant(3, 1, "k", 3, 25, 30, 40) // a third, inside both holds
+	r = b.check(Options{})
+	wantCount(t, "P1 with 3 holders of 2", r.P1, 1)
+	if v := r.P1.Examples[0]; !slices.Equal(v.Processes, []int{3, 2}) || !strings.Contains(v.Detail, "3 holders, more than the key's 2 permits") {
+		t.Fatalf("violation %+v", v)
+	}
+}

@@ -118,6 +118,9 @@ type Meta struct {
 	// before that field existed lack it; readers then tell "held" failures from
 	// the error text.
 	HeldRecorded bool `json:"held_recorded,omitempty"`
+	// Limit is how many holders each key admitted (a semaphore workload); 0 or 1
+	// for a lock.
+	Limit int `json:"limit,omitempty"`
 }
 
 // History is one run.
