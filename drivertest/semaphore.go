@@ -3,6 +3,7 @@ package drivertest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -152,4 +153,58 @@ func (h Harness) testSemaphoreCrash(t *testing.T) {
 	}
 	mustRelease(t, ctx, l)
 	mustRelease(t, ctx, l2)
+}
+
+// BenchSemaphore runs W workers, each with its own client, looping Lock+Release
+// of one permit of a semaphore of limit permits on one key, for b.N acquisitions in
+// all. It reports acquisitions/s and fails if more than limit were ever inside.
+// Run it with limit 1 beside the semaphore to compare with a mutex.
+func BenchSemaphore(b *testing.B, h Harness, limit, workers int) {
+	b.Run(fmt.Sprintf("limit=%d/workers=%d", limit, workers), func(b *testing.B) {
+		ctx := context.Background()
+		key := Key(b, "k")
+		cs := make([]*dlock.Client, workers)
+		for i := range cs {
+			cs[i] = h.Client(b)
+		}
+		if _, ok := cs[0].Backend().(driver.Semaphorer); !ok && limit > 1 {
+			b.Skip("backend is not a Semaphorer")
+		}
+		var left, inside, most atomic.Int64
+		left.Store(int64(b.N))
+		errs := make(chan error, workers)
+		var wg sync.WaitGroup
+		b.ResetTimer()
+		start := time.Now()
+		for _, c := range cs {
+			wg.Go(func() {
+				for left.Add(-1) >= 0 {
+					l, err := c.Lock(ctx, key, dlock.WithLimit(limit))
+					if err != nil {
+						errs <- err
+						return
+					}
+					n := inside.Add(1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					inside.Add(-1)
+					if err := l.Release(ctx); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		b.StopTimer()
+		close(errs)
+		for err := range errs {
+			b.Fatal(err)
+		}
+		if m := most.Load(); m > int64(limit) {
+			b.Fatalf("%d holders inside at once, limit %d", m, limit)
+		}
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "acq/s")
+	})
 }

@@ -79,3 +79,13 @@ func TestOpenNew(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkSemaphore: acquisitions/s of a semaphore of 4 permits and of a mutex,
+// with 1, 4, 16 and 64 workers.
+func BenchmarkSemaphore(b *testing.B) {
+	for _, w := range []int{1, 4, 16, 64} {
+		for _, limit := range []int{1, 4} {
+			drivertest.BenchSemaphore(b, harness(), limit, w)
+		}
+	}
+}
