@@ -355,3 +355,39 @@ func TestSemaphoreOnOldMutexState(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// When the message of a handed permit is lost, the waiter's next attempt finds the
+// permit handed to its place and claims it, with the token the release issued; a
+// client with the same owner id but another channel cannot.
+func TestSemaphoreLostHandoffMessage(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	ctx := context.Background()
+	b, c, other := openBackend(t, srv), openBackend(t, srv), openBackend(t, srv)
+	mustAcquire(t, b, semReq("k", "a", 2))
+	mustAcquire(t, b, semReq("k", "b", 2))
+	w := semQueue(t, c, "k", "w", 2)
+	if err := b.Release(ctx, "k", "a"); err != nil {
+		t.Fatal(err)
+	}
+	wake(t, w)
+	w.handed.Store(nil) // lost
+	_, hs, err := b.Holders(ctx, "k")
+	if err != nil || len(hs) != 2 || hs[1].Owner != "w" {
+		t.Fatalf("Holders after the release: %+v, %v; want b and w", hs, err)
+	}
+	req := semReq("k", "w", 2)
+	req.Wait, req.Patience = true, time.Minute
+	if _, err := other.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("the same owner id on another client: %v, want ErrLocked", err)
+	}
+	g, err := c.Acquire(ctx, req)
+	if err != nil || g.Token != hs[1].Token || g.Age != 0 {
+		t.Fatalf("claim = %+v, %v; want token %d and no Age", g, err, hs[1].Token)
+	}
+	if err := w.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, "k", "w"); err != nil {
+		t.Fatal(err)
+	}
+}
