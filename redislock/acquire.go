@@ -9,11 +9,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dlockio/dlock/driver"
 )
 
 // Acquire implements driver.Backend. A waiting attempt for a registered waiter that
-// was handed the key returns that grant without a request (see driver.Waiter).
+// was handed the key returns that grant without a request (see driver.Waiter). A
+// request with Limit > 1 takes a permit of a semaphore (sem_acquire.lua; see
+// Semaphores in the package documentation); one with Limit 0 or 1 runs the mutex
+// script, as before.
 //
 // A waiting attempt on a key this client has not found held lately is first made
 // as a plain one, which costs the server a little less (no queue arguments) and the
@@ -56,6 +61,9 @@ const noReenter = "x"
 // acquire runs the acquire script once: a waiting attempt, which queues if the key
 // is held, or a plain one. w, if not nil, is the wait's registered waiter.
 func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string, ttl int64, queue bool, w *waiter) (driver.Grant, error) {
+	if req.Limit > 1 {
+		return b.semAcquire(ctx, req, keys, ttl, queue, w)
+	}
 	// Arguments are left off the end where they can be (see acquire.lua): an
 	// uncontended attempt that says Reenter sends two; one with a value sends all
 	// five (and grows the slice).
@@ -76,7 +84,18 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string
 		args = append(args, req.Value)
 	}
 	cmd, err := b.runScript(ctx, acquireScript, keys, args...)
+	return b.acquired(ctx, req, keys, queue, w, cmd, err)
+}
+
+// acquired turns the reply of an acquire script into Acquire's result.
+func (b *Backend) acquired(ctx context.Context, req driver.Request, keys []string, queue bool, w *waiter, cmd *redis.Cmd, err error) (driver.Grant, error) {
 	n, cerr := cmd.Int64()
+	if cerr != nil {
+		// A mismatch changed nothing, whatever the replicas say.
+		if have, ok := limitReply(cmd); ok {
+			return driver.Grant{}, limitMismatch(req, have)
+		}
+	}
 	if queue && n < 0 && w != nil {
 		w.queued.Store(true)
 	}

@@ -12,6 +12,15 @@ package redislock
 //	                         the length of P, so that release needs no more
 //	                         than the lock key and the owner; " v" when the
 //	                         grant has a value
+//	P:lock 0x1f K    hash    instead, for a semaphore (limit N > 1; see
+//	                         scripts/sem.lua): field 0x1f "limit" = "N PLEN"
+//	                         (PLEN the length of P), and a field per holder,
+//	                         OWNER = "EXPIRY TOKEN MARK" or "EXPIRY TOKEN MARK
+//	                         VALUE": its expiry in ms on the server's clock, its
+//	                         token, "-" or the channel of the queued place it
+//	                         was handed to (as " h" above), and its value. The
+//	                         key's own TTL is pushed out to the latest holder's
+//	                         expiry or queued place's patience
 //	P:lock 0x1f K 0x1f token
 //	                 string  last fencing token issued for K; no TTL. Its name is
 //	                         the lock key's and a suffix, so the scripts derive it

@@ -46,6 +46,42 @@
 // handed the key, which then stays blocked for one TTL, as with a crashed holder. A
 // waiter that gives up passes on a grant handed to it.
 //
+// # Semaphores
+//
+// A lock with a limit N > 1 (driver.Semaphorer, dlock.WithLimit) is a semaphore of
+// N permits. A mutex (limit 0 or 1) is kept exactly as above, with the same keys
+// and scripts; a semaphore keeps its holders in a hash at the same lock key (see
+// the key layout in names.go): the limit, and one field per holder with the
+// holder's expiry on the server's clock, its fencing token, its value and the
+// handed mark. Each holder's grant is its own: Refresh, SetValue and Release act on
+// that field alone; ForceRelease clears them all. Every script that reads the hash
+// first drops the holders whose expiry has passed by the server's TIME, so a
+// crashed holder's permit comes back after its TTL, as a mutex's does; the hash
+// itself expires with its last holder or queued place. Waiting uses the mutex's
+// queue and waiter places: a release (or a force release, or a waiter that gives
+// up) hands each freed permit to the first live queued place, with its token, on
+// the server, and tells that waiter's client, as a mutex handoff does; an attempt
+// that finds permits free (their holders expired) hands them to the places queued
+// ahead of it before it may take one, so a newcomer never passes a queued waiter.
+// Tokens come from the key's one counter, whatever the limit.
+//
+// The limit is part of the key's state while the key has holders or queued places:
+// an attempt with another limit (a mutex counts as 1) fails with an error matching
+// driver.ErrLimitMismatch that names the key and both limits, and changes nothing.
+// A semaphore's hash keeps its limit while its places are queued; a mutex's queued
+// places, with no lock key, count as limit 1 (so a mutex's waiters whose holder
+// expired keep a semaphore out, and so would a semaphore's if its hash were
+// deleted by hand). The mutex paths pay nothing for this: the mutex scripts read
+// the lock key with the GET they made before, and only a key that turns out to be
+// a hash (its GET fails with WRONGTYPE, caught) takes the semaphore path.
+//
+// What a permit costs: acquire and release are still one script call each, but
+// each reads the whole hash (HGETALL) to prune and count, and the queue when one
+// is kept: O(N) server work for a limit N, meant for the small limits semaphores
+// have (a connection pool, a few concurrent jobs), not thousands of permits. A
+// client of an earlier version that meets a semaphore's hash gets an error
+// (WRONGTYPE) from its scripts, never a grant.
+//
 // # Values
 //
 // A grant's value (driver.Valuer: an election leader's address, say) lives in a key
@@ -148,8 +184,8 @@ func init() {
 }
 
 // Backend is the Redis backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Valuer and driver.HolderWatcher,
-// and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.Semaphorer and
+// driver.HolderWatcher, and is safe for concurrent use.
 type Backend struct {
 	config
 	rdb    redis.UniversalClient
@@ -184,6 +220,7 @@ var (
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
+	_ driver.Semaphorer    = (*Backend)(nil)
 )
 
 // Client returns the go-redis client.
@@ -191,7 +228,7 @@ func (b *Backend) Client() redis.UniversalClient { return b.rdb }
 
 // LockKey returns the Redis key that holds the lock named key: the prefix, ":lock",
 // the byte 0x1f and the key (see the key layout in names.go: no two prefix and key
-// pairs share a key).
+// pairs share a key). It is a string for a mutex and a hash for a semaphore.
 func (b *Backend) LockKey(key string) string { return lockKey(b.prefix, key) }
 
 // TokenKey returns the Redis key that holds the last fencing token issued for the

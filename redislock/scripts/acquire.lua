@@ -10,7 +10,8 @@
 -- ARGV[5]  the value of the grant (any bytes, not empty); absent for none
 -- Returns the token (> 0) when granted; when the key is held, -(pttl + 1) with its
 -- remaining TTL in ms, or -1 when that is unknown; 0 when the owner holds the key
--- but the token counter is gone. A grant, and a re-entry that sets or drops a
+-- but the token counter is gone; "limit N" when the key is a semaphore of N
+-- permits (sem.lua) with holders or queued places, changing nothing. A grant, and a re-entry that sets or drops a
 -- value, publish on the holder channel.
 --#include names.lua
 local owner, ttl, w, val = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
@@ -46,7 +47,30 @@ local function held()
   return -1
 end
 
-local v = redis.call('GET', KEYS[1])
+-- A hash is a semaphore's lock key (sem.lua): a GET of it fails, and pcall keeps
+-- the cost of that check off the mutex path.
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'table' then
+--#include sem.lua
+  local now = sem_now()
+  local limit, plen, hs = sem_state(KEYS[1], now)
+  if limit then
+    local prefix = string.sub(KEYS[1], 1, plen)
+    local key = string.sub(KEYS[1], plen + #LOCK + 1)
+    if #hs > 0 or sem_places(prefix .. QUEUE .. key, prefix .. WAITER .. key .. SEP) > 0 then
+      return 'limit ' .. limit
+    end
+  end
+  -- A semaphore with neither holders nor queued places: the key is free.
+  redis.call('DEL', KEYS[1])
+  v = false
+  if not w then
+    redis.call('SET', KEYS[1], nv, 'PX', ttl)
+    if val then redis.call('SET', KEYS[1] .. VALUE, val, 'PXAT', redis.call('PEXPIRETIME', KEYS[1])) end
+    redis.call('PUBLISH', KEYS[1] .. HOLDER, '')
+    return token(KEYS[1], ttl)
+  end
+end
 -- The holder's value is its owner id, alone or followed by a space and marks.
 if v and (v == owner or string.sub(v, 1, #owner + 1) == owner .. ' ') then
   -- An owner id may be in use by another client or process, which must not take

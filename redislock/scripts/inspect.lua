@@ -4,8 +4,13 @@
 -- Returns {owner, pttl in ms, last token as a string, live queued waiters, value
 -- or false}, or false (a nil reply) when nobody holds the lock.
 --#include names.lua
-local v = redis.call('GET', KEYS[1])
+local v = redis.pcall('GET', KEYS[1])
 if not v then return false end
+-- A hash is a semaphore's lock key (sem.lua): its oldest holder.
+if type(v) == 'table' then
+--#include sem.lua
+  return sem_inspect(KEYS[1])
+end
 local prefix = ARGV[1]
 local key = string.sub(KEYS[1], #prefix + #LOCK + 1)
 local wp = prefix .. WAITER .. key .. SEP

@@ -5,8 +5,13 @@
 -- Returns 1 when extended, 0 when the owner does not hold the key.
 --#include names.lua
 local owner = ARGV[1]
-local v = redis.call('GET', KEYS[1])
+local v = redis.pcall('GET', KEYS[1])
 if v == owner then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+-- A hash is a semaphore's lock key (sem.lua): GET fails on it, caught by pcall.
+if type(v) == 'table' then
+--#include sem.lua
+  return sem_refresh(KEYS[1], owner, ARGV[2])
+end
 -- The holder's value is its owner id, followed by a space and marks; " v" says
 -- the grant has a value, whose key expires with the lock key, to the millisecond.
 if v and string.sub(v, 1, #owner + 1) == owner .. ' ' then

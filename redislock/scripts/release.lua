@@ -2,14 +2,20 @@
 -- KEYS[1]  the lock key
 -- ARGV[1]  the owner id
 -- Returns 1 when freed or handed over, 0 when the owner did not hold the key. A
--- release publishes on the holder channel.
+-- release publishes on the holder channel. A semaphore's permit is freed alone, and
+-- handed to the first queued place (sem.lua).
 --#include names.lua
 local owner = ARGV[1]
-local v = redis.call('GET', KEYS[1])
+local v = redis.pcall('GET', KEYS[1])
 if v == owner then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', KEYS[1] .. HOLDER, '')
   return 1
+end
+-- A hash is a semaphore's lock key (sem.lua): GET fails on it, caught by pcall.
+if type(v) == 'table' then
+--#include sem.lua
+  return sem_release(KEYS[1], owner)
 end
 -- The holder's value is its owner id, alone or followed by a space and marks.
 if not v or string.sub(v, 1, #owner + 1) ~= owner .. ' ' then return 0 end

@@ -6,7 +6,12 @@
 -- the holder channel.
 --#include names.lua
 local owner, val = ARGV[1], ARGV[2]
-local v = redis.call('GET', KEYS[1])
+local v = redis.pcall('GET', KEYS[1])
+-- A hash is a semaphore's lock key (sem.lua): GET fails on it, caught by pcall.
+if type(v) == 'table' then
+--#include sem.lua
+  return sem_set_value(KEYS[1], owner, val)
+end
 -- The holder's value is its owner id, alone or followed by a space and marks.
 if not v or v ~= owner and string.sub(v, 1, #owner + 1) ~= owner .. ' ' then return 0 end
 local had = string.find(v, ' v', 1, true)

@@ -18,7 +18,12 @@ if not e or string.match(e, '^%d+ %d+ (%S+)') == ch then
   redis.call('LREM', prefix .. QUEUE .. key, 0, owner)
   if e then redis.call('DEL', wk) end
 end
-local v = redis.call('GET', KEYS[1])
+local v = redis.pcall('GET', KEYS[1])
+-- A hash is a semaphore's lock key (sem.lua).
+if type(v) == 'table' then
+--#include sem.lua
+  return sem_withdraw(KEYS[1], owner, ch)
+end
 -- A grant handed to us: the owner id and the handed mark, alone or before others.
 local m = owner .. ' h' .. ch
 if not v or v == m or string.sub(v, 1, #m + 1) == m .. ' ' then

@@ -1,0 +1,85 @@
+package redislock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+var (
+	semAcquireScript = loadScript("sem_acquire.lua")
+	holdersScript    = loadScript("holders.lua")
+)
+
+// semAcquire is acquire for a semaphore (req.Limit > 1): sem_acquire.lua, with
+// the limit and the prefix always sent, and the queue argument when queue.
+func (b *Backend) semAcquire(ctx context.Context, req driver.Request, keys []string, ttl int64, queue bool, w *waiter) (driver.Grant, error) {
+	args := make([]any, 6, 7)
+	args[0], args[1], args[2], args[3], args[4], args[5] = req.Owner, b.ttlBox(ttl), req.Limit, b.prefix, "", ""
+	if queue {
+		args[4] = b.waitArg(req, w)
+	}
+	if !req.Reenter {
+		args[5] = noReenter
+	}
+	if len(req.Value) > 0 {
+		args = append(args, req.Value)
+	}
+	cmd, err := b.runScript(ctx, semAcquireScript, keys, args...)
+	return b.acquired(ctx, req, keys, queue, w, cmd, err)
+}
+
+// limitReply reports the key's limit from an acquire script's reply "limit N".
+func limitReply(cmd *redis.Cmd) (int, bool) {
+	s, ok := cmd.Val().(string)
+	if !ok {
+		return 0, false
+	}
+	n, ok := strings.CutPrefix(s, "limit ")
+	if !ok {
+		return 0, false
+	}
+	have, err := strconv.Atoi(n)
+	return have, err == nil
+}
+
+// limitMismatch is the error of an attempt whose limit is not the key's.
+func limitMismatch(req driver.Request, have int) error {
+	return fmt.Errorf("redislock: acquire %q: %w: the key has limit %d, the request %d", req.Key, driver.ErrLimitMismatch, have, max(req.Limit, 1))
+}
+
+// Holders implements driver.Semaphorer: one script reads every live holder,
+// oldest grant first (a mutex's one holder with limit 1).
+func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, error) {
+	v, err := holdersScript.Run(ctx, b.rdb, b.keys(key), b.prefix).Slice()
+	if err != nil {
+		return 0, nil, wrap("holders", key, err)
+	}
+	if len(v) < 2 || (len(v)-2)%4 != 0 {
+		return 0, nil, wrap("holders", key, fmt.Errorf("unexpected reply %v", v))
+	}
+	limit, _ := v[0].(int64)
+	waiters, _ := v[1].(int64)
+	var hs []driver.Info
+	for r := v[2:]; len(r) >= 4; r = r[4:] {
+		owner, _ := r[0].(string)
+		pttl, _ := r[1].(int64)
+		tokStr, _ := r[2].(string)
+		tok, _ := strconv.ParseUint(tokStr, 10, 64)
+		info := driver.Info{Key: key, Owner: owner, Token: tok, TTL: time.Duration(max(pttl, 0)) * time.Millisecond, Waiters: int(waiters)}
+		if val, ok := r[3].(string); ok && val != "" {
+			info.Value = []byte(val)
+		}
+		hs = append(hs, info)
+	}
+	if len(hs) == 0 {
+		return 0, nil, nil
+	}
+	return int(limit), hs, nil
+}
