@@ -388,12 +388,22 @@ type recorder struct {
 
 // The recorder passes on the optional capabilities the core uses, so a worker's
 // client behaves as a program's would: a Bounder's session bound (etcd,
-// ZooKeeper) and a Valuer's values (the election workload). Where the backend
+// ZooKeeper), a Valuer's values (the election workload) and a Semaphorer's
+// holder limit (the semaphore workload). Where the backend
 // lacks one, the answer is what its absence means to the core.
 var (
-	_ driver.Bounder = (*recorder)(nil)
-	_ driver.Valuer  = (*recorder)(nil)
+	_ driver.Bounder    = (*recorder)(nil)
+	_ driver.Valuer     = (*recorder)(nil)
+	_ driver.Semaphorer = (*recorder)(nil)
 )
+
+// Holders implements driver.Semaphorer.
+func (r *recorder) Holders(ctx context.Context, key string) (int, []driver.Info, error) {
+	if s, ok := r.Backend.(driver.Semaphorer); ok {
+		return s.Holders(ctx, key)
+	}
+	return 0, nil, driver.ErrUnsupported
+}
 
 // Bound implements driver.Bounder.
 func (r *recorder) Bound(key, owner string) (time.Duration, bool) {
@@ -412,6 +422,9 @@ func (r *recorder) SetValue(ctx context.Context, key, owner string, value []byte
 }
 
 func (r *recorder) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	if _, ok := r.Backend.(driver.Semaphorer); !ok && req.Limit > 1 {
+		return driver.Grant{}, fmt.Errorf("%w: this backend has no semaphores", driver.ErrUnsupported)
+	}
 	start := history.Now()
 	g, err := r.Backend.Acquire(ctx, req)
 	if err == nil && g.Age > 0 {
