@@ -87,7 +87,7 @@ func TestTLS(t *testing.T) {
 	pki := newPKI(t)
 	srv := testserver.StartZooKeeperTLS(t, testserver.ZooKeeperTLS{KeyCertPEM: pki.server, CAPEM: pki.ca, ClientAuth: true})
 	ctx := ctxT(t, time.Minute)
-	base := "zk://" + srv.SecureAddr() + "/dlock?session_timeout=3s&"
+	base := "zk://" + srv.SecureAddr() + "/dlock?session_timeout=10s&"
 	c, err := dlock.Open(ctx, base+"tls_ca="+pki.ca+"&tls_cert="+pki.clientCert+"&tls_key="+pki.clientKey)
 	if err != nil {
 		t.Fatal(err)

@@ -31,7 +31,10 @@ var electionBackends = []struct {
 	start func(t testing.TB) string
 }{
 	{"redis", func(t testing.TB) string { return testserver.StartRedis(t).URL() }},
-	{"redlock", func(t testing.TB) string { return testserver.RedlockURL(testserver.StartRedisNodes(t, 3), "") }},
+	// Redlock's default node timeout (10 ms) is short for a loaded test machine.
+	{"redlock", func(t testing.TB) string {
+		return testserver.RedlockURL(testserver.StartRedisNodes(t, 3), "node_timeout=500ms")
+	}},
 	{"etcd", func(t testing.TB) string { return testserver.StartEtcd(t).URL("dlock") }},
 	// A ZooKeeper grant lives as long as its session: the session timeout, not the
 	// TTL, is how long a dead leader keeps the name.
@@ -190,7 +193,7 @@ var partitionBackends = []struct {
 		for _, n := range nodes {
 			addrs = append(addrs, n.Addr())
 		}
-		return testserver.RedlockURL(nodes, ""), addrs
+		return testserver.RedlockURL(nodes, "node_timeout=500ms"), addrs
 	}},
 	{"etcd", func(t testing.TB) (string, []string) {
 		s := testserver.StartEtcd(t)
