@@ -350,3 +350,37 @@ func TestSemaphoreHolderWatch(t *testing.T) {
 }
 
 var _ driver.Semaphorer = (*zklock.Backend)(nil)
+
+// Under churn (holders releasing out of grant order, waiters queueing behind),
+// every Lock gets its permit long before the periodic recheck of a queued place
+// (30s). A smoke test: TestSemaphoreWaiterGetsFirstFreedPermit is the one that
+// fails when a grant does not wake the place behind it.
+func TestSemaphoreNoLostWakeUp(t *testing.T) {
+	srv := testserver.StartZooKeeper(t)
+	ctx := ctxT(t, 2*time.Minute)
+	const key, clients, rounds, n = "sem-churn", 8, 8, 3
+	var wg sync.WaitGroup
+	for i := range clients {
+		c := newClient(t, open(t, srv.URL("/dlock")))
+		wg.Go(func() {
+			for r := range rounds {
+				start := time.Now()
+				l, err := c.Lock(ctx, key, dlock.WithLimit(n))
+				if err != nil {
+					t.Errorf("Lock: %v", err)
+					return
+				}
+				if d := time.Since(start); d > 15*time.Second {
+					t.Errorf("a Lock waited %v: a lost wake-up", d)
+				}
+				// Holders release out of grant order.
+				time.Sleep(time.Duration((i*7+r*3)%5) * 5 * time.Millisecond)
+				if err := l.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
