@@ -70,33 +70,40 @@
 // A key locked with a limit of N > 1 (driver.Semaphorer, dlock.WithLimit) is the
 // same queue, whose N lowest children hold a permit each: each its own grant, with
 // its own token (its czxid, from the same zxid sequence as every grant of the key),
-// renewal, value and release. The limit is in every child's name (the GUID part,
-// see names.go; a mutex's child is named as older versions name it, and theirs read
-// as limit 1), so a listing tells every contender's limit with no read. An attempt
-// checks its new child against the contenders queued before it, once, and if one
-// carries another limit deletes the child and fails with an error matching
-// driver.ErrLimitMismatch that names both limits: of any two children that outlive
+// renewal, value and release. Limits up to 99,999,999 fit (dlock.MaxLimit is lower).
+//
+// The limit is in every child's name: its GUID part ends in "-n" and N in eight
+// digits. A mutex's child is named as older versions name it, and theirs read as
+// limit 1. A listing thus tells every contender's limit without a read. An attempt
+// checks its new child, once, against the contenders queued before it; if one
+// carries another limit, it deletes the child and fails with an error matching
+// driver.ErrLimitMismatch that names both limits. Of any two children that outlive
 // their check, the younger was checked against the older, so the key's holders and
-// queued places always agree on the limit, and once the queue is empty the next
-// child sets it. An attempt that fails this way creates and deletes a child, a
-// write the other contenders' listings may see (a contender being checked at that
-// moment may fail with the mismatch too); it changes nothing that lasts.
+// queued places always agree on the limit; once the queue is empty, the next child
+// sets it. A refused attempt creates and deletes a child, which other attempts'
+// listings may see (an attempt checked at that moment may be refused too); it
+// changes nothing that lasts. An older version, which knows no limits, parses a
+// semaphore's children as contenders and takes the key only once its own child is
+// the lowest; an attempt with a limit above 1 is refused against that version's
+// child.
 //
 // Waking stays herd-free. The first queued place (N holders below it) watches the
 // deletion of each of the N, so any release, expiry or force release wakes it, and
-// it takes the freed permit: a newcomer is never admitted past it, since it is
-// below the newcomer. Every later place watches its predecessor's deletion and
-// data. A grant that leaves contenders behind it writes a mark into the node's data
-// (see value.go), which wakes the place behind, now first in line, which lists the
-// queue and watches the holders. A release thus costs the waiters two wake-ups and
-// listings and the new holder one write (a mutex's handoff: one wake-up and
-// listing), whatever the length of the queue; the first in line keeps N watches.
-// Inspect reports the oldest holder, with Waiters counting the places queued
-// behind the N; Holders lists the queue and reads the holders' nodes (N reads in
-// one round trip); ForceRelease deletes the N holders' children; the holder watch
-// watches every holder's data. A mutex's attempt is unchanged: the same requests
-// and bytes as before. Limits up to 99,999,999 fit the name (dlock.MaxLimit is
-// lower).
+// it takes the freed permit; a newcomer, queued behind it, cannot. Every later
+// place watches its predecessor's deletion and data. A grant that leaves
+// contenders behind it writes a mark into its node's data (a third header field,
+// "h", kept by later writes), which wakes the place behind, now first in line; that
+// one lists the queue and watches the holders. A release thus costs the waiters two
+// wake-ups and listings and the new holder one write (a mutex's handoff costs one
+// wake-up and listing), whatever the length of the queue; the first in line keeps
+// N watches. Several permits freed at once (a force release) go down the queue one
+// grant at a time, each grant waking the next place. A mutex's attempt is
+// unchanged: the same requests and bytes as before.
+//
+// Inspect reports the oldest holder, with Waiters counting the places queued behind
+// the N; Holders lists the queue and reads the holders' nodes (N reads in one round
+// trip); ForceRelease deletes the N holders' children; the holder watch watches
+// every holder's data.
 //
 // # Values
 //
