@@ -214,11 +214,20 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		}
 	}
 	granted := idx < limit
+	// A semaphore's permit is refused to an owner id that holds another through
+	// another client (driver.Request: such an attempt keeps no place either); a
+	// mutex's attempt then finds itself behind that holder.
+	twin := ""
+	if granted && limit > 1 && !req.Reenter {
+		twin = twinHolding(q, req.Owner, e.guid, limit)
+	}
+	refused := twin != ""
+	granted = granted && !refused
 	// A semaphore's grant with a contender behind marks its node as holding (see
 	// queue): the one behind may be watching it as a queued place.
 	mark := granted && limit > 1 && behind
 
-	if granted || req.Wait {
+	if granted || req.Wait && !refused {
 		if again, err := b.storeValue(ctx, e, req, ownPath, reenter, mark); again || err != nil {
 			return g, err, again
 		}
@@ -228,11 +237,21 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		return b.grant(ctx, e, req)
 	}
 
-	if !req.Wait {
+	if !req.Wait || refused {
 		err := b.call(ctx, func() error { return b.conn.Delete(ownPath, -1) })
 		b.mu.Lock()
 		b.dropLocked(e, err != nil && !errors.Is(err, zk.ErrNoNode))
+		w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 		b.mu.Unlock()
+		if refused && w != nil {
+			// No place kept: the waiter is woken when the other client's
+			// grant goes, not at once by the drop.
+			select {
+			case <-w.c:
+			default:
+			}
+			b.watchPreds(ctx, w, []string{e.parent + "/" + twin}, false)
+		}
 		return g, &driver.HeldError{}, false
 	}
 
@@ -263,6 +282,26 @@ func checkLimit(q []child, own int64, limit int) (cur int, ok bool) {
 		}
 	}
 	return 0, true
+}
+
+// twinHolding returns the name of a child of owner, other than those of the
+// attempt's GUID, that holds one of the limit's permits in q; "" if none does.
+func twinHolding(q []child, owner, guid string, limit int) string {
+	for _, c := range q {
+		if c.owner != owner || c.guid == guid {
+			continue
+		}
+		idx := 0
+		for _, d := range q {
+			if d.seq < c.seq {
+				idx++
+			}
+		}
+		if idx < limit {
+			return c.name
+		}
+	}
+	return ""
 }
 
 // mismatch is the error of an attempt whose limit is not the key's.
@@ -367,52 +406,57 @@ func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, preds
 		w.checked, w.ahead = time.Now(), held.Ahead
 	}
 	arm := w != nil && (w.data != data || !slices.Equal(w.preds, preds))
-	if arm {
-		b.unwatchLocked(w)
-		w.preds, w.data = preds, data
-		for _, p := range preds {
-			if b.predOf[p] == nil {
-				b.predOf[p] = make(map[*waiter]bool)
-			}
-			b.predOf[p][w] = data
-		}
-	}
 	b.mu.Unlock()
 	if arm {
-		// The watches, in one round trip.
-		errs := make([]error, len(preds))
-		var wg sync.WaitGroup
-		for i, p := range preds {
-			wg.Go(func() {
-				errs[i] = b.call(ctx, func() error {
-					if !data {
-						_, _, _, err := b.conn.ChildrenW(p)
-						return err
-					}
-					d, _, _, err := b.conn.GetW(p)
-					if err == nil && decodeData(d).held {
-						err = errPromoted
-					}
-					return err
-				})
-			})
-		}
-		wg.Wait()
-		b.mu.Lock()
-		if err := driver.Join(errs...); err != nil {
-			// Gone already, holding (errPromoted), or unknown: try again at once
-			// rather than wait.
-			b.unwatchLocked(w)
-			b.mu.Unlock()
-			w.signal()
-		} else {
-			// The watches are in place unless one fired already (which cleared
-			// preds).
-			w.watching = slices.Equal(w.preds, preds)
-			b.mu.Unlock()
-		}
+		b.watchPreds(ctx, w, preds, data)
 	}
 	return g, held, false
+}
+
+// watchPreds sets w's watches on preds (see queue), signalling w at once if one of
+// them is gone or, watched for data, holds a permit already.
+func (b *Backend) watchPreds(ctx context.Context, w *waiter, preds []string, data bool) {
+	b.mu.Lock()
+	b.unwatchLocked(w)
+	w.preds, w.data = preds, data
+	for _, p := range preds {
+		if b.predOf[p] == nil {
+			b.predOf[p] = make(map[*waiter]bool)
+		}
+		b.predOf[p][w] = data
+	}
+	b.mu.Unlock()
+	// The watches, in one round trip.
+	errs := make([]error, len(preds))
+	var wg sync.WaitGroup
+	for i, p := range preds {
+		wg.Go(func() {
+			errs[i] = b.call(ctx, func() error {
+				if !data {
+					_, _, _, err := b.conn.ChildrenW(p)
+					return err
+				}
+				d, _, _, err := b.conn.GetW(p)
+				if err == nil && decodeData(d).held {
+					err = errPromoted
+				}
+				return err
+			})
+		})
+	}
+	wg.Wait()
+	b.mu.Lock()
+	if err := driver.Join(errs...); err != nil {
+		// Gone already, holding (errPromoted), or unknown: try again at once
+		// rather than wait.
+		b.unwatchLocked(w)
+		b.mu.Unlock()
+		w.signal()
+		return
+	}
+	// The watches are in place unless one fired already (which cleared preds).
+	w.watching = slices.Equal(w.preds, preds)
+	b.mu.Unlock()
 }
 
 // errPromoted is what queue makes of a predecessor found holding a permit.

@@ -384,3 +384,51 @@ func TestSemaphoreNoLostWakeUp(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// An owner id that holds a permit through one client is refused another through a
+// second client, with free permits and also waiting: no place is kept, and the
+// waiter is woken when the first client's grant goes.
+func TestSemaphoreSameOwnerElsewhere(t *testing.T) {
+	srv := testserver.StartZooKeeper(t)
+	raw := rawConn(t, srv.Addr())
+	ctx := ctxT(t, time.Minute)
+	const key, owner = "sem-same-owner", "shared"
+	a := open(t, srv.URL("/dlock"))
+	defer a.Close()
+	b := open(t, srv.URL("/dlock"))
+	defer b.Close()
+	if _, err := a.Acquire(ctx, semReq(key, owner, 3, false)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, semReq(key, owner, 3, false)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("TryLock of the same owner id elsewhere: %v, want ErrLocked", err)
+	}
+	w, err := b.Watch(ctx, key, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(ctx, false)
+	_, err = b.Acquire(ctx, semReq(key, owner, 3, true))
+	var held *driver.HeldError
+	if !errors.As(err, &held) || held.Queued {
+		t.Fatalf("waiting attempt of the same owner id elsewhere: %v, want a HeldError without a place", err)
+	}
+	if n := len(children(t, raw, key)); n != 1 {
+		t.Fatalf("%d contenders after the refused attempts, want 1", n)
+	}
+	select {
+	case <-w.C():
+		t.Fatal("the refused waiter was woken while the other grant holds")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := a.Release(ctx, key, owner); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, w, "the refused waiter, after the other grant went")
+	if _, err := b.Acquire(ctx, semReq(key, owner, 3, true)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, key, owner); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -100,6 +100,11 @@
 // grant at a time, each grant waking the next place. A mutex's attempt is
 // unchanged: the same requests and bytes as before.
 //
+// An owner id that holds a permit through another client (another process of the
+// same owner id, see driver.Request) is refused a second one, waiting or not: the
+// attempt deletes its child, keeps no place, and a waiting one watches the other
+// client's child and is woken when it goes.
+//
 // Inspect reports the oldest holder, with Waiters counting the places queued behind
 // the N; Holders lists the queue and reads the holders' nodes (N reads in one round
 // trip); ForceRelease deletes the N holders' children; the holder watch watches
