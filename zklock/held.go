@@ -21,6 +21,9 @@ type entry struct {
 
 	// Guarded by Backend.mu.
 	guid    string // GUID of the current create attempt
+	limit   int    // the limit its GUID carries (1 for a mutex)
+	checked bool   // the child's limit was checked against the key's (checkLimit)
+	marked  bool   // the node's data is known to carry the holding mark (value.go)
 	name    string // child name once known
 	path    string
 	czxid   int64
@@ -160,7 +163,7 @@ func (b *Backend) deleteInBackground(e *entry) {
 }
 
 // deleteMatching deletes the children of parent that match, and reports whether one
-// of them was the holder (the lowest contender).
+// of them was a holder (one of the lowest contenders, as many as the key admits).
 func (b *Backend) deleteMatching(ctx context.Context, parent string, match func(child) bool) (bool, error) {
 	var names []string
 	err := b.call(ctx, func() error {
@@ -175,6 +178,7 @@ func (b *Backend) deleteMatching(ctx context.Context, parent string, match func(
 		return false, err
 	}
 	q := queue(names)
+	n := permits(q)
 	held := false
 	var errs []error
 	for i, c := range q {
@@ -182,7 +186,7 @@ func (b *Backend) deleteMatching(ctx context.Context, parent string, match func(
 			continue
 		}
 		err := b.call(ctx, func() error { return b.conn.Delete(parent+"/"+c.name, -1) })
-		if err == nil && i == 0 {
+		if err == nil && i < n {
 			held = true
 		}
 		if err != nil && !errors.Is(err, zk.ErrNoNode) {
@@ -268,6 +272,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 			b.heard = sent
 		}
 		e.value, e.valueKnown, e.version = value, true, version
+		e.marked = e.limit > 1
 		b.armLocked(e, ttl)
 		return nil
 	case errors.Is(err, zk.ErrNoNode):
@@ -285,6 +290,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 func (b *Backend) renew(ctx context.Context, e *entry, p string, ttl time.Duration) ([]byte, int32, error) {
 	b.mu.Lock()
 	value, version, known := e.value, e.version, e.valueKnown
+	held := e.limit > 1 // a semaphore's holder keeps its node marked
 	b.mu.Unlock()
 	for range 4 {
 		if !known {
@@ -303,7 +309,7 @@ func (b *Backend) renew(ctx context.Context, e *entry, p string, ttl time.Durati
 		var st *zk.Stat
 		err := b.call(ctx, func() error {
 			var err error
-			st, err = b.conn.Set(p, encodeData(ttl, 0, value), version)
+			st, err = b.conn.Set(p, encodeData(ttl, 0, held, value), version)
 			return err
 		})
 		if errors.Is(err, zk.ErrBadVersion) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -11,11 +12,12 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-// WatchHolder implements driver.HolderWatcher with two ZooKeeper watches on the
+// WatchHolder implements driver.HolderWatcher with ZooKeeper watches on the
 // backend's session: one on the children of key's lock node (on its existence
 // while it does not exist), which fires when a contender comes or goes and so when
-// the holder changes, and one on the data of the holder's node, which fires when
-// its value is set (and at every renewal, which writes the TTL). ZooKeeper watches
+// the holder changes, and one on the data of the holder's node (of each of a
+// semaphore's holders), which fires when its value is set (and at every renewal,
+// which writes the TTL). ZooKeeper watches
 // fire once; the watch sets them again on each event, reading the queue or the
 // holder's data as it does, and sends only when the holder or its value differs
 // from what it saw: a contender joining the queue or a renewal costs each watch one
@@ -29,7 +31,8 @@ import (
 func (b *Backend) WatchHolder(ctx context.Context, key string) (driver.HolderWatch, error) {
 	wctx, cancel := context.WithCancel(context.Background())
 	w := &holderWatch{b: b, key: key, parent: b.LockPath(key), c: make(chan struct{}, 1),
-		session: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+		session: make(chan struct{}, 1), cancel: cancel, quit: wctx.Done(), done: make(chan struct{}),
+		data: make(chan zk.Event, 1)}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -38,7 +41,7 @@ func (b *Backend) WatchHolder(ctx context.Context, key string) (driver.HolderWat
 	}
 	b.holders[w] = true
 	b.mu.Unlock()
-	var st holderState
+	st := holderState{armed: make(map[string]bool), values: make(map[string][]byte)}
 	if _, err := w.rearm(ctx, &st); err != nil {
 		w.forget()
 		cancel()
@@ -58,17 +61,19 @@ type holderWatch struct {
 	c           chan struct{}
 	session     chan struct{} // a reconnection or expiry (signalHoldersLocked)
 	cancel      context.CancelFunc
-	done        chan struct{} // closed when run returns
+	quit        <-chan struct{} // closed by Stop
+	done        chan struct{}   // closed when run returns
+	data        chan zk.Event   // the holders' data watches' events (forward)
 	once        sync.Once
 }
 
-// holderState is what a holder watch has set and seen. A nil channel is a watch
-// to set again.
+// holderState is what a holder watch has set and seen. A nil channel, and a holder
+// not armed, is a watch to set again.
 type holderState struct {
-	children <-chan zk.Event // the lock node's children, or its existence
-	data     <-chan zk.Event // the holder's node's data; nil when there is no holder
-	holder   string          // the holder's node name, "" when none
-	value    []byte          // the value in the holder's node when last read
+	children <-chan zk.Event   // the lock node's children, or its existence
+	holders  []string          // the holders' node names, oldest first
+	armed    map[string]bool   // holders whose data watch is set and has not fired
+	values   map[string][]byte // the value in each holder's node when last read
 }
 
 func (w *holderWatch) C() <-chan struct{} { return w.c }
@@ -134,12 +139,13 @@ func (w *holderWatch) run(ctx context.Context, st holderState) {
 		case ev := <-st.children:
 			st.children = nil
 			if ev.Type == zk.EventNotWatching {
-				st.data = nil // the session's watches are all gone
+				clear(st.armed) // the session's watches are all gone
 			}
-		case ev := <-st.data:
-			st.data = nil
+		case ev := <-w.data:
+			delete(st.armed, pathBase(ev.Path))
 			if ev.Type == zk.EventNotWatching {
 				st.children = nil
+				clear(st.armed)
 			}
 		case <-retry:
 		}
@@ -164,11 +170,10 @@ func (w *holderWatch) run(ctx context.Context, st holderState) {
 	}
 }
 
-// rearm sets the watches of st that are not set (nil): it lists the lock node's
-// children with a watch (or watches for its creation) and, when the holder is
-// another node than before, reads the new holder's data with a watch; when only the
-// data watch fired, it reads the data again. changed reports a different holder or
-// value.
+// rearm sets the watches of st that are not set: it lists the lock node's children
+// with a watch (or watches for its creation) and, for each holder not armed (a new
+// one, or one whose data watch fired), reads its data with a watch. changed
+// reports another set of holders or another value.
 func (w *holderWatch) rearm(ctx context.Context, st *holderState) (changed bool, err error) {
 	b := w.b
 	if st.children == nil {
@@ -205,42 +210,64 @@ func (w *holderWatch) rearm(ctx context.Context, st *holderState) (changed bool,
 			}
 		}
 		st.children = ch
-		holder := ""
-		if q := contenders(names); len(q) > 0 {
-			low := q[0]
-			for _, c := range q[1:] {
-				if c.seq < low.seq {
-					low = c
+		q := queue(names)
+		holders := make([]string, 0, min(permits(q), len(q)))
+		for _, c := range q[:cap(holders)] {
+			holders = append(holders, c.name)
+		}
+		if !slices.Equal(holders, st.holders) {
+			changed = true
+			st.holders = holders
+			for h := range st.values {
+				if !slices.Contains(holders, h) {
+					delete(st.values, h)
+					delete(st.armed, h)
 				}
 			}
-			holder = low.name
-		}
-		if holder != st.holder {
-			changed = true
-			st.holder, st.data, st.value = holder, nil, nil
 		}
 	}
-	if st.holder != "" && st.data == nil {
+	for _, h := range st.holders {
+		if st.armed[h] {
+			continue
+		}
 		var data []byte
 		var ch <-chan zk.Event
 		err := b.call(ctx, func() error {
 			var err error
-			data, _, ch, err = b.conn.GetW(w.parent + "/" + st.holder)
+			data, _, ch, err = b.conn.GetW(w.parent + "/" + h)
 			return err
 		})
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
 			// Gone already: the children watch, set before, fires for it.
-			st.holder, st.value = "", nil
-			return true, nil
+			delete(st.values, h)
+			changed = true
+			continue
 		case err != nil:
 			return changed, err
 		}
-		st.data = ch
-		if v := decodeData(data).value; !bytes.Equal(v, st.value) {
+		if !b.async(func() { w.forward(ch) }) {
+			return changed, driver.ErrClosed
+		}
+		st.armed[h] = true
+		if v, ok := st.values[h]; !ok || !bytes.Equal(v, decodeData(data).value) {
 			changed = true
-			st.value = v
+			st.values[h] = decodeData(data).value
 		}
 	}
 	return changed, nil
+}
+
+// forward passes the event of one data watch on to run.
+func (w *holderWatch) forward(ch <-chan zk.Event) {
+	select {
+	case ev := <-ch:
+		select {
+		case w.data <- ev:
+		case <-w.quit:
+		case <-w.b.closing:
+		}
+	case <-w.quit:
+	case <-w.b.closing:
+	}
 }

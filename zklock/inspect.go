@@ -3,30 +3,33 @@ package zklock
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/go-zookeeper/zk"
 )
 
+// permits returns the number of holders the key of queue q admits: the limit its
+// oldest contender carries (checkLimit keeps the others agreeing), 1 for a mutex
+// or a limit this version cannot read.
+func permits(q []child) int {
+	if len(q) == 0 {
+		return 0
+	}
+	return max(q[0].limit, 1)
+}
+
 // Inspect implements driver.Inspector. TTL is an estimate: the holder's TTL less the
 // time since its last renewal (the child's mtime, on the server's clock). Value is
-// the value in the holder's node (see SetValue).
+// the value in the holder's node (see SetValue). Of a semaphore's holders it
+// reports the oldest, and Waiters counts the places queued behind all of them.
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	parent := b.LockPath(key)
 	for range 3 {
-		var names []string
-		err := b.call(ctx, func() error {
-			var err error
-			names, _, err = b.conn.Children(parent)
-			return err
-		})
-		if errors.Is(err, zk.ErrNoNode) {
-			return driver.Info{}, driver.ErrNotHeld
-		}
+		q, err := b.list(ctx, parent)
 		if err != nil {
 			return driver.Info{}, wrap("inspect", key, err)
 		}
-		q := queue(names)
 		if len(q) == 0 {
 			return driver.Info{}, driver.ErrNotHeld
 		}
@@ -44,40 +47,107 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 			return driver.Info{}, wrap("inspect", key, err)
 		}
 		d := decodeData(data)
-		return driver.Info{Key: key, Owner: q[0].owner, Token: uint64(st.Czxid), Waiters: len(q) - 1,
+		return driver.Info{Key: key, Owner: q[0].owner, Token: uint64(st.Czxid), Waiters: len(q) - min(permits(q), len(q)),
 			TTL: d.ttlLeft(st), Value: d.value}, nil
 	}
 	return driver.Info{}, wrap("inspect", key, errors.New("the queue kept changing"))
 }
 
-// ForceRelease implements driver.ForceReleaser: it deletes the holder's child. The
-// holder's backend sees the deletion and ends its lease; the next waiter is granted
-// with a larger token.
+// list returns the sorted contenders of the lock node parent; none when it does not
+// exist.
+func (b *Backend) list(ctx context.Context, parent string) ([]child, error) {
+	var names []string
+	err := b.call(ctx, func() error {
+		var err error
+		names, _, err = b.conn.Children(parent)
+		return err
+	})
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return queue(names), nil
+}
+
+// Holders implements driver.Semaphorer: it lists the queue and reads the nodes of
+// the holders (the limit's lowest contenders) in one more round trip. A holder
+// whose node is gone by then is left out; Waiters is the number of queued places
+// when the queue was listed, the same in every Info.
+func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, error) {
+	parent := b.LockPath(key)
+	q, err := b.list(ctx, parent)
+	if err != nil {
+		return 0, nil, wrap("holders", key, err)
+	}
+	n := min(permits(q), len(q))
+	infos := make([]driver.Info, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, c := range q[:n] {
+		wg.Go(func() {
+			errs[i] = b.call(ctx, func() error {
+				data, st, err := b.conn.Get(parent + "/" + c.name)
+				if err != nil {
+					return err
+				}
+				d := decodeData(data)
+				infos[i] = driver.Info{Key: key, Owner: c.owner, Token: uint64(st.Czxid), Waiters: len(q) - n,
+					TTL: d.ttlLeft(st), Value: d.value}
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	live := infos[:0]
+	for i, info := range infos {
+		switch {
+		case errs[i] == nil:
+			live = append(live, info)
+		case !errors.Is(errs[i], zk.ErrNoNode):
+			return 0, nil, wrap("holders", key, errs[i])
+		}
+	}
+	if len(live) == 0 {
+		return 0, nil, nil
+	}
+	return permits(q), live, nil
+}
+
+// ForceRelease implements driver.ForceReleaser: it deletes the holders' children
+// (all of a semaphore's). Each holder's backend sees the deletion and ends its
+// lease; the next waiters are granted with larger tokens.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	parent := b.LockPath(key)
 	for range 5 {
-		var names []string
-		err := b.call(ctx, func() error {
-			var err error
-			names, _, err = b.conn.Children(parent)
-			return err
-		})
-		if errors.Is(err, zk.ErrNoNode) {
-			return driver.ErrNotHeld
-		}
+		q, err := b.list(ctx, parent)
 		if err != nil {
 			return wrap("force release", key, err)
 		}
-		q := queue(names)
 		if len(q) == 0 {
 			return driver.ErrNotHeld
 		}
-		err = b.call(ctx, func() error { return b.conn.Delete(parent+"/"+q[0].name, -1) })
-		if err == nil {
-			return nil
+		n := min(permits(q), len(q))
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i, c := range q[:n] {
+			wg.Go(func() {
+				errs[i] = b.call(ctx, func() error { return b.conn.Delete(parent+"/"+c.name, -1) })
+			})
 		}
-		if !errors.Is(err, zk.ErrNoNode) {
-			return wrap("force release", key, err)
+		wg.Wait()
+		deleted := false
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				deleted = true
+			case !errors.Is(err, zk.ErrNoNode):
+				return wrap("force release", key, err)
+			}
+		}
+		if deleted {
+			return nil
 		}
 	}
 	return wrap("force release", key, errors.New("the queue kept changing"))

@@ -15,6 +15,9 @@ import (
 
 // Acquire implements driver.Backend.
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	if req.Limit > maxLimit {
+		return driver.Grant{}, fmt.Errorf("%w: zklock: holder limit %d is above %d", driver.ErrInvalid, req.Limit, maxLimit)
+	}
 	for range 4 {
 		if req.Wait {
 			if err := b.placeLost(req.Key, req.Owner); err != nil {
@@ -43,16 +46,25 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 // stat and the entry's fields are read and written under b.mu in between each step;
 // the three outcomes are functions of their own (grant, queue).
 func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g driver.Grant, err error, again bool) {
+	limit := max(req.Limit, 1)
 	b.mu.Lock()
 	if e.dead {
 		b.mu.Unlock()
 		return g, nil, true
 	}
+	if e.guid == "" {
+		e.limit = limit
+	} else if e.limit != limit {
+		// The entry's child (or create in doubt) carries another limit.
+		cur := e.limit
+		b.mu.Unlock()
+		return g, mismatch(req.Key, cur, limit), false
+	}
 	own := e.name
 	knownStat := e.czxid != 0
 	reenter := req.Reenter && e.granted // a re-entry: its value replaces the stored one
 	if own != "" && req.Wait && !e.granted {
-		if w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]; w != nil && w.watching && w.pred != "" &&
+		if w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]; w != nil && w.watching && len(w.preds) > 0 &&
 			e.session == b.session && time.Since(w.checked) < recheck && e.valueKnown && bytes.Equal(e.value, req.Value) {
 			// Still queued behind a watched predecessor: answered without a
 			// request (see recheck).
@@ -67,7 +79,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 
 	var pre created
 	if own == "" {
-		if pre, err = b.create(ctx, e, encodeData(req.TTL, 0, req.Value), req); err != nil {
+		if pre, err = b.create(ctx, e, encodeData(req.TTL, 0, false, req.Value), req); err != nil {
 			return g, err, false
 		}
 		own = pre.name
@@ -138,11 +150,14 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	// whose reply was lost), since another client or process may use the same
 	// owner id and its child is another contender's.
 	var mine []child
+	var ownSeq int64
 	found := false
 	for _, c := range q {
 		if c.owner == req.Owner && !b.doomed[e.parent+"/"+c.name] && (req.Reenter || c.guid == e.guid) {
 			mine = append(mine, c)
-			found = found || c.name == own
+			if c.name == own {
+				found, ownSeq = true, c.seq
+			}
 		}
 	}
 	if e.dead || !found || err != nil {
@@ -150,6 +165,18 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		b.dropLocked(e, false)
 		b.mu.Unlock()
 		return g, nil, true
+	}
+	if !e.checked {
+		// The key's limit (see checkLimit), once per child.
+		if cur, ok := checkLimit(q, ownSeq, limit); !ok {
+			b.mu.Unlock()
+			err := b.call(ctx, func() error { return b.conn.Delete(ownPath, -1) })
+			b.mu.Lock()
+			b.dropLocked(e, err != nil && !errors.Is(err, zk.ErrNoNode))
+			b.mu.Unlock()
+			return g, mismatch(req.Key, cur, limit), false
+		}
+		e.checked = true
 	}
 	slices.SortFunc(mine, bySeq)
 
@@ -168,36 +195,123 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	}
 	ownPath = e.parent + "/" + keep.name
 	// The place of the child kept: idx contenders below it, the highest of them
-	// (its predecessor) below.
-	idx, below := 0, child{}
+	// (its predecessor) below; for a semaphore all of them when they are the
+	// limit's holders, and whether any contender is behind it.
+	idx, below, behind := 0, child{}, false
+	var lower []string
 	for _, c := range q {
-		if c.seq < keep.seq {
+		switch {
+		case c.seq < keep.seq:
 			if idx == 0 || c.seq > below.seq {
 				below = c
 			}
 			idx++
+			if limit > 1 && len(lower) <= limit {
+				lower = append(lower, e.parent+"/"+c.name)
+			}
+		case c.seq > keep.seq:
+			behind = true
 		}
 	}
+	granted := idx < limit
+	// A semaphore's permit is refused to an owner id that holds another through
+	// another client (driver.Request: such an attempt keeps no place either); a
+	// mutex's attempt then finds itself behind that holder.
+	twin := ""
+	if granted && limit > 1 && !req.Reenter {
+		twin = twinHolding(q, req.Owner, e.guid, limit)
+	}
+	refused := twin != ""
+	granted = granted && !refused
+	// A semaphore's grant with a contender behind marks its node as holding (see
+	// queue): the one behind may be watching it as a queued place.
+	mark := granted && limit > 1 && behind
 
-	if idx == 0 || req.Wait {
-		if again, err := b.storeValue(ctx, e, req, ownPath, reenter); again || err != nil {
+	if granted || req.Wait && !refused {
+		if again, err := b.storeValue(ctx, e, req, ownPath, reenter, mark); again || err != nil {
 			return g, err, again
 		}
 	}
 
-	if idx == 0 {
+	if granted {
 		return b.grant(ctx, e, req)
 	}
 
-	if !req.Wait {
+	if !req.Wait || refused {
 		err := b.call(ctx, func() error { return b.conn.Delete(ownPath, -1) })
 		b.mu.Lock()
 		b.dropLocked(e, err != nil && !errors.Is(err, zk.ErrNoNode))
+		w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 		b.mu.Unlock()
+		if refused && w != nil {
+			// No place kept: the waiter is woken when the other client's
+			// grant goes, not at once by the drop.
+			select {
+			case <-w.c:
+			default:
+			}
+			b.watchPreds(ctx, w, []string{e.parent + "/" + twin}, false)
+		}
 		return g, &driver.HeldError{}, false
 	}
 
-	return b.queue(ctx, e, req, e.parent+"/"+below.name, idx, sent)
+	// The places to watch: a mutex's waiter (and a semaphore's, when it is not
+	// first in line) its predecessor, the first in line of a semaphore its holders.
+	preds, data := []string{e.parent + "/" + below.name}, false
+	switch {
+	case idx == limit && limit > 1:
+		slices.Sort(lower) // the same set lists alike: no watch set again
+		preds = lower
+	case limit > 1:
+		data = true
+	}
+	return b.queue(ctx, e, req, preds, data, idx-limit, sent)
+}
+
+// checkLimit reports whether limit agrees with the contenders of q queued before
+// the child of sequence own, and if not, the limit that disagrees. Every child
+// carries its attempt's limit in its name (see names.go) and is checked this way
+// once, when first listed, and deleted if it disagrees, before it counts as a
+// holder: so of any two children that live past their check, the younger was
+// checked against the older and their limits agree. The contenders after own are
+// not looked at: each is checked against own.
+func checkLimit(q []child, own int64, limit int) (cur int, ok bool) {
+	for _, c := range q {
+		if c.seq < own && c.limit != limit {
+			return c.limit, false
+		}
+	}
+	return 0, true
+}
+
+// twinHolding returns the name of a child of owner, other than those of the
+// attempt's GUID, that holds one of the limit's permits in q; "" if none does.
+func twinHolding(q []child, owner, guid string, limit int) string {
+	for _, c := range q {
+		if c.owner != owner || c.guid == guid {
+			continue
+		}
+		idx := 0
+		for _, d := range q {
+			if d.seq < c.seq {
+				idx++
+			}
+		}
+		if idx < limit {
+			return c.name
+		}
+	}
+	return ""
+}
+
+// mismatch is the error of an attempt whose limit is not the key's.
+func mismatch(key string, cur, limit int) error {
+	if cur == 0 {
+		return fmt.Errorf("zklock: acquire %q: %w: the key's holders carry a limit this version cannot read, the attempt asked for %d",
+			key, driver.ErrLimitMismatch, limit)
+	}
+	return fmt.Errorf("zklock: acquire %q: %w: the key admits %d holders, the attempt asked for %d",
+		key, driver.ErrLimitMismatch, cur, limit)
 }
 
 // grant completes an attempt whose child is first in the queue: the key is held.
@@ -248,15 +362,35 @@ func (b *Backend) keepOldest(ctx context.Context, e *entry, req driver.Request, 
 		}
 		e.name, e.path, e.czxid, e.session, e.guid, e.watched = keep.name, kp, st.Czxid, st.EphemeralOwner, keep.guid, true
 		e.valueKnown = false // another attempt's child: its value is not known
+		e.limit, e.marked = max(keep.limit, 1), false
 		b.byPath[kp] = e
 		b.mu.Unlock()
 	}
 	return false, nil
 }
 
-// queue completes an attempt, sent at sent, whose child waits behind idx others,
-// pred the nearest: it keeps the child, and watches the predecessor only.
-func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, pred string, idx int, sent time.Time) (g driver.Grant, err error, again bool) {
+// queue completes an attempt, sent at sent, whose child waits with ahead queued
+// places before it: it keeps the child and watches preds, for their deletion and,
+// with data set, for their data. What wakes each waiter, so that a release wakes
+// one and no herd forms:
+//
+//   - A mutex's waiter watches its predecessor's deletion: when that is the
+//     holder, it is first in line; otherwise it is first once the predecessor
+//     goes or becomes the holder, which leaves it waiting on the holder it
+//     already watches.
+//   - A semaphore's first in line (N holders below it) watches the deletion of
+//     each of the N: any release frees the permit it is to take.
+//   - A semaphore's other waiters watch their predecessor's deletion and data.
+//     When the predecessor takes a permit, the one behind becomes first in line
+//     and must watch the holders instead; the grant marks the predecessor's node
+//     (see the data format in value.go), which fires that watch, and an attempt
+//     that finds the mark already there when setting the watch lists again at
+//     once.
+//
+// A release thus wakes the first in line; its grant wakes the next, which lists
+// the queue and watches the holders: two listings and one write more than a
+// mutex's handoff, whatever the length of the queue.
+func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, preds []string, data bool, ahead int, sent time.Time) (g driver.Grant, err error, again bool) {
 	b.mu.Lock()
 	if e.dead {
 		b.mu.Unlock()
@@ -266,40 +400,67 @@ func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, pred 
 	if sent.After(e.placed) {
 		e.placed = sent
 	}
-	held := &driver.HeldError{Ahead: idx - 1, Queued: true}
+	held := &driver.HeldError{Ahead: ahead, Queued: true}
 	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 	if w != nil {
 		w.checked, w.ahead = time.Now(), held.Ahead
 	}
-	arm := w != nil && w.pred != pred
-	if arm {
-		b.unwatchLocked(w)
-		w.pred = pred
-		if b.predOf[pred] == nil {
-			b.predOf[pred] = make(map[*waiter]bool)
-		}
-		b.predOf[pred][w] = true
-	}
+	arm := w != nil && (w.data != data || !slices.Equal(w.preds, preds))
 	b.mu.Unlock()
 	if arm {
-		err := b.call(ctx, func() error {
-			_, _, _, err := b.conn.ChildrenW(pred)
-			return err
-		})
-		b.mu.Lock()
-		if err != nil {
-			// Gone already (or unknown): try again at once rather than wait.
-			b.unwatchLocked(w)
-			b.mu.Unlock()
-			w.signal()
-		} else {
-			// The watch is in place unless it fired already (which cleared pred).
-			w.watching = w.pred == pred
-			b.mu.Unlock()
-		}
+		b.watchPreds(ctx, w, preds, data)
 	}
 	return g, held, false
 }
+
+// watchPreds sets w's watches on preds (see queue), signalling w at once if one of
+// them is gone or, watched for data, holds a permit already.
+func (b *Backend) watchPreds(ctx context.Context, w *waiter, preds []string, data bool) {
+	b.mu.Lock()
+	b.unwatchLocked(w)
+	w.preds, w.data = preds, data
+	for _, p := range preds {
+		if b.predOf[p] == nil {
+			b.predOf[p] = make(map[*waiter]bool)
+		}
+		b.predOf[p][w] = data
+	}
+	b.mu.Unlock()
+	// The watches, in one round trip.
+	errs := make([]error, len(preds))
+	var wg sync.WaitGroup
+	for i, p := range preds {
+		wg.Go(func() {
+			errs[i] = b.call(ctx, func() error {
+				if !data {
+					_, _, _, err := b.conn.ChildrenW(p)
+					return err
+				}
+				d, _, _, err := b.conn.GetW(p)
+				if err == nil && decodeData(d).held {
+					err = errPromoted
+				}
+				return err
+			})
+		})
+	}
+	wg.Wait()
+	b.mu.Lock()
+	if err := driver.Join(errs...); err != nil {
+		// Gone already, holding (errPromoted), or unknown: try again at once
+		// rather than wait.
+		b.unwatchLocked(w)
+		b.mu.Unlock()
+		w.signal()
+		return
+	}
+	// The watches are in place unless one fired already (which cleared preds).
+	w.watching = slices.Equal(w.preds, preds)
+	b.mu.Unlock()
+}
+
+// errPromoted is what queue makes of a predecessor found holding a permit.
+var errPromoted = errors.New("the place ahead took a permit")
 
 // created is the outcome of create: the child's name, its czxid when the reply was
 // observed, and the queue when it could be listed right behind the create.
@@ -340,7 +501,7 @@ func (b *Backend) freshSession(ctx context.Context) error {
 func (b *Backend) create(ctx context.Context, e *entry, data []byte, req driver.Request) (res created, err error) {
 	b.mu.Lock()
 	if e.guid == "" {
-		e.guid = newGUID()
+		e.guid = newGUID(e.limit)
 	}
 	guid, limit := e.guid, b.timeout
 	b.mu.Unlock()

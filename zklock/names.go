@@ -2,6 +2,7 @@ package zklock
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -9,16 +10,24 @@ import (
 	"github.com/dlockio/dlock/driver"
 )
 
-// Child names: lock-<owner>-<32 hex GUID>-<10 digit sequence>.
+// Child names: lock-<owner>-<GUID>-<10 digit sequence>. The GUID is 32 characters:
+// for a mutex (limit 1) 32 lowercase hex digits, as older versions write it; for a
+// semaphore of N permits 22 hex digits, "-n" and N in 8 decimal digits, so that a
+// listing tells every contender's limit without reading its data. An older version
+// parses both alike (it takes any 32 characters for the GUID).
 const (
 	childPrefix = "lock-"
 	guidLen     = 32
 	seqLen      = 10
+	limitMark   = "-n"
+	limitLen    = 8
+	randLen     = guidLen - len(limitMark) - limitLen
 )
 
 type child struct {
 	name, owner, guid string
 	seq               int64
+	limit             int // 1 for a mutex's child (and every older version's)
 }
 
 func parseChild(name string) (child, bool) {
@@ -35,7 +44,28 @@ func parseChild(name string) (child, bool) {
 	if !validOwner(owner) {
 		return child{}, false
 	}
-	return child{name: name, owner: owner, guid: name[n-seqLen-1-guidLen : n-seqLen-1], seq: seq}, true
+	guid := name[n-seqLen-1-guidLen : n-seqLen-1]
+	return child{name: name, owner: owner, guid: guid, seq: seq, limit: guidLimit(guid)}, true
+}
+
+// guidLimit returns the limit a GUID carries: 1 for a mutex's, 0 for one that
+// carries a limit this version cannot read (such a child conflicts with every
+// attempt, see checkLimit).
+func guidLimit(guid string) int {
+	if len(guid) != guidLen || guid[randLen:randLen+len(limitMark)] != limitMark {
+		return 1
+	}
+	n := 0
+	for _, c := range []byte(guid[randLen+len(limitMark):]) {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n < 2 {
+		return 0
+	}
+	return n
 }
 
 // ownerByte marks the bytes an owner id may contain (driver.ValidateOwner).
@@ -80,7 +110,16 @@ func queue(names []string) []child {
 	return cs
 }
 
-// newGUID returns the random part of a child's name (guidLen hex digits).
-func newGUID() string { return driver.RandomHex(guidLen / 2) }
+// maxLimit is the largest limit a child's name can carry.
+const maxLimit = 99_999_999
+
+// newGUID returns the GUID of a new child of an attempt with the given limit: random,
+// and carrying the limit when it is above 1.
+func newGUID(limit int) string {
+	if limit <= 1 {
+		return driver.RandomHex(guidLen / 2)
+	}
+	return driver.RandomHex(randLen/2) + limitMark + fmt.Sprintf("%0*d", limitLen, limit)
+}
 
 func pathBase(p string) string { return p[strings.LastIndexByte(p, '/')+1:] }

@@ -41,3 +41,41 @@ func FuzzLockPath(f *testing.F) {
 		}
 	})
 }
+
+// A child's name carries its attempt's limit: none (1) in a mutex's GUID, as older
+// versions write it; every contender is checked only against those queued before it.
+func TestChildLimit(t *testing.T) {
+	for _, limit := range []int{1, 2, 3, 1_000_000, maxLimit} {
+		g := newGUID(limit)
+		name := childPrefix + "own-er:1-" + g + "-0000000042"
+		c, ok := parseChild(name)
+		if !ok || len(g) != guidLen || c.owner != "own-er:1" || c.guid != g || c.seq != 42 || c.limit != limit {
+			t.Fatalf("limit %d: GUID %q, %q parses as %+v, %v", limit, g, name, c, ok)
+		}
+		if limit == 1 && strings.Trim(g, "0123456789abcdef") != "" {
+			t.Fatalf("a mutex's GUID %q is not hex", g)
+		}
+	}
+	for guid, want := range map[string]int{
+		strings.Repeat("ab", 16):                    1,
+		strings.Repeat("a", randLen) + "-n00000000": 0,
+		strings.Repeat("a", randLen) + "-n00000001": 0,
+		strings.Repeat("a", randLen) + "-n0000000x": 0,
+		strings.Repeat("a", randLen) + "-n00000007": 7,
+		strings.Repeat("a", randLen) + "-m00000007": 1,
+	} {
+		if got := guidLimit(guid); got != want {
+			t.Errorf("guidLimit(%q) = %d, want %d", guid, got, want)
+		}
+	}
+	q := []child{{seq: 1, limit: 2}, {seq: 2, limit: 2}, {seq: 3, limit: 3}, {seq: 4, limit: 2}}
+	for _, c := range []struct {
+		own        int64
+		limit, cur int
+		ok         bool
+	}{{1, 5, 0, true}, {2, 2, 0, true}, {2, 3, 2, false}, {4, 2, 3, false}, {3, 3, 2, false}} {
+		if cur, ok := checkLimit(q, c.own, c.limit); cur != c.cur || ok != c.ok {
+			t.Errorf("checkLimit(own %d, limit %d) = %d, %v; want %d, %v", c.own, c.limit, cur, ok, c.cur, c.ok)
+		}
+	}
+}

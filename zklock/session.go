@@ -90,10 +90,18 @@ func (b *Backend) onEvent(ev zk.Event) {
 			b.dropLocked(e, false)
 		}
 		for w := range b.predOf[ev.Path] {
-			w.pred, w.watching = "", false
+			b.unwatchLocked(w)
 			w.signal()
 		}
-		delete(b.predOf, ev.Path)
+	case zk.EventNodeDataChanged:
+		// A semaphore's queued place took a permit (see queue), or wrote its
+		// value: the waiter behind it looks again.
+		for w, data := range b.predOf[ev.Path] {
+			if data {
+				b.unwatchLocked(w)
+				w.signal()
+			}
+		}
 	}
 }
 

@@ -28,20 +28,35 @@ import (
 // header fields are ignored, for later versions. A node without a value is written
 // exactly as older versions wrote it, so they read it; an older version reads a
 // node with a value as one whose TTL it does not know.
+//
+//	30000 0 h                 a semaphore's holder: a permit is held
+//
+// The third header field, "h", marks the node of a semaphore holder (a limit above
+// 1; a base of 0 stands for the mtime). The holder writes it when granted with
+// contenders behind it, and every later write of the node keeps it: the waiter
+// behind a queued place watches that place's data, and the mark tells it, even when
+// it reads the node after the write, that the place took a permit and it is now
+// first in line (see queue).
 
-// encodeData returns a node's data.
-func encodeData(ttl time.Duration, base int64, value []byte) []byte {
+// encodeData returns a node's data; held is only ever set for a semaphore's node.
+func encodeData(ttl time.Duration, base int64, held bool, value []byte) []byte {
 	n := 20
-	if base > 0 {
+	if base > 0 || held {
 		n += 21
+	}
+	if held {
+		n += 2
 	}
 	if len(value) > 0 {
 		n += 1 + len(value)
 	}
 	data := strconv.AppendInt(make([]byte, 0, n), ttl.Milliseconds(), 10)
-	if base > 0 {
+	if base > 0 || held {
 		data = append(data, ' ')
 		data = strconv.AppendInt(data, base, 10)
+	}
+	if held {
+		data = append(data, " h"...)
 	}
 	if len(value) > 0 {
 		data = append(data, '\n')
@@ -55,6 +70,7 @@ type nodeData struct {
 	ttl   time.Duration // 0 when unknown
 	base  int64         // server time the TTL counts from (Unix ms), 0 for the mtime
 	value []byte        // nil for none
+	held  bool          // a semaphore's node that holds a permit
 }
 
 // decodeData parses a node's data, of this version or an older one. What it cannot
@@ -80,6 +96,7 @@ func decodeData(data []byte) nodeData {
 			d.base = b
 		}
 	}
+	d.held = len(fields) > 2 && string(fields[2]) == "h"
 	return d
 }
 
@@ -98,8 +115,9 @@ func (d nodeData) ttlLeft(st *zk.Stat) time.Duration {
 }
 
 // SetValue implements driver.Valuer. It reads the data of the owner's node, which
-// must be the holder's (the lowest contender: no contender can be created below an
-// existing one, so the node is the holder's for as long as it exists), and writes
+// must be a holder's (one of the lowest contenders, as many as the key admits: no
+// contender can be created below an existing one, so the node is a holder's for as
+// long as it exists), and writes
 // it back with the new value on the condition that its version has not changed: a
 // concurrent write (a renewal, another SetValue) makes it read and try again, and a
 // deleted node (a release, a force release, the session's expiry) makes it fail
@@ -137,10 +155,12 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 		return wrap("set value", key, err)
 	}
 	q := queue(names)
-	if len(q) == 0 || q[0].owner != owner {
-		return notHeld(key, owner)
+	for _, c := range q[:min(permits(q), len(q))] {
+		if c.owner == owner {
+			return b.setValue(ctx, key, owner, parent+"/"+c.name, value, nil)
+		}
 	}
-	return b.setValue(ctx, key, owner, parent+"/"+q[0].name, value, nil)
+	return notHeld(key, owner)
 }
 
 func notHeld(key, owner string) error {
@@ -172,7 +192,7 @@ func (b *Backend) setValue(ctx context.Context, key, owner, p string, value []by
 		var nst *zk.Stat
 		err = b.call(ctx, func() error {
 			var err error
-			nst, err = b.conn.Set(p, encodeData(d.ttl, base, value), st.Version)
+			nst, err = b.conn.Set(p, encodeData(d.ttl, base, d.held, value), st.Version)
 			return err
 		})
 		switch {
@@ -199,10 +219,13 @@ func (b *Backend) setValue(ctx context.Context, key, owner, p string, value []by
 // replaces the stored one, also one another connection set). It writes the TTL too,
 // as a renewal would. again means the node is gone and the attempt should start
 // over. An attempt whose node carries its value already (every first attempt, and
-// every later one of the same lock call) sends nothing.
-func (b *Backend) storeValue(ctx context.Context, e *entry, req driver.Request, p string, reenter bool) (again bool, err error) {
+// every later one of the same lock call) sends nothing. With mark set (a
+// semaphore's grant with contenders behind it), the data carries the holding mark,
+// and is written if it does not yet.
+func (b *Backend) storeValue(ctx context.Context, e *entry, req driver.Request, p string, reenter, mark bool) (again bool, err error) {
 	b.mu.Lock()
-	need := reenter || !e.valueKnown || !bytes.Equal(e.value, req.Value)
+	need := reenter || !e.valueKnown || !bytes.Equal(e.value, req.Value) || mark && !e.marked
+	held := mark || e.marked
 	b.mu.Unlock()
 	if !need {
 		return false, nil
@@ -211,7 +234,7 @@ func (b *Backend) storeValue(ctx context.Context, e *entry, req driver.Request, 
 	sess, sent := b.currentSession(), time.Now()
 	err = b.call(ctx, func() error {
 		var err error
-		st, err = b.conn.Set(p, encodeData(req.TTL, 0, req.Value), -1)
+		st, err = b.conn.Set(p, encodeData(req.TTL, 0, held, req.Value), -1)
 		return err
 	})
 	b.mu.Lock()
@@ -226,6 +249,6 @@ func (b *Backend) storeValue(ctx context.Context, e *entry, req driver.Request, 
 	if sess == b.session && sent.After(b.heard) {
 		b.heard = sent
 	}
-	e.value, e.valueKnown, e.version = slices.Clone(req.Value), true, st.Version
+	e.value, e.valueKnown, e.version, e.marked = slices.Clone(req.Value), true, st.Version, held
 	return false, nil
 }

@@ -10,8 +10,9 @@ import (
 )
 
 // Watch implements driver.Notifier. A waiting attempt watches its predecessor child
-// only; the waiter is signalled when that child is deleted, when its own child is,
-// and when the session ends. A waiter whose queued place was lost with the session
+// only (a semaphore's first in line its holders, see queue); the waiter is
+// signalled when a watched child is deleted (or, for a semaphore, takes a permit),
+// when its own child is, and when the session ends. A waiter whose queued place was lost with the session
 // (it expired, or nothing was heard from the ensemble for the whole session
 // timeout) is signalled, and its next attempt fails with an error that does not
 // match driver.ErrLocked, so that its Lock fails at once rather than queue again at
@@ -37,8 +38,9 @@ type waiter struct {
 	c          chan struct{}
 
 	// Guarded by Backend.mu.
-	pred     string    // watched predecessor path
-	watching bool      // the watch on pred is set on the server and has not fired
+	preds    []string  // watched paths: the predecessor, or a semaphore's holders
+	data     bool      // preds' data is watched too
+	watching bool      // the watches on preds are set on the server and none has fired
 	checked  time.Time // when an attempt last listed the queue on the server
 	ahead    int       // children between the holder and the own child then
 	lost     error     // the session that carried the queued place ended
@@ -80,16 +82,15 @@ func (w *waiter) signal() {
 // predecessor is deleted or the session ends; it then fires into nothing).
 func (b *Backend) unwatchLocked(w *waiter) {
 	w.watching = false
-	if w.pred == "" {
-		return
-	}
-	if m := b.predOf[w.pred]; m != nil {
-		delete(m, w)
-		if len(m) == 0 {
-			delete(b.predOf, w.pred)
+	for _, p := range w.preds {
+		if m := b.predOf[p]; m != nil {
+			delete(m, w)
+			if len(m) == 0 {
+				delete(b.predOf, p)
+			}
 		}
 	}
-	w.pred = ""
+	w.preds, w.data = nil, false
 }
 
 // Stop implements driver.Waiter: a waiter that did not acquire deletes its child.

@@ -40,7 +40,8 @@
 // same round trip (the listing is sent right behind the create; a session's requests
 // are processed in order, so it sees the new child). An uncontended Lock and Release
 // thus cost two round trips and three requests: create, list, delete. If the
-// owner's child is the lowest, the lock is granted. Otherwise a TryLock deletes its
+// owner's child is the lowest (one of the N lowest for a semaphore of N, see
+// below), the lock is granted. Otherwise a TryLock deletes its
 // child and reports ErrLocked; a waiting Lock keeps its place in the queue and sets a
 // watch on its predecessor only (the child just below its own), so a release wakes
 // exactly one waiter and no herd forms. Its later attempts (the core's fallback
@@ -63,6 +64,51 @@
 // would ever delete (a ghost contender that would block the lock for the life of the
 // session). If the create cannot be settled before ctx ends, the GUID is kept and a
 // later Release or the local expiry deletes whatever it finds.
+//
+// # Semaphores
+//
+// A key locked with a limit of N > 1 (driver.Semaphorer, dlock.WithLimit) is the
+// same queue, whose N lowest children hold a permit each: each its own grant, with
+// its own token (its czxid, from the same zxid sequence as every grant of the key),
+// renewal, value and release. Limits up to 99,999,999 fit (dlock.MaxLimit is lower).
+//
+// The limit is in every child's name: its GUID part ends in "-n" and N in eight
+// digits. A mutex's child is named as older versions name it, and theirs read as
+// limit 1. A listing thus tells every contender's limit without a read. An attempt
+// checks its new child, once, against the contenders queued before it; if one
+// carries another limit, it deletes the child and fails with an error matching
+// driver.ErrLimitMismatch that names both limits. Of any two children that outlive
+// their check, the younger was checked against the older, so the key's holders and
+// queued places always agree on the limit; once the queue is empty, the next child
+// sets it. A refused attempt creates and deletes a child, which other attempts'
+// listings may see (an attempt checked at that moment may be refused too); it
+// changes nothing that lasts. An older version, which knows no limits, parses a
+// semaphore's children as contenders and takes the key only once its own child is
+// the lowest; an attempt with a limit above 1 is refused against that version's
+// child.
+//
+// Waking stays herd-free. The first queued place (N holders below it) watches the
+// deletion of each of the N, so any release, expiry or force release wakes it, and
+// it takes the freed permit; a newcomer, queued behind it, cannot. Every later
+// place watches its predecessor's deletion and data. A grant that leaves
+// contenders behind it writes a mark into its node's data (a third header field,
+// "h", kept by later writes), which wakes the place behind, now first in line; that
+// one lists the queue and watches the holders. A release thus costs the waiters two
+// wake-ups and listings and the new holder one write (a mutex's handoff costs one
+// wake-up and listing), whatever the length of the queue; the first in line keeps
+// N watches. Several permits freed at once (a force release) go down the queue one
+// grant at a time, each grant waking the next place. A mutex's attempt is
+// unchanged: the same requests and bytes as before.
+//
+// An owner id that holds a permit through another client (another process of the
+// same owner id, see driver.Request) is refused a second one, waiting or not: the
+// attempt deletes its child, keeps no place, and a waiting one watches the other
+// client's child and is woken when it goes.
+//
+// Inspect reports the oldest holder, with Waiters counting the places queued behind
+// the N; Holders lists the queue and reads the holders' nodes (N reads in one round
+// trip); ForceRelease deletes the N holders' children; the holder watch watches
+// every holder's data.
 //
 // # Values
 //
@@ -87,7 +133,7 @@
 //
 // WatchHolder (driver.HolderWatcher) sets two watches on the backend's session: on
 // the lock node's children (its existence while it does not exist) and on the data
-// of the holder's child. Every change of holder (a grant, a release, a force
+// of the holder's child (of each holder's, for a semaphore). Every change of holder (a grant, a release, a force
 // release, the expiry of the holder's session) and every SetValue makes one fire;
 // ZooKeeper watches fire once, and the watch sets them again as it reads the queue or
 // the holder's data, sending only when the holder or its value changed. Nothing is
@@ -184,8 +230,8 @@ const (
 )
 
 // Backend is the ZooKeeper backend. It implements driver.Backend, driver.Notifier,
-// driver.Bounder, driver.Inspector, driver.ForceReleaser, driver.Valuer and
-// driver.HolderWatcher, and is safe for concurrent use. It holds
+// driver.Bounder, driver.Inspector, driver.ForceReleaser, driver.Valuer,
+// driver.Semaphorer and driver.HolderWatcher, and is safe for concurrent use. It holds
 // one ZooKeeper session; Close ends it, which deletes every node it still has.
 type Backend struct {
 	conn   *zk.Conn
@@ -246,6 +292,7 @@ var (
 	_ driver.Bounder       = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
+	_ driver.Semaphorer    = (*Backend)(nil)
 )
 
 // Conn returns the ZooKeeper connection.
