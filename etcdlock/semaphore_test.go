@@ -326,3 +326,40 @@ func TestSemaphoreValues(t *testing.T) {
 		t.Fatalf("Holders after ForceRelease = %d, %+v, %v", limit, hs, err)
 	}
 }
+
+// A waiter ahead that gives up counts as a place freed: the waiter behind it gets
+// the next permit promptly, and no permit stays reserved for the one that left.
+func TestSemaphoreWaiterGivesUp(t *testing.T) {
+	srv := testserver.StartEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli := rawClient(t, srv.Endpoint())
+	b := open(t, srv.URL("dlock"))
+	defer b.Close()
+	key := drivertest.Key(t, "k")
+	a := mustLockLimit(t, ctx, client(t, srv), key, 2)
+	h := mustLockLimit(t, ctx, client(t, srv), key, 2)
+	defer h.Release(ctx)
+	wctx, wcancel := context.WithCancel(ctx)
+	w1 := lockAsync(wctx, client(t, srv), key, dlock.WithLimit(2))
+	waitMembers(t, cli, b, key, 3)
+	w2 := lockAsync(ctx, client(t, srv), key, dlock.WithLimit(2))
+	waitMembers(t, cli, b, key, 4)
+	wcancel()
+	if r := <-w1; !errors.Is(r.err, dlock.ErrLocked) {
+		t.Fatalf("cancelled waiter: %v, want ErrLocked", r.err)
+	}
+	waitMembers(t, cli, b, key, 3)
+	released := time.Now()
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-w2
+	if r.err != nil {
+		t.Fatalf("waiter: %v", r.err)
+	}
+	defer r.l.Release(ctx)
+	if d := r.at.Sub(released); d > time.Second {
+		t.Fatalf("the waiter got the freed permit %v after the release", d)
+	}
+}
