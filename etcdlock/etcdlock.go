@@ -299,8 +299,9 @@ func (b *Backend) Prefix() string { return b.prefix }
 // LockPrefix returns the etcd key prefix under which the member keys of the lock
 // named key live: prefix/<key> and the byte 0x1f, where "%" and "/" in key are
 // escaped as %25 and %2F. A member key is the lock prefix followed by <client
-// id>.<n>; its value is the owner id, followed by the byte 0x00 and the grant's
-// value when it has one. See lockPrefix for why no lock's range can
+// id>.<n>; its value is the owner id, followed by the byte 0x01 and the limit for
+// a member of a semaphore, and by the byte 0x00 and the grant's value when it has
+// one. See lockPrefix for why no lock's range can
 // contain another's, whatever the prefixes.
 func (b *Backend) LockPrefix(key string) string { return lockPrefix(b.prefix, key) }
 
