@@ -60,11 +60,67 @@
 //
 // Release deletes the own member key. Refresh checks that it still exists, with the
 // grant's create revision and owner, first in line, on the live session lease.
-// ForceRelease deletes the first member key. Inspect reads the first member (keys
+// ForceRelease deletes the first member key (the first N of a semaphore, see
+// Semaphores). Inspect reads the first member (keys
 // only, then its value), the number behind it, and its lease's remaining TTL.
 // Requests that fail because etcd is between leaders are retried within the request
 // timeout (every write here is idempotent). A Release whose context has already
 // ended sends nothing and leaves the grant as it is (see Backend.Release).
+//
+// # Semaphores
+//
+// The backend is a driver.Semaphorer: a request with a limit N above 1
+// (dlock.WithLimit) makes the lock a semaphore of N permits, kept in the same
+// queue of member keys as a mutex: the first N members by create revision hold a
+// permit each, the others wait in create-revision order (FIFO). Each permit is its
+// own member key, with its own owner, value, token (its create revision, from the
+// cluster's one rising revision counter, as for a mutex), Refresh and Release. A
+// permit costs one member key on the session lease, one transaction to give back,
+// and one to take by a waiting Lock; two when the lock's limit key is absent or
+// says another limit (the first use of a key as a semaphore of N: the first
+// transaction writes nothing), and for a TryLock, which counts first and creates
+// only if fewer than N are there, so that it never queues.
+//
+// The limit is kept in two places. Each semaphore member's value carries it (the
+// owner id, 0x01, N in decimal, then the value, see Member values), so a read of
+// a member tells its lock's limit. And the lock's limit key, prefix/<key> followed
+// by the byte 0x1d, outside the members' range and without a lease, holds N while
+// the lock is a semaphore: the transaction that creates a semaphore member compares
+// it with its own N; one that finds it different writes nothing, and fails with an
+// error matching driver.ErrLimitMismatch (naming the key and both limits) if the
+// lock has members, or, if it has none, writes the limit key and its member
+// together, guarded by "no member exists". A mutex member is created only where
+// the limit key is absent: a waiting mutex attempt's transaction compares that (a
+// few bytes more on that path), and a TryLock's "no member" condition covers the
+// range from the limit key to the end of the members, which costs no byte more. So
+// while a lock has members, they are all of one limit, and the limit key says it.
+// A limit key or tail left on a lock without members (its last holder expired) is
+// deleted by the next attempt that runs into it.
+//
+// A waiter queued behind the N holders with k members ahead of it holds a permit
+// once k-N+1 of them are gone. It keeps one etcd watch on the lock's member range
+// that etcd filters to deletes only, from the revision of the read that counted
+// the members ahead, and counts the deletes; only when the count says it may be
+// among the first N does it ask etcd, in one read (the keys of the members created
+// before its own), whether it holds. A release is therefore, as for a mutex, one
+// request (the delete), plus one read by the waiter it promotes, and by no other:
+// the others count the delete locally. Several permits freed at once promote as
+// many waiters. A delete behind the waiter (another waiter giving up) wakes it
+// early; it reads its place again and goes on counting. The cost is that every
+// delete is sent to every waiter's watch: a release sends one watch event to each
+// waiter, where a mutex release sends one in all. Watching only the member N
+// places ahead would wake too few (the first waiter must learn of the release of
+// any of the N holders, and a member between would change which one is N places
+// ahead), and watching each of the N members ahead would make every waiter read.
+//
+// Holders reads the first member (with its value, the limit) and then the first N;
+// Inspect reports the oldest holder and counts the other members beyond the N as
+// waiters; ForceRelease deletes the first N; Refresh of a permit checks that fewer
+// than N members are ahead of it; SetValue rewrites the permit's member keeping its
+// limit. Resuming, with dlock.WithResume, a permit held through another client is
+// not supported: the attempt takes a place of its own. Clients of versions before
+// semaphores ignore the limit key and read a semaphore member as another owner's
+// mutex grant; do not mix them on a semaphore.
 //
 // # Sessions and TTL
 //
@@ -96,9 +152,10 @@
 // # Values and holder watching
 //
 // The backend is a driver.Valuer and a driver.HolderWatcher (dlock's elections:
-// Campaign's and Proclaim's values, Leader, Observe). A request's value is stored in
-// its member key, after the owner id and the byte 0x00 (an owner id holds no control
-// byte); a request without one writes the owner id alone, as before, so locking
+// Campaign's and Proclaim's values, Leader, Observe), for every holder of a
+// semaphore too. A request's value is stored in its member key, after the owner id
+// (and a semaphore's limit) and the byte 0x00 (an owner id holds no control byte); a
+// mutex request without one writes the owner id alone, as before, so locking
 // without values costs not a byte more. The value is written with the member key, so
 // a queued place carries its own value into the grant the queue hands it, and it
 // goes with the key: the next grant has its own value or none. An attempt that
@@ -197,8 +254,8 @@ const (
 var ErrSessionLost = errors.New("etcdlock: session lease lost")
 
 // Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Bounder, driver.Valuer and
-// driver.HolderWatcher, and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Bounder, driver.Valuer,
+// driver.Semaphorer and driver.HolderWatcher, and is safe for concurrent use.
 type Backend struct {
 	cli     *clientv3.Client
 	own     bool // close cli in Close
@@ -230,6 +287,7 @@ var (
 	_ driver.Bounder       = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
+	_ driver.Semaphorer    = (*Backend)(nil)
 )
 
 // Client returns the etcd client.
@@ -241,8 +299,9 @@ func (b *Backend) Prefix() string { return b.prefix }
 // LockPrefix returns the etcd key prefix under which the member keys of the lock
 // named key live: prefix/<key> and the byte 0x1f, where "%" and "/" in key are
 // escaped as %25 and %2F. A member key is the lock prefix followed by <client
-// id>.<n>; its value is the owner id, followed by the byte 0x00 and the grant's
-// value when it has one. See lockPrefix for why no lock's range can
+// id>.<n>; its value is the owner id, followed by the byte 0x01 and the limit for
+// a member of a semaphore, and by the byte 0x00 and the grant's value when it has
+// one. See lockPrefix for why no lock's range can
 // contain another's, whatever the prefixes.
 func (b *Backend) LockPrefix(key string) string { return lockPrefix(b.prefix, key) }
 

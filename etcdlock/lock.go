@@ -56,7 +56,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		var held *driver.HeldError
 		switch {
 		case err == nil:
-			b.track(ok, int64(g.Token), s, req.TTL)
+			b.track(ok, int64(g.Token), req.Limit, s, req.TTL)
 			return g, nil
 		case errors.Is(err, errLeaseGone):
 			// The lease ended on the server before the keep-alive loop noticed.
@@ -79,6 +79,10 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			}
 			return driver.Grant{}, err
 		case errors.Is(err, ErrSessionLost):
+			return driver.Grant{}, wrap("acquire", req.Key, err)
+		case errors.Is(err, driver.ErrLimitMismatch):
+			// Refused by a transaction that wrote nothing (see limitSep).
+			b.freeName(ok)
 			return driver.Grant{}, wrap("acquire", req.Key, err)
 		case w != nil && waitCtx.Err() == nil && (ctx.Err() != nil || errors.Is(err, rpctypes.ErrTooManyRequests)):
 			// A waiting attempt ran out of the request timeout (the server is busy,
@@ -164,7 +168,27 @@ func leaseErr(err error) error {
 
 // attempt is one try of Acquire on session s. It is idempotent: run again after a
 // lost reply, it finds the member key the first run wrote and carries on from there.
+// A request with a limit above 1 takes the semaphore's way (semAttempt).
 func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w *waiter) (driver.Grant, error) {
+	if req.Limit > 1 {
+		return b.semAttempt(ctx, req, s, w)
+	}
+	for range 4 {
+		g, err := b.mutexAttempt(ctx, req, s, w)
+		if !errors.Is(err, errStaleLimit) {
+			return g, err
+		}
+		if err := b.clearStale(ctx, b.LockPrefix(req.Key)); err != nil {
+			return driver.Grant{}, err
+		}
+	}
+	return driver.Grant{}, errors.New("the lock's limit key keeps coming back") // transient
+}
+
+// mutexAttempt is attempt for a mutex. It returns errStaleLimit when a key left
+// behind by a semaphore (its limit key, or the tail) refused it on a lock without
+// members: the caller deletes those and tries again.
+func (b *Backend) mutexAttempt(ctx context.Context, req driver.Request, s *session, w *waiter) (driver.Grant, error) {
 	prefix := b.LockPrefix(req.Key)
 	member := b.name(driver.Holder{Key: req.Key, Owner: req.Owner})
 	if w != nil {
@@ -172,13 +196,17 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w
 			return g, err
 		}
 	}
-	put := clientv3.OpPut(member, memberValue(req.Owner, req.Value), clientv3.WithLease(s.id))
+	put := clientv3.OpPut(member, memberValue(req.Owner, 1, req.Value), clientv3.WithLease(s.id))
 	resp, hint, err := b.create(ctx, req, s, prefix, member, put)
 	if err != nil {
 		return driver.Grant{}, leaseErr(err)
 	}
 	if resp.Succeeded {
 		return b.created(ctx, req, s, w, member, resp, hint)
+	}
+	if req.Wait && firstKV(resp.Responses[0]) == nil {
+		// Refused by the limit key, not by the own member key.
+		return driver.Grant{}, b.limitConflict(ctx, prefix, 1)
 	}
 	return b.exists(ctx, req, s, w, member, resp, put)
 }
@@ -240,6 +268,7 @@ func (b *Backend) placedAttempt(ctx context.Context, s *session, w *waiter, pref
 func (b *Backend) create(ctx context.Context, req driver.Request, s *session, prefix, member string, put clientv3.Op) (*clientv3.TxnResponse, firstHint, error) {
 	tail := tailKey(prefix)
 	putTail := clientv3.OpPut(tail, member, clientv3.WithLease(s.id))
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(member), "=", 0)}
 	var thenOps, elseOps []clientv3.Op
 	var hint firstHint
 	if req.Wait {
@@ -257,14 +286,20 @@ func (b *Backend) create(ctx context.Context, req driver.Request, s *session, pr
 		}
 		thenOps = append(thenOps, put, putTail)
 		elseOps = []clientv3.Op{clientv3.OpGet(member)}
+		// A mutex member is never created while the lock is a semaphore.
+		cmps = append(cmps, clientv3.Compare(clientv3.Version(limitKey(prefix)), "=", 0))
 	} else {
+		// "No member" is asked of the range from the limit key to the end of the
+		// members, which holds the tail too: the same bytes as the members' range
+		// alone, and a stale limit key or tail on a lock without members makes
+		// the attempt clear them and try again.
 		thenOps = []clientv3.Op{clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix()},
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(limitKey(prefix)), "=", 0).WithRange(clientv3.GetPrefixRangeEnd(prefix))},
 			[]clientv3.Op{put, putTail}, []clientv3.Op{firstOp(prefix)})}
 		elseOps = []clientv3.Op{clientv3.OpGet(member), firstKeyOp(prefix)}
 	}
 	resp, err := b.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(member), "=", 0)).
+		If(cmps...).
 		Then(thenOps...).
 		Else(elseOps...).
 		Commit()
@@ -281,7 +316,13 @@ func (b *Backend) created(ctx context.Context, req driver.Request, s *session, w
 		if nested.GetSucceeded() {
 			return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 		}
-		if first := firstKV(nested.GetResponses()[0]); first != nil && ownerOf(first.Value) == req.Owner && req.Reenter {
+		first := firstKV(nested.GetResponses()[0])
+		switch {
+		case first == nil:
+			return driver.Grant{}, errStaleLimit
+		case limitOf(first.Value) > 1:
+			return driver.Grant{}, limitMismatch(limitOf(first.Value), 1)
+		case ownerOf(first.Value) == req.Owner && req.Reenter:
 			return b.resume(ctx, req, first, s, "")
 		}
 		return driver.Grant{}, &driver.HeldError{}
@@ -432,7 +473,7 @@ func (b *Backend) resumeFirst(ctx context.Context, req driver.Request, s *sessio
 func (b *Backend) resume(ctx context.Context, req driver.Request, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {
 	ok := driver.Holder{Key: req.Key, Owner: req.Owner}
 	name := string(first.Key)
-	ops := []clientv3.Op{clientv3.OpPut(name, memberValue(req.Owner, req.Value), clientv3.WithLease(s.id))}
+	ops := []clientv3.Op{clientv3.OpPut(name, memberValue(req.Owner, req.Limit, req.Value), clientv3.WithLease(s.id))}
 	if extra != "" {
 		ops = append(ops, clientv3.OpDelete(extra))
 	}
@@ -455,5 +496,5 @@ func (b *Backend) resume(ctx context.Context, req driver.Request, first *mvccpb.
 // attempt that re-enters a grant replaces its value). The write keeps the key's
 // create revision, the token.
 func rewrite(mine *mvccpb.KeyValue, s *session, req driver.Request) bool {
-	return mine.Lease != int64(s.id) || string(mine.Value) != memberValue(req.Owner, req.Value)
+	return mine.Lease != int64(s.id) || string(mine.Value) != memberValue(req.Owner, req.Limit, req.Value)
 }

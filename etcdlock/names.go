@@ -53,6 +53,25 @@ func tailOf(name string) string {
 	return name[:i] + tailSep
 }
 
+// limitSep ends the name of a lock's limit key, P/E 0x1d: outside every lock's
+// range, inside the prefix, sorting just before the tail key and the members. It
+// exists, without a lease, while the lock is a semaphore, holding the limit in
+// decimal: the transaction that creates the first member of a free lock as a
+// semaphore of N writes N there (guarded by "no member exists"), every later
+// semaphore attempt's transaction compares it with its own limit, and a mutex
+// attempt's requires it absent. Left behind once the semaphore's last member is
+// gone, it is stale and harmless: the next attempt that finds no member there
+// overwrites or deletes it. So, while members exist, the key says their limit:
+// absent for a mutex, N for a semaphore of N (see Semaphores in the package
+// documentation).
+const limitSep = "\x1d"
+
+// limitKey returns the limit key of the lock whose member key names start with
+// lockPrefix (see limitSep).
+func limitKey(lockPrefix string) string {
+	return strings.TrimSuffix(lockPrefix, memberSep) + limitSep
+}
+
 var keyEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // lockPrefix returns the start of the member keys of the lock named key under

@@ -14,7 +14,8 @@ import (
 // Refresh implements driver.Backend. The session lease is kept alive in the
 // background; Refresh checks that the grant made through this backend is still
 // there: its member key exists with the grant's create revision and owner, first in
-// line, on a live session.
+// line (for a semaphore of N, with fewer than N members ahead of it), on a live
+// session.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
@@ -30,20 +31,31 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	var resp *clientv3.TxnResponse
 	err := b.retry(ctx, func(ctx context.Context) (err error) {
 		// The first member keys only: its create revision is all that is compared.
-		resp, err = b.cli.Txn(ctx).Then(clientv3.OpGet(name), firstKeyOp(prefix)).Commit()
+		// For a semaphore, the keys of up to N members ahead.
+		ahead := firstKeyOp(prefix)
+		if h.limit > 1 {
+			ahead = aheadOp(prefix, h.rev, h.limit)
+		}
+		resp, err = b.cli.Txn(ctx).Then(clientv3.OpGet(name), ahead).Commit()
 		return err
 	})
 	if err != nil {
 		return wrap("refresh", key, err)
 	}
 	mine, first := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
+	inLine := first != nil && mine != nil && first.CreateRevision == mine.CreateRevision
+	if h.limit > 1 {
+		inLine = len(resp.Responses[1].GetResponseRange().GetKvs()) < h.limit
+	}
 	var why string
 	switch {
 	case mine == nil:
 		why = "the member key is gone (released, expired or force-released)"
 	case mine.CreateRevision != h.rev || ownerOf(mine.Value) != owner:
 		why = "the member key was deleted and created again"
-	case first == nil || first.CreateRevision != mine.CreateRevision:
+	case !inLine && h.limit > 1:
+		why = fmt.Sprintf("the member key is not among the first %d in line", h.limit)
+	case !inLine:
 		why = "the member key is not first in line"
 	case mine.Lease != int64(h.sess.id):
 		why = "the grant was resumed on another session with the same owner id"
@@ -152,40 +164,41 @@ func (b *Backend) releaseByOwner(ctx context.Context, key, owner string) error {
 }
 
 // ForceRelease implements driver.ForceReleaser: it deletes the first member key,
-// whoever owns it. The next grant has a larger create revision, so a fenced resource
-// rejects the old holder.
+// whoever owns it, and for a semaphore of N the first N (every holder; the places
+// queued behind them then hold). The next grant has a larger create revision, so a
+// fenced resource rejects the old holders.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
-	prefix := b.LockPrefix(key)
 	for {
-		var resp *clientv3.GetResponse
-		err := b.retry(ctx, func(ctx context.Context) (err error) {
-			resp, err = b.cli.Get(ctx, prefix, clientv3.WithFirstCreate()...)
-			return err
-		})
+		_, kvs, _, err := b.holders(ctx, key)
 		if err != nil {
 			return wrap("force release", key, err)
 		}
-		if len(resp.Kvs) == 0 {
+		if len(kvs) == 0 {
 			return wrap("force release", key, driver.ErrNotHeld)
 		}
-		kv := resp.Kvs[0]
-		var tr *clientv3.TxnResponse
-		err = b.retry(ctx, func(ctx context.Context) (err error) {
-			tr, err = b.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)).
-				Then(clientv3.OpDelete(string(kv.Key))).
-				Commit()
-			return err
-		})
-		if err != nil {
-			return wrap("force release", key, err)
+		deleted := 0
+		for _, kv := range kvs {
+			var tr *clientv3.TxnResponse
+			err = b.retry(ctx, func(ctx context.Context) (err error) {
+				tr, err = b.cli.Txn(ctx).
+					If(clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)).
+					Then(clientv3.OpDelete(string(kv.Key))).
+					Commit()
+				return err
+			})
+			if err != nil {
+				return wrap("force release", key, err)
+			}
+			if tr.Succeeded {
+				deleted++
+			}
 		}
-		if tr.Succeeded {
+		if deleted > 0 {
 			return nil
 		}
-		// The holder left meanwhile; release whoever holds it now.
+		// The holders left meanwhile; release whoever holds it now.
 	}
 }
 
@@ -229,10 +242,10 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 		}
 		// Else the first member left between the reads: read again.
 	}
-	owner, value := splitMember(first.Value)
+	owner, limit, value := parseMember(first.Value)
 	info := driver.Info{
 		Key: key, Owner: owner, Token: uint64(first.CreateRevision),
-		Waiters: int(max(count-1, 0)), Value: value,
+		Waiters: int(max(count-int64(limit), 0)), Value: value,
 	}
 	if first.Lease != 0 {
 		var tr *clientv3.LeaseTimeToLiveResponse

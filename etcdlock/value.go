@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strconv"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlockio/dlock/driver"
@@ -12,60 +14,94 @@ import (
 
 // Member values.
 //
-// A member key's value is its owner id, followed, when the request that wrote it
-// carried a value (driver.Request.Value), by the byte 0x00 and that value. An owner
-// id holds no control byte (driver.ValidateOwner), so the first 0x00 ends it. A
-// request without a value writes the owner id alone, as before values existed: not
-// a byte more on the hot path, and clients of the older layout read such members
-// as they always did. The value lives and dies with the member key: a queued place
-// carries the value of the request that queued it into the grant the queue hands
-// it, the next grant is another member key with its own value, and a release,
-// force release or lease expiry deletes both at once.
-const valueSep = "\x00"
+// A member key's value is its owner id; then, for a member of a semaphore
+// (driver.Request.Limit above 1), the byte 0x01 and the limit in decimal; then,
+// when the request that wrote it carried a value (driver.Request.Value), the byte
+// 0x00 and that value. An owner id holds no control byte (driver.ValidateOwner),
+// so the first 0x00 or 0x01 ends it. A mutex member without a value is the owner
+// id alone, as before values and semaphores existed: not a byte more on the hot
+// path, and clients of the older layout read such members as they always did. The
+// value lives and dies with the member key: a queued place carries the value of
+// the request that queued it into the grant the queue hands it, the next grant is
+// another member key with its own value, and a release, force release or lease
+// expiry deletes both at once.
+const (
+	valueSep = "\x00"
+	limitTag = "\x01"
+)
 
-// memberValue is the value of the member key of owner with value.
-func memberValue(owner string, value []byte) string {
-	if len(value) == 0 {
-		return owner
+// memberValue is the value of the member key of owner, in a lock of limit holders
+// (0 or 1: a mutex), with value.
+func memberValue(owner string, limit int, value []byte) string {
+	v := owner
+	if limit > 1 {
+		v += limitTag + strconv.Itoa(limit)
 	}
-	return owner + valueSep + string(value)
+	if len(value) > 0 {
+		v += valueSep + string(value)
+	}
+	return v
+}
+
+// parseMember splits a member key's value into the owner id, the limit (1 for a
+// mutex member) and the value (nil when there is none).
+func parseMember(v []byte) (owner string, limit int, value []byte) {
+	i := bytes.IndexAny(v, valueSep+limitTag)
+	if i < 0 {
+		return string(v), 1, nil
+	}
+	owner, rest, limit := string(v[:i]), v[i:], 1
+	if rest[0] == limitTag[0] {
+		j := bytes.IndexByte(rest, valueSep[0])
+		if j < 0 {
+			j = len(rest)
+		}
+		if n, err := strconv.Atoi(string(rest[1:j])); err == nil && n > 1 {
+			limit = n
+		}
+		rest = rest[j:]
+	}
+	if len(rest) > 1 {
+		value = bytes.Clone(rest[1:])
+	}
+	return owner, limit, value
 }
 
 // splitMember splits a member key's value into the owner id and the value (nil
 // when there is none).
 func splitMember(v []byte) (owner string, value []byte) {
-	i := bytes.IndexByte(v, valueSep[0])
-	if i < 0 {
-		return string(v), nil
-	}
-	if i+1 == len(v) {
-		return string(v[:i]), nil
-	}
-	return string(v[:i]), bytes.Clone(v[i+1:])
+	owner, _, value = parseMember(v)
+	return owner, value
 }
 
 // ownerOf returns the owner id in a member key's value.
 func ownerOf(v []byte) string {
-	if i := bytes.IndexByte(v, valueSep[0]); i >= 0 {
+	if i := bytes.IndexAny(v, valueSep+limitTag); i >= 0 {
 		return string(v[:i])
 	}
 	return string(v)
 }
 
-// ownedBy is the comparison "member key name belongs to owner", whatever value it
-// carries: its value is owner or owner 0x00 value, which are exactly the values v
-// with below(owner) < v < owner 0x01 among the values of member keys (etcd compares
-// values as bytes). etcd has no "≥" and no "starts with"; below(owner) is owner with
-// its last byte one less and 0xff appended, which every member value less than owner
-// is less than, too: such a value either differs from owner at an earlier byte, or
-// has owner's last byte one less and then an owner id's byte, 0x00 or nothing, all
-// below 0xff.
+// limitOf returns the limit in a member key's value: 1 for a mutex member.
+func limitOf(v []byte) int {
+	_, limit, _ := parseMember(v)
+	return limit
+}
+
+// ownedBy is the comparison "member key name belongs to owner", whatever limit and
+// value it carries: its value is owner, or owner followed by 0x00 or 0x01 and more,
+// which are exactly the values v with below(owner) < v < owner 0x02 among the values
+// of member keys (etcd compares values as bytes). etcd has no "≥" and no "starts
+// with"; below(owner) is owner with its last byte one less and 0xff appended, which
+// every member value less than owner is less than, too: such a value either differs
+// from owner at an earlier byte, or has owner's last byte one less and then an owner
+// id's byte, 0x00, 0x01 or nothing, all below 0xff.
 func ownedBy(name, owner string) []clientv3.Cmp {
 	n := len(owner)
 	below := owner[:n-1] + string([]byte{owner[n-1] - 1, 0xff})
 	return []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(name), ">", below),
-		clientv3.Compare(clientv3.Value(name), "<", owner+"\x01"),
+		clientv3.Compare(clientv3.Value(name), "<", owner+"\x02"),
 	}
 }
 
@@ -75,7 +111,8 @@ func ownedBy(name, owner string) []clientv3.Cmp {
 // it exists, so this says it still holds the lock) and its owner. The key keeps its
 // lease, so the grant's TTL is unchanged. A grant made through this backend costs
 // that one request; a grant of the owner's made elsewhere (another client with the
-// same owner id) costs a read of the first member before it.
+// same owner id) costs a read of the holders before it. The member's limit tag is
+// kept.
 func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte) error {
 	if b.isClosed() {
 		return driver.ErrClosed
@@ -87,28 +124,24 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 	h, name := b.held[ok], b.names[ok]
 	b.mu.Unlock()
 	var rev int64
+	var limit int
 	if h != nil && h.grant && h.rev > 0 {
-		rev = h.rev
+		rev, limit = h.rev, h.limit
 	} else {
-		var resp *clientv3.TxnResponse
-		err := b.retry(ctx, func(ctx context.Context) (err error) {
-			resp, err = b.cli.Txn(ctx).Then(firstKeyOp(b.LockPrefix(key))).Commit()
-			return err
-		})
+		kv, err := b.holderKV(ctx, key, owner)
 		if err != nil {
 			return wrap("set value", key, err)
 		}
-		first := firstKV(resp.Responses[0])
-		if first == nil {
-			return wrap("set value", key, fmt.Errorf("%w: nobody holds the lock", driver.ErrNotHeld))
+		if kv == nil {
+			return wrap("set value", key, fmt.Errorf("%w: the lock is not this owner's (nobody holds it, or others do)", driver.ErrNotHeld))
 		}
-		name, rev = string(first.Key), first.CreateRevision
+		name, rev, limit = string(kv.Key), kv.CreateRevision, limitOf(kv.Value)
 	}
 	var resp *clientv3.TxnResponse
 	err := b.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = b.cli.Txn(ctx).
 			If(append(ownedBy(name, owner), clientv3.Compare(clientv3.CreateRevision(name), "=", rev))...).
-			Then(clientv3.OpPut(name, memberValue(owner, value), clientv3.WithIgnoreLease())).
+			Then(clientv3.OpPut(name, memberValue(owner, limit, value), clientv3.WithIgnoreLease())).
 			Commit()
 		return err
 	})
@@ -119,4 +152,20 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 		return wrap("set value", key, fmt.Errorf("%w: the lock is not this owner's (released, expired, force-released or held by another owner)", driver.ErrNotHeld))
 	}
 	return nil
+}
+
+// holderKV returns the member key, with its value, by which owner holds key, made
+// through any client: the first member, or for a semaphore one of the first limit
+// members; nil if owner holds none.
+func (b *Backend) holderKV(ctx context.Context, key, owner string) (*mvccpb.KeyValue, error) {
+	_, kvs, _, err := b.holders(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range kvs {
+		if ownerOf(kv.Value) == owner {
+			return kv, nil
+		}
+	}
+	return nil, nil
 }

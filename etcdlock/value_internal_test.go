@@ -15,21 +15,25 @@ import (
 func TestMemberValue(t *testing.T) {
 	for _, c := range []struct {
 		owner string
+		limit int
 		value []byte
 		want  string
 	}{
-		{"alice", nil, "alice"},
-		{"alice", []byte{}, "alice"},
-		{"alice", []byte("10.0.0.1:80"), "alice\x0010.0.0.1:80"},
-		{"a", []byte("\x00\x00"), "a\x00\x00\x00"},
+		{"alice", 1, nil, "alice"},
+		{"alice", 0, []byte{}, "alice"},
+		{"alice", 1, []byte("10.0.0.1:80"), "alice\x0010.0.0.1:80"},
+		{"a", 1, []byte("\x00\x00"), "a\x00\x00\x00"},
+		{"alice", 3, nil, "alice\x013"},
+		{"alice", 12, []byte("v"), "alice\x0112\x00v"},
+		{"a", 2, []byte("\x01\x00"), "a\x012\x00\x01\x00"},
 	} {
-		v := memberValue(c.owner, c.value)
+		v := memberValue(c.owner, c.limit, c.value)
 		if v != c.want {
-			t.Errorf("memberValue(%q, %q) = %q, want %q", c.owner, c.value, v, c.want)
+			t.Errorf("memberValue(%q, %d, %q) = %q, want %q", c.owner, c.limit, c.value, v, c.want)
 		}
-		owner, value := splitMember([]byte(v))
-		if owner != c.owner || !bytes.Equal(value, c.value) || (len(c.value) == 0 && value != nil) {
-			t.Errorf("splitMember(%q) = %q, %q; want %q, %q", v, owner, value, c.owner, c.value)
+		owner, limit, value := parseMember([]byte(v))
+		if owner != c.owner || limit != max(c.limit, 1) || !bytes.Equal(value, c.value) || (len(c.value) == 0 && value != nil) {
+			t.Errorf("parseMember(%q) = %q, %d, %q; want %q, %d, %q", v, owner, limit, value, c.owner, c.limit, c.value)
 		}
 		if o := ownerOf([]byte(v)); o != c.owner {
 			t.Errorf("ownerOf(%q) = %q", v, o)
@@ -53,20 +57,24 @@ func TestOwnedBy(t *testing.T) {
 		stored string
 		want   bool
 	}{
-		{memberValue(owner, nil), true},
-		{memberValue(owner, []byte("v")), true},
-		{memberValue(owner, []byte{0xff, 0xff}), true},
-		{memberValue(owner, []byte{0}), true},
-		{memberValue("ab-", nil), false},
-		{memberValue("ab-", []byte{0xff}), false},
-		{memberValue("ab-0", nil), false},
-		{memberValue("ab-0", []byte{0xff, 0xff, 0xff}), false},
-		{memberValue("ab-0z", nil), false},
-		{memberValue("ab-10", nil), false},
-		{memberValue("ab-1.", []byte("v")), false},
-		{memberValue("ab-2", nil), false},
-		{memberValue("a", nil), false},
-		{memberValue("b", nil), false},
+		{memberValue(owner, 1, nil), true},
+		{memberValue(owner, 1, []byte("v")), true},
+		{memberValue(owner, 1, []byte{0xff, 0xff}), true},
+		{memberValue(owner, 1, []byte{0}), true},
+		{memberValue(owner, 3, nil), true},
+		{memberValue(owner, 99, []byte{0xff}), true},
+		{memberValue("ab-", 3, nil), false},
+		{memberValue("ab-10", 3, nil), false},
+		{memberValue("ab-", 1, nil), false},
+		{memberValue("ab-", 1, []byte{0xff}), false},
+		{memberValue("ab-0", 1, nil), false},
+		{memberValue("ab-0", 1, []byte{0xff, 0xff, 0xff}), false},
+		{memberValue("ab-0z", 1, nil), false},
+		{memberValue("ab-10", 1, nil), false},
+		{memberValue("ab-1.", 1, []byte("v")), false},
+		{memberValue("ab-2", 1, nil), false},
+		{memberValue("a", 1, nil), false},
+		{memberValue("b", 1, nil), false},
 		{"", false},
 	} {
 		if _, err := cli.Put(ctx, "m", c.stored); err != nil {

@@ -186,6 +186,29 @@ func (w *waiter) follow(predKey string, predRev, readRev int64, s *session, myRe
 			return // already watching it
 		}
 	}
+	if w.startLocked(func(ctx context.Context, gen int64) { w.watch(ctx, gen, predKey, predRev, readRev, s) }) {
+		w.predKey, w.predRev = predKey, predRev
+	}
+}
+
+// followDeletes records the waiter's place in a semaphore (its key member, created
+// at myRev on session s) and watches the lock's members for deletes after revision
+// readRev, waking the waiter once need of them have been deleted: then fewer than
+// the limit may be ahead of it (see Semaphores in the package documentation).
+func (w *waiter) followDeletes(prefix string, need int, readRev int64, s *session, myRev int64, member string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	w.rev, w.sess, w.member, w.unsure = myRev, s, member, nil
+	w.startLocked(func(ctx context.Context, gen int64) { w.watchDeletes(ctx, gen, prefix, need, readRev, s) })
+	w.predKey, w.predRev = "", 0
+}
+
+// startLocked ends the waiter's watch goroutine, if any, and starts run as the
+// next; it reports false if the backend is closed.
+func (w *waiter) startLocked(run func(ctx context.Context, gen int64)) bool {
 	w.stopWatchLocked()
 	w.gen++
 	gen := w.gen
@@ -194,7 +217,7 @@ func (w *waiter) follow(predKey string, predRev, readRev int64, s *session, myRe
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return
+		return false
 	}
 	if !b.idleWatch {
 		b.idleWatch = true
@@ -204,13 +227,51 @@ func (w *waiter) follow(predKey string, predRev, readRev int64, s *session, myRe
 	b.mu.Unlock()
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan struct{})
-	w.predKey, w.predRev, w.cancel, w.done = predKey, predRev, cancel, done
+	w.cancel, w.done = cancel, done
 	go func() {
 		defer b.wg.Done()
 		defer close(done)
 		defer cancel()
-		w.watch(ctx, gen, predKey, predRev, readRev, s)
+		run(ctx, gen)
 	}()
+	return true
+}
+
+// watchDeletes waits for need deletes of the lock's members after revision readRev
+// (deletes only: etcd filters out the puts), or the end of session s, and wakes the
+// waiter. A delete behind the waiter counts too: it wakes the waiter early, and its
+// next attempt reads the queue and watches again.
+func (w *waiter) watchDeletes(ctx context.Context, gen int64, prefix string, need int, readRev int64, s *session) {
+	wch := w.b.cli.Watch(clientv3.WithRequireLeader(ctx), prefix, clientv3.WithPrefix(),
+		clientv3.WithRev(readRev+1), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	for {
+		select {
+		case resp, ok := <-wch:
+			if !ok || resp.Canceled || resp.Err() != nil {
+				if ctx.Err() == nil {
+					w.woken(gen) // the next attempt reads the queue and watches again
+				}
+				return
+			}
+			if resp.Created {
+				w.setWatching(gen)
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == mvccpb.DELETE {
+					need--
+				}
+			}
+			if need <= 0 {
+				w.woken(gen)
+				return
+			}
+		case <-s.done:
+			w.woken(gen)
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 func (w *waiter) stopWatchLocked() {
