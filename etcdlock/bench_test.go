@@ -73,3 +73,14 @@ func benchMutex(b *testing.B, srv *testserver.Etcd, workers int) {
 		b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "acq/s")
 	})
 }
+
+// BenchmarkSemaphore: acquisitions/s of a semaphore of 4 permits and of a mutex,
+// with 1, 4, 16 and 64 workers.
+func BenchmarkSemaphore(b *testing.B) {
+	srv := testserver.StartEtcd(b)
+	for _, w := range []int{1, 4, 16, 64} {
+		for _, limit := range []int{1, 4} {
+			drivertest.BenchSemaphore(b, harness(b, srv), limit, w)
+		}
+	}
+}

@@ -112,3 +112,14 @@ func BenchmarkContended(b *testing.B) {
 		drivertest.BenchContended(b, harness(b, srv), w)
 	}
 }
+
+// BenchmarkSemaphore: acquisitions/s of a semaphore of 4 permits and of a mutex,
+// with 1, 4, 16 and 64 workers.
+func BenchmarkSemaphore(b *testing.B) {
+	srv := testserver.StartZooKeeper(b)
+	for _, w := range []int{1, 4, 16, 64} {
+		for _, limit := range []int{1, 4} {
+			drivertest.BenchSemaphore(b, harness(b, srv), limit, w)
+		}
+	}
+}
