@@ -208,6 +208,7 @@ package pglock
 import (
 	"context"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -239,8 +240,8 @@ const DefaultTable = "dlock_locks"
 const DefaultLinger = time.Minute
 
 // Backend is the PostgreSQL backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Valuer and driver.HolderWatcher,
-// and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.HolderWatcher and
+// driver.Semaphorer, and is safe for concurrent use.
 type Backend struct {
 	config
 	pool    *pgxpool.Pool
@@ -250,6 +251,14 @@ type Backend struct {
 	lst     *listener
 
 	sql statements
+
+	// semErr says why semaphores cannot work (no usable permit table), or nil.
+	semErr error
+	// semGrants remembers the (key, owner) grants this client took as semaphore
+	// permits, so that Refresh, Release and SetValue try the permit table first
+	// for them (and the lock table first for every other).
+	semGrants sync.Map     // driver.Holder -> struct{}
+	semCount  atomic.Int64 // entries in semGrants
 }
 
 var (
@@ -258,6 +267,7 @@ var (
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
+	_ driver.Semaphorer    = (*Backend)(nil)
 )
 
 // Pool returns the connection pool.

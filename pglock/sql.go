@@ -45,6 +45,9 @@ import "strings"
 // The statements themselves are in sql/*.sql (see sqlfiles.go).
 type statements struct {
 	stamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, refresh, fastRelease, lockRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
+
+	// Semaphores (Request.Limit > 1): see semaphore.go.
+	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semSetValue, holders string
 }
 
 // literal quotes s as an SQL string literal. Table names are validated identifiers,
