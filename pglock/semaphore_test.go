@@ -19,6 +19,7 @@ func TestSemaphores(t *testing.T) {
 	t.Run("MismatchWithWaitersOnly", func(t *testing.T) { testMismatchWithWaitersOnly(t, srv) })
 	t.Run("HandOffSeveral", func(t *testing.T) { testHandOffSeveral(t, srv) })
 	t.Run("FirstFreedPermit", func(t *testing.T) { testFirstFreedPermit(t, srv) })
+	t.Run("GiveUpPassesPermit", func(t *testing.T) { testGiveUpPassesPermit(t, srv) })
 	t.Run("PermitValues", func(t *testing.T) { testPermitValues(t, srv) })
 	t.Run("MutexAfterSemaphore", func(t *testing.T) { testMutexAfterSemaphore(t, srv) })
 	t.Run("OldTableSet", func(t *testing.T) { testOldTableSet(t, srv) })
@@ -404,4 +405,45 @@ func mustLock(t *testing.T, ctx context.Context, c *dlock.Client, key string, op
 		t.Fatalf("Lock %s: %v", key, err)
 	}
 	return l
+}
+
+// A waiter a freed permit was reserved for that gives up passes it on to the next
+// waiter; a newcomer meanwhile finds it taken.
+func testGiveUpPassesPermit(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	h := harness(t, srv)
+	b := h.Open(t).(*pglock.Backend)
+	defer b.Close()
+	key := drivertest.Key(t, "k")
+	for _, o := range []string{"h1", "h2"} {
+		if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: o, TTL: time.Minute, Limit: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wa := queue(t, b, key, "a", 2)
+	wb := queue(t, b, key, "b", 2)
+	defer func() { _ = wb.Stop(ctx, true) }()
+	if err := b.Release(ctx, key, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, wa.C(), "the handoff to a")
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "x", TTL: time.Minute, Limit: 2}); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("newcomer while the permit is reserved for a: %v", err)
+	}
+	if err := wa.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, wb.C(), "the permit passed to b")
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "b", TTL: time.Minute, Wait: true, Patience: time.Minute, Limit: 2}); err != nil {
+		t.Fatalf("b takes the passed permit: %v", err)
+	}
+	_, hs, err := b.Holders(ctx, key)
+	if err != nil || len(hs) != 2 || hs[0].Owner != "h2" || hs[1].Owner != "b" {
+		t.Fatalf("Holders = %+v, %v", hs, err)
+	}
+	for _, o := range []string{"h2", "b"} {
+		if err := b.Release(ctx, key, o); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

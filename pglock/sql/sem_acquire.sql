@@ -23,7 +23,7 @@ version, so that a mutex's compare-and-set on it fails).
 
 Returns (granted, the key's limit when it differs from $11 (else NULL), token, µs
 left on the earliest-expiring other holder's permit when all are taken, live
-places ahead (at most 8 counted), the caller's place or '').
+places ahead of the caller (at most 8 counted), the caller's place or '').
 */ -}}
 WITH cur AS (
 	SELECT r.owner, r.token, r.expires_at FROM {{.Table}} r WHERE r.key = $1::text
@@ -43,7 +43,7 @@ WITH cur AS (
 		(SELECT perm.token FROM perm WHERE perm.owner = $2::text AND NOT perm.reserved) AS own_token,
 		EXISTS (SELECT FROM perm WHERE perm.owner = $2::text AND perm.reserved) AS handed,
 		(SELECT min(perm.expires_at) FROM perm WHERE perm.owner <> $2::text) AS first_out,
-		(SELECT count(*) FROM (SELECT FROM {{.Table}} p, bound WHERE {{template "placeRange"}} AND p.key < bound.k AND p.owner <> $2::text AND {{template "placeLive"}} LIMIT $11::bigint + 1) a) AS ahead
+		(SELECT count(*) FROM (SELECT FROM {{.Table}} p, bound WHERE {{template "placeRange"}} AND p.key < bound.k AND p.owner <> $2::text AND {{template "placeLive"}} LIMIT greatest($11::bigint + 1, 8)) a) AS ahead
 	FROM cur
 ), d AS (
 	SELECT d0.*, d0.bound_state AND d0.cur_limit <> $11::bigint AS mismatch,
