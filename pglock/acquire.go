@@ -107,11 +107,14 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if place == "" {
 		// No row: the key is free, and a plain INSERT takes it.
 		var token int64
-		batch := b.stamped(req, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL))
-		if value != nil {
-			batch = b.stamped(req, b.sql.fastAcquireValue, req.Key, req.Owner, micros(req.TTL), value)
-		}
 		err := retry(ctx, func() error {
+			// A new batch for each try: pgx keeps in a sent batch the statement
+			// descriptions of the connection it went out on, which a retry on
+			// another connection must not reuse (prepared statement does not exist).
+			batch := b.stamped(req, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL))
+			if value != nil {
+				batch = b.stamped(req, b.sql.fastAcquireValue, req.Key, req.Owner, micros(req.TTL), value)
+			}
 			br := b.pool.SendBatch(ctx, batch)
 			_, err := br.Exec()
 			if err == nil {

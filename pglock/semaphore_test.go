@@ -140,6 +140,7 @@ func testHandOffSeveral(t *testing.T, srv *testserver.Postgres) {
 		}()
 		waitWaiters(t, b, key, i+1)
 	}
+	forced := time.Now()
 	if err := b.ForceRelease(ctx, key); err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +150,9 @@ func testHandOffSeveral(t *testing.T, srv *testserver.Postgres) {
 		case l := <-got:
 			if l == nil {
 				t.FailNow()
+			}
+			if d := time.Since(forced); d > time.Second {
+				t.Errorf("a waiter got its permit %v after the force release: not handed over", d)
 			}
 			woken = append(woken, l)
 		case <-time.After(drivertest.Wait / 2):
