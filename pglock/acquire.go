@@ -89,6 +89,9 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 
 // acquire is one attempt of Acquire.
 func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	if req.Limit > 1 {
+		return b.semAcquire(ctx, req)
+	}
 	patience := req.Patience // how long a queued place lasts without another attempt
 	if patience <= 0 {
 		patience = req.TTL
@@ -104,11 +107,14 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if place == "" {
 		// No row: the key is free, and a plain INSERT takes it.
 		var token int64
-		batch := b.stamped(req, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL))
-		if value != nil {
-			batch = b.stamped(req, b.sql.fastAcquireValue, req.Key, req.Owner, micros(req.TTL), value)
-		}
 		err := retry(ctx, func() error {
+			// A new batch for each try: pgx keeps in a sent batch the statement
+			// descriptions of the connection it went out on, which a retry on
+			// another connection must not reuse (prepared statement does not exist).
+			batch := b.stamped(req, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL))
+			if value != nil {
+				batch = b.stamped(req, b.sql.fastAcquireValue, req.Key, req.Owner, micros(req.TTL), value)
+			}
 			br := b.pool.SendBatch(ctx, batch)
 			_, err := br.Exec()
 			if err == nil {
@@ -134,12 +140,12 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 	}
 	for range casAttempts {
 		var granted, mustWrite, wrote bool
-		var token, left *int64
+		var token, left, limit *int64
 		var ahead int64
 		var newPlace string
 		err := retry(ctx, func() error {
 			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter, value))
-			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead, &newPlace)
+			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead, &newPlace, &limit)
 			if err == nil && granted && wrote && token != nil && *token == 0 {
 				err = br.QueryRow().Scan(token) // the row was inserted: its token
 			}
@@ -147,6 +153,9 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 		})
 		if err != nil {
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
+		}
+		if limit != nil {
+			return driver.Grant{}, mismatch(req.Key, *limit, req.Limit) // a semaphore's key
 		}
 		if req.Wait {
 			b.lst.setPlace(req.Key, req.Owner, newPlace)

@@ -2,9 +2,11 @@ package pglock_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 )
@@ -69,5 +71,29 @@ func BenchmarkContended(b *testing.B) {
 	srv := testserver.StartPostgres(b)
 	for _, w := range []int{2, 16} {
 		drivertest.BenchContended(b, harness(b, srv), w)
+	}
+}
+
+// BenchmarkSemaphoreCycle measures an uncontended Lock+Release of one permit of a
+// semaphore of 4 (one round trip each, two statements in one transaction), beside
+// the mutex cycle on the same server.
+func BenchmarkSemaphoreCycle(b *testing.B) {
+	srv := testserver.StartPostgres(b)
+	h := harness(b, srv)
+	ctx := context.Background()
+	c := h.Client(b)
+	for _, limit := range []int{1, 4} {
+		key := drivertest.Key(b, "k")
+		b.Run(fmt.Sprintf("limit=%d", limit), func(b *testing.B) {
+			for b.Loop() {
+				l, err := c.Lock(ctx, key, dlock.WithLimit(limit))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := l.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

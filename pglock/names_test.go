@@ -8,7 +8,8 @@ import (
 )
 
 // TestTableNames checks that a table name cannot be another table's relation: its
-// token sequence (table_token_seq) or its primary key index (table_pkey).
+// token sequence (table_token_seq), its permit table (table_permits) or its primary
+// key index (table_pkey).
 func TestTableNames(t *testing.T) {
 	for name, ok := range map[string]bool{
 		"dlock_locks":           true,
@@ -18,6 +19,9 @@ func TestTableNames(t *testing.T) {
 		"locks_token_seq":       false,
 		"app.locks_token_seq":   false,
 		"locks_pkey":            false,
+		"locks_permits":         false,
+		"app.locks_permits":     false,
+		"locks_permits_x":       true,
 		"app.locks_pkey":        false,
 		"locks_token_seq_x":     true,
 		"locks_token_seq.locks": true,

@@ -165,7 +165,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, opts []Option) (*Backen
 	if err != nil {
 		return nil, err
 	}
-	b.sql = loadStatements(b.table.Sanitize(), b.seq.Sanitize(), tableID)
+	b.sql = loadStatements(b.table.Sanitize(), b.permits.Sanitize(), b.seq.Sanitize(), tableID)
 	b.lst = newListener(pool.Config().ConnConfig, b.channel, b.linger)
 	b.lst.tableID = tableID
 	b.lst.withdraw = b.withdraw

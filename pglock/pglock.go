@@ -37,6 +37,26 @@
 //	    value         bytea                 -- the holder's value, NULL for none
 //	);
 //
+// and, for semaphores (see below), the permit table, in a transaction of its own
+// under the same advisory lock:
+//
+//	CREATE TABLE dlock_locks_permits (
+//	    key        text COLLATE "C" NOT NULL,
+//	    owner      text NOT NULL,        -- the holder (or the waiter it is reserved for)
+//	    token      bigint NOT NULL,      -- fencing token, from the sequence (0 if reserved)
+//	    expires_at timestamptz NOT NULL, -- server clock: now() + TTL
+//	    reserved   boolean NOT NULL DEFAULT false, -- handed to a waiter, not yet taken
+//	    channel    text NOT NULL DEFAULT '',       -- that waiter's client's channel
+//	    value      bytea,                -- the holder's value, NULL for none
+//	    PRIMARY KEY (key, owner)
+//	);
+//
+// A table set made by a version before semaphores lacks it: Open creates it. A role
+// that may not (no CREATE on the schema) still gets a working backend for mutexes;
+// its semaphore attempts fail with an error matching driver.ErrUnsupported that
+// names the missing table, until an administrator creates it (as above) and grants
+// SELECT, INSERT, UPDATE and DELETE on it.
+//
 // A table made by a version before values lacks the value column: Open adds it, in
 // the same transaction under the same advisory lock (ALTER TABLE ... ADD COLUMN IF
 // NOT EXISTS value bytea, which changes only the catalog). Clients of the older
@@ -56,8 +76,9 @@
 //
 // Privileges: creating them needs CREATE on the schema (or let an administrator run
 // the statements above once); adding the value column needs ownership of the table
-// (Open says so, and what to run, when it lacks it). Using them needs SELECT, INSERT, UPDATE and DELETE on
-// the table and USAGE on the sequence; Open does not attempt DDL when both exist, and
+// (Open says so, and what to run, when it lacks it). Using them needs SELECT, INSERT,
+// UPDATE and DELETE on the table (and on the permit table, for semaphores) and USAGE
+// on the sequence; Open does not attempt DDL when both exist, and
 // checks that an existing table has these columns. LISTEN and pg_notify need no
 // privilege. The database should use the UTF8 encoding (keys are UTF-8 text). Never
 // drop the sequence: it carries the fencing order. (If Open has to create it while the
@@ -182,11 +203,70 @@
 // space of advisory locks; one that met an application's own lock would at worst
 // send needless notifications or delay a watch's start.
 //
+// # Semaphores
+//
+// A lock call with a limit N > 1 (dlock.WithLimit; driver.Semaphorer) admits up to
+// N holders of the key at once, each with its own permit: its own token from the
+// sequence, expiry, renewal, release and value. The key's row in the lock table is
+// then its state row: owner '#' (no owner id can be '#'), token the limit, and
+// expires_at the latest expiry of its permits, kept so by every statement that
+// grants, refreshes or frees one; no holder is named in it. The permits are rows of
+// the permit table, keyed (key, owner). Waiters queue in place rows exactly as for a
+// mutex, and wake on their client's channel.
+//
+// Every semaphore statement first locks the key's row, in the same transaction and
+// round trip: an attempt inserts the state row if the key has no row, or locks the
+// existing one (INSERT ... ON CONFLICT DO UPDATE ... WHERE false, which writes no
+// new row version), then decides in one statement, whose snapshot holds every
+// permit and place committed before the lock: a permit reserved for the caller is
+// taken with a new token; the caller's own live permit is re-entered (Reenter) or
+// refused; otherwise the caller is granted when the free permits (N less the other
+// owners' live permits, held or reserved) outnumber the live places queued ahead of
+// it, so no newcomer takes a permit a waiter ahead of it waits for. A refused
+// waiting caller takes its place at the end of the queue. A release (also Refresh,
+// a force release, a withdrawal) locks the row and frees the permit; the free
+// permits are reserved at once for the first live places in line, as many as are
+// free (a force release hands on several at once), each place's client notified
+// in the same transaction; a waiter's next attempt takes its reservation with a
+// new token, a waiter that gives up passes it on, and a crashed waiter's
+// reservation lapses after its patience. When a key is left with no live permit and
+// no live place, its state row, places and permit rows go.
+//
+// The limit is the key's while it has a live permit (held or reserved) or a live
+// queued place: an attempt with another limit, a mutex's included (a mutex's
+// attempt on a semaphore's key reads the state row, sees its limit, and reads
+// whether it is live from expires_at and the places), fails with an error matching
+// driver.ErrLimitMismatch and writes nothing; a semaphore attempt on a mutex's live
+// key does the same. Once the key is neither held nor waited for, the next attempt
+// of either kind takes it over with its own limit (the leftover permit rows of
+// crashed holders are dropped then or at the next semaphore grant).
+//
+// Refresh, Release and SetValue are given no limit: each client remembers which of
+// its grants are permits and goes to the permit table first for those and to the
+// lock table first for the rest, trying the other table only when the first says
+// the grant is not held. A mutex's calls are thus unchanged (no extra round trip, no
+// extra bytes), and a permit taken by one client can be renewed or released by
+// another with the same owner id, at the cost of one more round trip.
+//
+// Costs: a permit's grant, refresh and release are each one round trip of two
+// statements that write the permit row and the key's state row: N holders of one
+// key contend for that row's lock (their statements are serialised per key, each a
+// few index lookups), keys do not contend with each other. Measured on one server
+// with fsync on, an uncontended Lock+Release of a permit of 4 takes about what a
+// mutex's does (both are two commits, dominated by their WAL flushes; see
+// BenchmarkSemaphoreCycle). Unlike a mutex's, a
+// queued semaphore waiter's fallback retry locks the state row (a row lock, no new
+// row version). Inspect reports the oldest holder (the lowest token); Holders
+// lists them all in one statement. Clients of versions before semaphores see a
+// semaphore's key as held by owner '#' until its expiry bound passes, and treat its
+// waiters as their own: upgrade them together.
+//
 // # Safety model
 //
-// Mutual exclusion holds on one PostgreSQL server (or a primary with synchronous
-// replication, where failover promotes a standby that had every committed grant): the
-// row is the lock, a grant is committed before it is reported, and expiry uses only the
+// Mutual exclusion (at most N holders of a semaphore of N) holds on one PostgreSQL
+// server (or a primary with synchronous replication, where failover promotes a
+// standby that had every committed grant): the row (a permit's row, counted under
+// the lock of its key's state row) is the lock, a grant is committed before it is reported, and expiry uses only the
 // server's clock. The client's local validity deadline (TTL minus drift, from when the
 // request was sent) ends before the server-side expiry, so a holder that cannot renew
 // stops believing it holds the lock before anyone else can take it.
@@ -208,6 +288,7 @@ package pglock
 import (
 	"context"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -239,8 +320,8 @@ const DefaultTable = "dlock_locks"
 const DefaultLinger = time.Minute
 
 // Backend is the PostgreSQL backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Valuer and driver.HolderWatcher,
-// and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.HolderWatcher and
+// driver.Semaphorer, and is safe for concurrent use.
 type Backend struct {
 	config
 	pool    *pgxpool.Pool
@@ -250,6 +331,14 @@ type Backend struct {
 	lst     *listener
 
 	sql statements
+
+	// semErr says why semaphores cannot work (no usable permit table), or nil.
+	semErr error
+	// semGrants remembers the (key, owner) grants this client took as semaphore
+	// permits, so that Refresh, Release and SetValue try the permit table first
+	// for them (and the lock table first for every other).
+	semGrants sync.Map     // driver.Holder -> struct{}
+	semCount  atomic.Int64 // entries in semGrants
 }
 
 var (
@@ -258,6 +347,7 @@ var (
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
+	_ driver.Semaphorer    = (*Backend)(nil)
 )
 
 // Pool returns the connection pool.

@@ -89,6 +89,7 @@ func harness(t testing.TB, srv *testserver.Postgres, kv ...string) drivertest.Ha
 		Open:  func(t testing.TB) driver.Backend { return open(t, rawURL) },
 		Expire: func(t testing.TB, key string) {
 			exec(t, pool, `UPDATE `+table+` SET expires_at = now() - interval '1 second' WHERE key = $1`, key)
+			exec(t, pool, `UPDATE `+table+`_permits SET expires_at = now() - interval '1 second' WHERE key = $1`, key)
 		},
 		Fencing:   true,
 		FIFO:      true,

@@ -11,11 +11,23 @@ import (
 	"github.com/dlockio/dlock/driver"
 )
 
-// Refresh implements driver.Backend.
+// Refresh implements driver.Backend: an UPDATE of the caller's row, or of its
+// permit of a semaphore key.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
+	err := b.either(key, owner,
+		func() error { return b.refresh(ctx, key, owner, ttl) },
+		func() error { return b.semRefresh(ctx, key, owner, ttl) })
+	if errors.Is(err, driver.ErrNotHeld) {
+		b.forgetSem(key, owner)
+	}
+	return err
+}
+
+// refresh extends owner's grant of a mutex key.
+func (b *Backend) refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	var tag pgconn.CommandTag
 	err := retry(ctx, func() (err error) {
 		tag, err = b.pool.Exec(ctx, b.sql.refresh, key, owner, micros(ttl))
@@ -31,25 +43,16 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 }
 
 // handOff locks key's row and runs a release-like statement (see the function
-// handOff in sql.go), after the statements pre (with args key, owner and extra), in
-// one transaction. It returns ErrNotHeld when the grant had expired or the statement
-// found nothing to do.
-func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string, pre ...string) error {
+// handOff in sqlfiles.go) in one transaction. It returns ErrNotHeld when the grant
+// had expired or the statement found nothing to do.
+func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string) error {
 	var live, wrote, notified bool
 	err := retry(ctx, func() error {
 		batch := &pgx.Batch{}
 		batch.Queue(b.sql.lockRow, key)
-		for i := 0; i+1 < len(pre); i += 2 {
-			batch.Queue(pre[i], key, owner, pre[i+1])
-		}
 		batch.Queue(sql, key, owner)
 		br := b.pool.SendBatch(ctx, batch)
-		var err error
-		for range 1 + len(pre)/2 {
-			if _, err = br.Exec(); err != nil {
-				break
-			}
-		}
+		_, err := br.Exec()
 		if err == nil {
 			err = br.QueryRow().Scan(&live, &wrote, &notified)
 		}
@@ -67,12 +70,24 @@ func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string, pre .
 	return nil
 }
 
-// Release implements driver.Backend. With waiters queued, the lock is reserved for
-// the longest-waiting live one and its client is notified; otherwise the row goes.
+// Release implements driver.Backend. With waiters queued, the lock (or the freed
+// permit of a semaphore) is reserved for the longest-waiting live one and its
+// client is notified; otherwise the row goes.
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
+	err := b.either(key, owner,
+		func() error { return b.release(ctx, key, owner) },
+		func() error { return b.semHandOff(ctx, "release", b.sql.semRelease, key, owner) })
+	if err == nil || errors.Is(err, driver.ErrNotHeld) {
+		b.forgetSem(key, owner)
+	}
+	return err
+}
+
+// release frees owner's grant of a mutex key.
+func (b *Backend) release(ctx context.Context, key, owner string) error {
 	// No one waits: a plain DELETE frees the key.
 	var live bool
 	err := retry(ctx, func() error {
@@ -89,17 +104,25 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	return b.handOff(ctx, "release", b.sql.release, key, owner)
 }
 
-// ForceRelease implements driver.ForceReleaser: it frees key whoever holds it, and
-// hands it to the longest waiter like Release. The old holder learns at its next
-// renewal; its fencing token is below every later grant's.
+// ForceRelease implements driver.ForceReleaser: it frees key whoever holds it
+// (every holder of a semaphore), and hands it to the longest waiter (the freed
+// permits to the longest waiters) like Release. The old holders learn at their
+// next renewal; their fencing tokens are below every later grant's.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	return b.handOff(ctx, "force release", b.sql.forceRelease, key, "")
+	err := b.handOff(ctx, "force release", b.sql.forceRelease, key, "")
+	if errors.Is(err, driver.ErrNotHeld) && b.semErr == nil {
+		err = b.semHandOff(ctx, "force release", b.sql.semForceRelease, key, "")
+	}
+	return err
 }
 
-// withdraw gives up owner's place in key's queue, passing a reservation on.
+// withdraw gives up owner's place in key's queue, passing a reservation made for it
+// on (the lock of a mutex, or a permit of a semaphore), in one transaction: lock
+// the key's row, drop the place, then the handoffs, which change nothing when
+// there is no reservation for owner.
 func (b *Backend) withdraw(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
@@ -109,18 +132,45 @@ func (b *Backend) withdraw(ctx context.Context, key, owner string) error {
 	if place != "" {
 		drop = b.sql.withdrawPlace
 	}
-	err := b.handOff(ctx, "withdraw waiter", b.sql.withdraw, key, owner, drop, place)
-	if err != nil && !errors.Is(err, driver.ErrNotHeld) {
-		return err
+	err := retry(ctx, func() error {
+		batch := &pgx.Batch{}
+		batch.Queue(b.sql.lockRow, key)
+		batch.Queue(drop, key, owner, place)
+		batch.Queue(b.sql.withdraw, key, owner)
+		if b.semErr == nil {
+			batch.Queue(b.sql.semWithdraw, key, owner)
+		}
+		br := b.pool.SendBatch(ctx, batch)
+		var err error
+		for range batch.Len() {
+			if _, err = br.Exec(); err != nil {
+				break
+			}
+		}
+		return driver.Join(err, br.Close())
+	})
+	if err != nil {
+		return b.ctxErr(ctx, wrap("withdraw waiter", key, err))
 	}
 	b.lst.setPlace(key, owner, "")
 	return nil
 }
 
-// Inspect implements driver.Inspector. Waiters counts the live places in the queue.
+// Inspect implements driver.Inspector: the holder of a mutex key, the oldest
+// holder of a semaphore key. Waiters counts the live places in the queue.
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	if b.closed.Load() {
 		return driver.Info{}, driver.ErrClosed
+	}
+	if b.semErr == nil {
+		_, holders, err := b.Holders(ctx, key)
+		if err != nil {
+			return driver.Info{}, err
+		}
+		if len(holders) == 0 {
+			return driver.Info{}, driver.ErrNotHeld
+		}
+		return holders[0], nil
 	}
 	var owner string
 	var token, left, waiters int64
@@ -135,8 +185,8 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	return driver.Info{Key: key, Owner: owner, Token: uint64(token), TTL: time.Duration(max(left, 0)) * time.Microsecond, Waiters: int(waiters), Value: value}, nil
 }
 
-// SetValue implements driver.Valuer: one UPDATE of owner's live grant, which
-// compares the owner and leaves the expiry as it was, and notifies the key's
+// SetValue implements driver.Valuer: one UPDATE of owner's live grant (or permit),
+// which compares the owner and leaves the expiry as it was, and notifies the key's
 // watches.
 func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte) error {
 	if b.closed.Load() {
@@ -145,6 +195,17 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 	if len(value) == 0 {
 		value = nil // none
 	}
+	err := b.either(key, owner,
+		func() error { return b.setValue(ctx, key, owner, value) },
+		func() error { return b.semSetValue(ctx, key, owner, value) })
+	if errors.Is(err, driver.ErrNotHeld) {
+		return wrap("set value", key, driver.ErrNotHeld)
+	}
+	return err
+}
+
+// setValue replaces the value of owner's grant of a mutex key.
+func (b *Backend) setValue(ctx context.Context, key, owner string, value []byte) error {
 	var tag pgconn.CommandTag
 	err := retry(ctx, func() (err error) {
 		tag, err = b.pool.Exec(ctx, b.sql.setValue, key, owner, value)
@@ -154,7 +215,7 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 		return b.ctxErr(ctx, wrap("set value", key, err))
 	}
 	if tag.RowsAffected() == 0 {
-		return wrap("set value", key, driver.ErrNotHeld)
+		return driver.ErrNotHeld
 	}
 	return nil
 }

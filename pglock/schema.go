@@ -15,27 +15,98 @@ import (
 const hasValueColumn = `EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'value' AND NOT attisdropped)`
 
 // ensureSchema checks the session's durability setting, creates the table and
-// sequence when they are missing and adds the value column to a table made by an
-// earlier version. It returns the table's oid.
+// sequence when they are missing, adds the value column to a table made by an
+// earlier version and creates the permit table (semaphores) when it is missing
+// and the role may. It returns the table's oid.
 func (b *Backend) ensureSchema(ctx context.Context) (uint32, error) {
-	t, seq := b.table.Sanitize(), b.seq.Sanitize()
+	t, seq, permits := b.table.Sanitize(), b.seq.Sanitize(), b.permits.Sanitize()
 	var syncCommit string
-	var haveTable, haveSeq, haveValue bool
-	err := b.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, `+hasValueColumn,
-		t, seq).Scan(&syncCommit, &haveTable, &haveSeq, &haveValue)
+	var haveTable, haveSeq, haveValue, havePermits bool
+	err := b.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, `+hasValueColumn+`, to_regclass($3) IS NOT NULL`,
+		t, seq, permits).Scan(&syncCommit, &haveTable, &haveSeq, &haveValue, &havePermits)
 	if err != nil {
 		return 0, b.ctxErr(ctx, fmt.Errorf("connect: %w", err))
 	}
 	if !durableCommit(syncCommit) {
 		return 0, fmt.Errorf("the session's synchronous_commit is %q: a crash could lose grants and reissue fencing tokens; add synchronous_commit=on to the URL or fix the role's or server's setting", syncCommit)
 	}
-	if haveTable && haveSeq && haveValue {
-		return b.checkTable(ctx)
+	if !haveTable || !haveSeq || !haveValue {
+		if err := b.createSchema(ctx); err != nil {
+			return 0, err
+		}
 	}
-	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		h := fnv.New64a()
-		h.Write([]byte("dlock schema " + t))
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(h.Sum64())); err != nil {
+	if !havePermits {
+		if err := b.createPermits(ctx); err != nil {
+			return 0, err
+		}
+	}
+	oid, err := b.checkTable(ctx)
+	if err != nil {
+		return 0, err
+	}
+	b.semErr = b.checkPermits(ctx)
+	return oid, nil
+}
+
+// schemaLock takes the transaction-level advisory lock under which clients create
+// the table's relations.
+func (b *Backend) schemaLock(ctx context.Context, tx pgx.Tx) error {
+	h := fnv.New64a()
+	h.Write([]byte("dlock schema " + b.table.Sanitize()))
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(h.Sum64()))
+	return err
+}
+
+// createPermits creates the permit table of the semaphores, in a transaction of its
+// own under the schema's advisory lock. A role that may not create it still gets a
+// working backend for mutexes (checkPermits then tells why semaphores fail).
+func (b *Backend) createPermits(ctx context.Context) error {
+	t, permits := b.table.Sanitize(), b.permits.Sanitize()
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if err := b.schemaLock(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+permits+` (
+	key        text COLLATE "C" NOT NULL,
+	owner      text NOT NULL,
+	token      bigint NOT NULL,
+	expires_at timestamptz NOT NULL,
+	reserved   boolean NOT NULL DEFAULT false,
+	channel    text NOT NULL DEFAULT '',
+	value      bytea,
+	PRIMARY KEY (key, owner)
+)`)
+		return err
+	})
+	var pe *pgconn.PgError
+	if err != nil && !(errors.As(err, &pe) && pe.Code == "42501") {
+		return b.ctxErr(ctx, fmt.Errorf("create the permit table %s of %s: %w", permits, t, err))
+	}
+	return nil
+}
+
+// checkPermits reports why semaphores cannot work on this table set (the permit
+// table is missing, or the role lacks a privilege on it), or nil.
+func (b *Backend) checkPermits(ctx context.Context) error {
+	permits := b.permits.Sanitize()
+	var ok bool
+	err := b.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'INSERT')
+		AND has_table_privilege($1, 'UPDATE') AND has_table_privilege($1, 'DELETE')`, permits).Scan(&ok)
+	if err != nil {
+		return b.ctxErr(ctx, fmt.Errorf("permit table %s: %w", permits, err))
+	}
+	if !ok {
+		return fmt.Errorf("semaphores need the permit table %s with SELECT, INSERT, UPDATE and DELETE, which this role could not create or lacks (see the pglock documentation)", permits)
+	}
+	return nil
+}
+
+// createSchema creates the table and sequence, or adds the value column, in one
+// transaction under the schema's advisory lock.
+func (b *Backend) createSchema(ctx context.Context) error {
+	t, seq := b.table.Sanitize(), b.seq.Sanitize()
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if err := b.schemaLock(ctx, tx); err != nil {
 			return err
 		}
 		// Re-check under the lock: another client may have just created them.
@@ -94,15 +165,15 @@ func (b *Backend) ensureSchema(ctx context.Context) (uint32, error) {
 		var pe *pgconn.PgError
 		switch {
 		case errors.Is(err, errAlter) && errors.As(err, &pe) && pe.Code == "42501":
-			return 0, fmt.Errorf("table %s was made by an earlier version of dlock and lacks the column value, which only its owner can add (nothing was changed; have the owner run ALTER TABLE %s ADD COLUMN IF NOT EXISTS value bytea): %w", t, t, pe)
+			return fmt.Errorf("table %s was made by an earlier version of dlock and lacks the column value, which only its owner can add (nothing was changed; have the owner run ALTER TABLE %s ADD COLUMN IF NOT EXISTS value bytea): %w", t, t, pe)
 		case errors.As(err, &pe) && pe.Code == "42501":
-			return 0, fmt.Errorf("create the lock table (nothing was created; grant CREATE on the schema, or have an administrator create the table and sequence shown in the pglock documentation): %w", err)
+			return fmt.Errorf("create the lock table (nothing was created; grant CREATE on the schema, or have an administrator create the table and sequence shown in the pglock documentation): %w", err)
 		case errors.Is(err, errNotLockTable):
-			return 0, b.ctxErr(ctx, err)
+			return b.ctxErr(ctx, err)
 		}
-		return 0, b.ctxErr(ctx, fmt.Errorf("create the lock table: %w", err))
+		return b.ctxErr(ctx, fmt.Errorf("create the lock table: %w", err))
 	}
-	return b.checkTable(ctx)
+	return nil
 }
 
 // errAlter marks a failure to add the value column to an existing table.

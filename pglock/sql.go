@@ -23,6 +23,12 @@ import "strings"
 //	value                     the holder's value (driver.Valuer), NULL for none; set
 //	                          by the statement that grants, cleared by a handoff
 //
+// A semaphore's key (Request.Limit > 1) has a state row instead: owner '#', token
+// the limit, expires_at the latest expiry of its permits (held or reserved), which
+// are rows of the permit table (semaphore.go); reserved, value and queue_channel
+// unused, queue_owner set to '{+}' by every attempt that adds a place (a new row
+// version, so that a mutex's compare-and-set on the row fails).
+//
 // A place row: owner is the waiter, token its patience in µs (how long a
 // reservation made for it lasts), expires_at when the place lapses unless the
 // waiter's client is alive, queue_channel its client's LISTEN channel. A client
@@ -45,6 +51,9 @@ import "strings"
 // The statements themselves are in sql/*.sql (see sqlfiles.go).
 type statements struct {
 	stamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, refresh, fastRelease, lockRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
+
+	// Semaphores (Request.Limit > 1): see semaphore.go.
+	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semSetValue, holders string
 }
 
 // literal quotes s as an SQL string literal. Table names are validated identifiers,

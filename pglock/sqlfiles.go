@@ -13,9 +13,10 @@ import (
 // into them, each in one way: {{.Table}} is the table's identifier, validated
 // (WithTable, identRE) and quoted (pgx.Identifier.Sanitize), {{.Seq}} the sequence's
 // name and {{.WatchChannel}} the channel as quoted SQL literals, {{.TableID}} a
-// number. acquire.sql has one variant with the row lock and one without
+// number, {{.Permits}} the permit table's identifier (validated and quoted like
+// the table's). acquire.sql has one variant with the row lock and one without
 // ({{.Lock}}), fast_acquire.sql one with a value and one without ({{.Value}});
-// hand_off.sql takes its condition ({{.Cond}}) from the fixed strings in
+// hand_off.sql and sem_hand_off.sql take their condition ({{.Cond}}) from the fixed strings in
 // loadStatements, never from input.
 //
 //go:embed sql/*.sql
@@ -26,6 +27,7 @@ var sqlTemplates = template.Must(template.New("").Option("missingkey=error").Par
 // sqlData is what the templates are given.
 type sqlData struct {
 	Table, Seq   string
+	Permits      string // the permit table's identifier
 	TableID      uint32
 	WatchChannel string
 	Lock, Value  bool
@@ -41,12 +43,13 @@ func render(name string, d sqlData) string {
 	return strings.TrimSpace(b.String())
 }
 
-// loadStatements renders every statement for the lock table (oid tableID) and its
-// sequence.
-func loadStatements(table, seq string, tableID uint32) statements {
-	d := sqlData{Table: table, Seq: literal(seq), TableID: tableID, WatchChannel: literal(watchChannel(tableID))}
+// loadStatements renders every statement for the lock table (oid tableID), its
+// permit table and its sequence.
+func loadStatements(table, permits, seq string, tableID uint32) statements {
+	d := sqlData{Table: table, Permits: permits, Seq: literal(seq), TableID: tableID, WatchChannel: literal(watchChannel(tableID))}
 	with := func(f func(*sqlData)) sqlData { c := d; f(&c); return c }
 	handOff := func(cond string) string { return render("hand_off", with(func(c *sqlData) { c.Cond = cond })) }
+	semHandOff := func(cond string) string { return render("sem_hand_off", with(func(c *sqlData) { c.Cond = cond })) }
 	return statements{
 		stamp:       render("stamp", d),
 		fastAcquire: render("fast_acquire", d),
@@ -62,7 +65,7 @@ func loadStatements(table, seq string, tableID uint32) statements {
 		// Release: the caller's own grant, live or expired (no one else holds it then).
 		release: handOff(`cur.owner = $2::text AND NOT cur.reserved`),
 		// Force release: whoever holds it ($2 is '', no owner's place is dropped).
-		forceRelease: handOff(`NOT cur.reserved`),
+		forceRelease: handOff(`NOT cur.reserved AND cur.owner <> '#'`),
 		// Withdraw a waiter ($1 key, $2 owner) that gives up: drop its place (withdrawPlace,
 		// or every place of the owner's with withdrawOwner), then, if the free lock was
 		// reserved for it, hand it to the next live waiter or delete the row.
@@ -71,5 +74,17 @@ func loadStatements(table, seq string, tableID uint32) statements {
 		withdraw:      handOff(`cur.reserved AND cur.owner = $2::text`),
 		inspect:       render("inspect", d),
 		setValue:      render("set_value", d),
+
+		semLock:    render("sem_lock", d),
+		semAcquire: render("sem_acquire", d),
+		semRefresh: render("sem_refresh", d),
+		// Release: the caller's held permit, live or expired.
+		semRelease: semHandOff(`q.owner = $2::text AND NOT q.reserved`),
+		// Force release: every live held permit.
+		semForceRelease: semHandOff(`NOT q.reserved AND q.expires_at > now()`),
+		// Withdraw: the permit reserved for a waiter that gives up.
+		semWithdraw: semHandOff(`q.owner = $2::text AND q.reserved`),
+		semSetValue: render("sem_set_value", d),
+		holders:     render("holders", d),
 	}
 }

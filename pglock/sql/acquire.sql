@@ -14,14 +14,18 @@ The caller is granted the lock when there is no row; when the row is live and
 reserved for its owner id, or is its own and $9 holds (re-entry: same token); or
 when the row expired and no live waiter is queued ahead of it. A live grant of its
 owner id without $9 (self) is refused and nothing is written. Otherwise a waiting
-caller takes or renews its place in the queue.
+caller takes or renews its place in the queue. A semaphore's state row (owner '#',
+token its limit, see sem_acquire.sql) that is live, or has a live place queued
+ahead, refuses the attempt with nothing written (a limit mismatch); a dead one is
+taken like an expired grant.
 
 A grant made by the update notifies the key's watches (one made by the insert:
 stamp does).
 
 Returns (granted, must write, wrote, token, µs left on the holder's grant, live
 places ahead of the caller's (at most 8 counted; all of them for a caller not yet
-queued, who goes at the end), the caller's place or '').
+queued, who goes at the end), the caller's place or '', the semaphore's limit when
+a semaphore refused it (else NULL)).
 */ -}}
 WITH cur AS (
 	SELECT r.xmin AS ver, r.owner, r.token, r.expires_at, r.reserved, r.queue_owner
@@ -31,7 +35,7 @@ WITH cur AS (
 ), bound AS (
 	SELECT coalesce((SELECT pk FROM me), $1::text || chr(3)) AS k
 ), d AS (
-	SELECT cur.ver, cur.ver IS NULL AS absent, cur.token AS old_token,
+	SELECT cur.ver, cur.ver IS NULL AS absent, cur.owner AS cur_owner, cur.token AS cur_token, cur.token AS old_token,
 		coalesce(cur.expires_at > now(), false) AS live, cur.expires_at,
 		coalesce(cur.owner = $2::text AND cur.expires_at > now() AND NOT cur.reserved, false) AS reenter,
 		coalesce(cur.owner = $2::text AND cur.expires_at > now() AND NOT cur.reserved AND NOT $9::boolean, false) AS self,
@@ -41,19 +45,21 @@ WITH cur AS (
 		     WHEN cur.expires_at > now() THEN cur.owner = $2::text AND (cur.reserved OR $9::boolean)
 		     ELSE NOT EXISTS (SELECT FROM {{.Table}} p, bound WHERE {{template "placeRange"}} AND p.key < bound.k AND p.owner <> $2::text AND {{template "placeLive"}}) END AS granted
 	FROM (SELECT) one LEFT JOIN cur ON true
+), m AS (
+	SELECT d.*, coalesce(d.cur_owner = '#' AND NOT d.granted, false) AS mismatch FROM d
 ), t AS (
 	SELECT d.*, CASE WHEN NOT d.granted THEN NULL WHEN d.reenter THEN d.old_token
 	                 WHEN d.absent THEN 0 ELSE nextval({{.Seq}}::regclass) END AS token
-	FROM d
+	FROM m d
 ), place AS (
 	INSERT INTO {{.Table}} (key, owner, token, expires_at, queue_channel)
 	SELECT $1::text || chr(2) || lpad(nextval({{.Seq}}::regclass)::text, 20, '0'), $2::text, $6::bigint,
 		now() + $6::bigint{{template "us"}}, ARRAY[$5::text]
-	FROM t WHERE NOT t.granted AND NOT t.absent AND $4::boolean AND NOT t.self AND NOT EXISTS (SELECT FROM me){{if not .Lock}} AND false{{end}}
+	FROM t WHERE NOT t.granted AND NOT t.absent AND $4::boolean AND NOT t.self AND NOT t.mismatch AND NOT EXISTS (SELECT FROM me){{if not .Lock}} AND false{{end}}
 	RETURNING key
 ), renew AS (
 	UPDATE {{.Table}} p SET expires_at = now() + $6::bigint{{template "us"}}, token = $6::bigint
-	FROM t WHERE p.key = $7::text AND p.owner = $2::text AND NOT t.granted AND $4::boolean AND NOT t.self AND $8::boolean
+	FROM t WHERE p.key = $7::text AND p.owner = $2::text AND NOT t.granted AND $4::boolean AND NOT t.self AND NOT t.mismatch AND $8::boolean
 	RETURNING 1
 ), dropped AS (
 	DELETE FROM {{.Table}} p USING t WHERE p.key = $7::text AND p.owner = $2::text AND t.granted
@@ -72,12 +78,13 @@ WITH cur AS (
 		queue_owner = CASE WHEN t.granted THEN r.queue_owner ELSE '{+}'::text[] END,
 		value = CASE WHEN t.granted THEN $10::bytea ELSE r.value END
 	FROM t WHERE r.key = $1::text AND NOT t.absent
-		AND (t.granted OR $4::boolean AND NOT t.self AND r.queue_owner = '{}'){{if not .Lock}} AND r.xmin = t.ver{{end}}
+		AND (t.granted OR $4::boolean AND NOT t.self AND NOT t.mismatch AND r.queue_owner = '{}'){{if not .Lock}} AND r.xmin = t.ver{{end}}
 	RETURNING CASE WHEN t.granted THEN {{template "notify" .}} END
 )
-SELECT t.granted, t.absent OR t.granted OR ($4::boolean AND t.unmarked AND NOT t.self),
+SELECT t.granted, t.absent OR t.granted OR ($4::boolean AND t.unmarked AND NOT t.self AND NOT t.mismatch),
 	EXISTS (SELECT FROM ins) OR EXISTS (SELECT FROM upd), t.token,
 	CASE WHEN t.live THEN (extract(epoch FROM t.expires_at - now()) * 1000000)::bigint END,
 	t.other_reserved::int + (SELECT count(*) FROM (SELECT FROM {{.Table}} p, bound WHERE {{template "placeRange"}} AND p.key < bound.k AND p.owner <> $2::text LIMIT 8) a),
-	CASE WHEN t.granted THEN '' ELSE coalesce((SELECT key FROM place), (SELECT pk FROM me), '') END
+	CASE WHEN t.granted THEN '' ELSE coalesce((SELECT key FROM place), (SELECT pk FROM me), '') END,
+	CASE WHEN t.mismatch THEN t.cur_token END
 FROM t

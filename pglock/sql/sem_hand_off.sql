@@ -1,0 +1,56 @@
+{{/*
+sem_hand_off frees the permits of semaphore key $1 that .Cond selects (q: a row
+of the permit table; release: $2's held permit, force release: every live held
+permit, withdraw: the permit reserved for $2) and hands the free permits on: each
+of the first live places, as many as permits are free, gets a permit reserved for
+its owner (for that waiter's patience), its place goes, and its client is
+notified. When the key is left with no live permit and no live place, its state
+row, its places and its permit rows go; otherwise the state row's expires_at
+becomes the latest expiry of its live permits. $2 is '' for a force release. It
+runs after lock_row in the same transaction. .Cond is one of the fixed
+conditions in loadStatements, never input. Returns one row when .Cond selected a
+permit: (was one live, number of waiters notified).
+*/ -}}
+WITH cur AS (
+	SELECT r.token AS lim FROM {{.Table}} r WHERE r.key = $1::text AND r.owner = '#'
+), freed AS (
+	DELETE FROM {{.Permits}} q USING cur WHERE q.key = $1::text AND ({{.Cond}})
+	RETURNING q.expires_at > now() AS live
+), rest AS (
+	SELECT q.owner, q.expires_at FROM {{.Permits}} q, cur
+	WHERE q.key = $1::text AND q.expires_at > now() AND NOT ({{.Cond}})
+), h AS MATERIALIZED (
+	SELECT p.key AS pk, p.owner AS o, p.queue_channel[1] AS c, p.token AS pat
+	FROM {{.Table}} p WHERE EXISTS (SELECT FROM freed) AND {{template "placeRange"}} AND p.owner <> $2::text
+		AND NOT EXISTS (SELECT FROM rest WHERE rest.owner = p.owner) AND {{template "placeLive"}}
+	ORDER BY p.key LIMIT (SELECT greatest(cur.lim - (SELECT count(*) FROM rest), 0) FROM cur)
+), gone AS (
+	DELETE FROM {{.Table}} p WHERE p.key IN (SELECT pk FROM h) RETURNING 1
+), handed AS (
+	INSERT INTO {{.Permits}} AS q (key, owner, token, expires_at, reserved, channel)
+	SELECT $1::text, h.o, 0, now() + h.pat{{template "us"}}, true, h.c FROM h
+	ON CONFLICT (key, owner) DO UPDATE SET token = 0, expires_at = EXCLUDED.expires_at, reserved = true,
+		channel = EXCLUDED.channel, value = NULL WHERE q.expires_at <= now()
+	RETURNING q.owner, q.expires_at, q.channel
+), waits AS (
+	SELECT EXISTS (SELECT FROM {{.Table}} p WHERE EXISTS (SELECT FROM freed) AND {{template "placeRange"}}
+		AND p.key NOT IN (SELECT pk FROM h) AND {{template "placeLive"}}) AS yes
+), empty AS (
+	SELECT EXISTS (SELECT FROM freed) AND NOT EXISTS (SELECT FROM rest) AND NOT EXISTS (SELECT FROM h)
+		AND NOT (SELECT yes FROM waits) AS yes
+), drop_state AS (
+	DELETE FROM {{.Table}} p WHERE (SELECT yes FROM empty)
+		AND (p.key = $1::text AND p.owner = '#' OR {{template "placeRange"}})
+	RETURNING CASE WHEN p.key = $1::text THEN {{template "notify" .}} END
+), drop_permits AS (
+	DELETE FROM {{.Permits}} q WHERE (SELECT yes FROM empty) AND q.key = $1::text
+	RETURNING 1
+), upd AS (
+	UPDATE {{.Table}} r SET expires_at = coalesce((SELECT max(x) FROM (
+			SELECT rest.expires_at AS x FROM rest UNION ALL SELECT handed.expires_at FROM handed) a), '-infinity')
+	WHERE r.key = $1::text AND r.owner = '#' AND EXISTS (SELECT FROM freed) AND NOT (SELECT yes FROM empty)
+	RETURNING {{template "notify" .}}
+)
+SELECT bool_or(freed.live),
+	(SELECT count(*) FROM handed WHERE pg_notify(handed.channel, handed.owner || ' ' || $1::text) IS NOT NULL)
+FROM freed HAVING count(*) > 0
