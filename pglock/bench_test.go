@@ -97,3 +97,14 @@ func BenchmarkSemaphoreCycle(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSemaphore: acquisitions/s of a semaphore of 4 permits and of a mutex,
+// with 1, 4, 16 and 64 workers.
+func BenchmarkSemaphore(b *testing.B) {
+	srv := testserver.StartPostgres(b)
+	for _, w := range []int{1, 4, 16, 64} {
+		for _, limit := range []int{1, 4} {
+			drivertest.BenchSemaphore(b, harness(b, srv), limit, w)
+		}
+	}
+}
