@@ -84,6 +84,9 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 	if cfg.limit > 1 && c.sem == nil {
 		return nil, unsupported("lock with a holder limit above 1", key)
 	}
+	if cfg.shared && !c.shares {
+		return nil, unsupported("shared lock", key)
+	}
 	owner := cfg.owner
 	generated := owner == ""
 	if generated {
@@ -104,6 +107,11 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 		s = &slot{mapped: true}
 		c.slots[sk] = s
 	}
+	if err := modeCheckLocked(s, key, cfg); err != nil {
+		c.dropLocked(sk, s)
+		c.mu.Unlock()
+		return nil, err
+	}
 	if l := c.reenterLocked(s); l != nil {
 		c.mu.Unlock()
 		return l, nil
@@ -121,6 +129,13 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 	}
 	if waited {
 		// Another call of the same owner may have acquired meanwhile.
+		if err := modeCheckLocked(s, key, cfg); err != nil {
+			s.users--
+			c.leaveLocked(s)
+			c.dropLocked(sk, s)
+			c.mu.Unlock()
+			return nil, err
+		}
 		if l := c.reenterLocked(s); l != nil {
 			s.users--
 			c.leaveLocked(s)
@@ -161,6 +176,16 @@ func (c *Client) settleLocked(sk slotKey, s *slot, g *grant, now time.Time, err 
 	s.g = g
 	g.start(c, now)
 	return g.newLease(), nil
+}
+
+// modeCheckLocked refuses a lock call that would re-enter the slot's live grant
+// the other way (shared for exclusive or the reverse).
+func modeCheckLocked(s *slot, key string, cfg *config) error {
+	if s.g == nil || s.g.ended() || s.g.cfg.shared == cfg.shared {
+		return nil
+	}
+	how := map[bool]string{true: "shared", false: "exclusively"}
+	return invalid("%q is held %s by this owner id; release it before taking it %s (no upgrade or downgrade)", key, how[s.g.cfg.shared], how[cfg.shared])
 }
 
 // reenterLocked returns a new lease on the slot's live grant, or nil.

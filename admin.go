@@ -27,6 +27,8 @@ type Info struct {
 	// Value is the value stored with the holder's grant (WithValue, Campaign,
 	// Proclaim); nil if none or the backend cannot store values.
 	Value []byte
+	// Shared is true for a shared (read) holder (WithShared).
+	Shared bool
 }
 
 // Inspect reads who holds key on the server: the holder's owner id, its fencing
@@ -100,7 +102,7 @@ func (c *Client) Holders(ctx context.Context, key string) (limit int, holders []
 }
 
 func infoOf(di driver.Info) Info {
-	return Info{Key: di.Key, Owner: di.Owner, Token: Token(di.Token), TTL: di.TTL, Waiters: di.Waiters, Value: di.Value}
+	return Info{Key: di.Key, Owner: di.Owner, Token: Token(di.Token), TTL: di.TTL, Waiters: di.Waiters, Value: di.Value, Shared: di.Shared}
 }
 
 // adminCheck validates key and refuses a closed client.

@@ -28,6 +28,7 @@ type Client struct {
 	valuer   driver.Valuer        // nil unless grants carry values
 	watcher  driver.HolderWatcher // nil unless holders can be watched
 	sem      driver.Semaphorer    // nil unless keys can have several holders
+	shares   bool                 // the backend honours Request.Shared
 	cfg      config
 
 	closing chan struct{} // closed by Close
@@ -56,6 +57,9 @@ func New(b driver.Backend, opts ...Option) (*Client, error) {
 	c.valuer, _ = b.(driver.Valuer)
 	c.watcher, _ = b.(driver.HolderWatcher)
 	c.sem, _ = b.(driver.Semaphorer)
+	if s, ok := b.(driver.Sharer); ok {
+		c.shares = s.Shares()
+	}
 	if c.notifier != nil {
 		c.advisor, _ = b.(driver.WatchAdvisor)
 	}

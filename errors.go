@@ -40,8 +40,8 @@ var (
 	// passed without a successful renewal.
 	ErrLeaseLost = errors.New("dlock: lease lost")
 	// ErrLimitMismatch: a lock call asked for a key with another holder limit
-	// (WithLimit) than the key has while it is held or waited for. It matches
-	// ErrInvalid too.
+	// (WithLimit) than the key has while it is held or waited for, or took a
+	// semaphore's key shared (WithShared). It matches ErrInvalid too.
 	ErrLimitMismatch = driver.ErrLimitMismatch
 	// ErrNoLeader: Client.Leader found no one leading the election.
 	ErrNoLeader = errors.New("dlock: no leader")

@@ -325,6 +325,9 @@ func (l *Lease) Owner() string { return l.g.owner }
 // that re-entered the same grant share its token.
 func (l *Lease) Token() Token { return l.g.token }
 
+// Shared reports whether the lease is a shared (read) hold of its key (WithShared).
+func (l *Lease) Shared() bool { return l.g.cfg.shared }
+
 // TTL returns the lease's time to live on the server.
 func (l *Lease) TTL() time.Duration { return l.g.cfg.ttl }
 

@@ -41,6 +41,7 @@ type config struct {
 	onQueued   func(ahead int)
 	value      []byte
 	limit      int           // holders admitted at once; 0 is 1
+	shared     bool
 	observe    time.Duration // Observe's polling interval
 	logger     *slog.Logger
 	clock      clock.Clock
@@ -212,6 +213,23 @@ func WithLimit(n int) Option {
 	}
 }
 
+// WithShared makes a lock call take key shared, as a reader of a read-write lock:
+// shared holders of a key hold it together, while a lock call without WithShared
+// (a writer) holds it alone. Waiting is FIFO, so a reader that arrives after a
+// queued writer waits behind it: a stream of readers cannot starve a writer. Every
+// grant, shared or not, has a token larger than every earlier grant's of key, so a
+// writer's token exceeds every earlier reader's. An owner id that holds key one
+// way cannot take it the other way through the same Client (an error matching
+// ErrInvalid: release it first; there is no upgrade or downgrade). Not with
+// WithLimit above 1. On a backend that cannot keep the promise (not a
+// driver.Sharer) a shared lock call fails with an error matching ErrUnsupported.
+func WithShared() Option {
+	return func(c *config) error {
+		c.shared = true
+		return nil
+	}
+}
+
 // MaxLimit is the largest holder limit WithLimit takes.
 const MaxLimit = 1_000_000
 
@@ -290,6 +308,9 @@ func (c config) renewEvery() time.Duration {
 func (c config) validate() error {
 	if c.resume && c.owner == "" {
 		return invalid("WithResume needs a stable owner id (WithOwner)")
+	}
+	if c.shared && c.limit > 1 {
+		return invalid("WithShared and WithLimit(%d) do not go together: a read-write lock has one writer", c.limit)
 	}
 	v := c.validity()
 	if v <= 0 {

@@ -41,6 +41,9 @@
 //     semaphore), each with its own grant, token, renewal and release, and lists
 //     them. Without it a lock call with a limit above 1 (dlock.WithLimit) returns
 //     an error matching ErrUnsupported.
+//   - Sharer: honours Request.Shared, so a key has shared (read) holders together
+//     or one exclusive (write) holder. Without it a shared lock call
+//     (dlock.WithShared) returns an error matching ErrUnsupported.
 //   - HolderWatcher: tells when the holder of a key or its value may have
 //     changed, for dlock.Client.Observe. Without it Observe reads the holder
 //     again at a fixed interval (dlock.WithObserveInterval), so it learns of a
@@ -139,6 +142,18 @@ type Request struct {
 	// ErrLimitMismatch and changes nothing; once the key has neither, the next
 	// attempt sets it. A backend that is not a Semaphorer never sees Limit > 1.
 	Limit int
+	// Shared, for a Sharer, asks for a shared (read) grant: shared grants of a key
+	// hold together, an exclusive grant (Shared false) holds alone. Queued places
+	// keep their order: the leading run of shared places in the queue holds
+	// together once no exclusive grant is held, an exclusive place holds alone
+	// when it reaches the front with no holder left, and a shared attempt does not
+	// pass a queued place (so a stream of readers cannot starve a waiting
+	// writer). Every grant, shared or exclusive, takes its token from the key's
+	// one sequence: a writer's token is larger than every earlier reader's. Shared
+	// keys have one writer: a shared attempt on a key held as a semaphore (Limit
+	// > 1) fails with ErrLimitMismatch. A backend that is not a Sharer never sees
+	// Shared set; the core never sets it with Limit > 1.
+	Shared bool
 }
 
 // Grant is a successful acquire.
@@ -310,6 +325,8 @@ type Info struct {
 	Waiters int
 	// Value is the value stored with the grant (see Valuer); nil if none.
 	Value []byte
+	// Shared is true for a shared (read) grant (see Sharer).
+	Shared bool
 }
 
 // Inspector is implemented by backends that can read who holds a key.
@@ -351,6 +368,15 @@ type Semaphorer interface {
 	// Holders returns the key's limit (1 for a mutex) and every live holder, the
 	// oldest grant first; no holders and limit 0 when the key is free.
 	Holders(ctx context.Context, key string) (limit int, holders []Info, err error)
+}
+
+// Sharer is implemented by backends that honour Request.Shared: read-write locks.
+// Holders (Semaphorer) lists shared holders with Info.Shared set; Inspect reports
+// the oldest holder.
+type Sharer interface {
+	// Shares reports whether the backend honours Request.Shared; a wrapper
+	// answers for the backend it wraps.
+	Shares() bool
 }
 
 // HolderWatcher is implemented by backends that can tell when the holder of a key

@@ -140,6 +140,9 @@ func Run(t *testing.T, h Harness) {
 	t.Run("SemaphoreLimit", h.testSemaphoreLimit)
 	t.Run("SemaphoreExclusion", h.testSemaphoreExclusion)
 	t.Run("SemaphoreCrash", h.testSemaphoreCrash)
+	t.Run("RWLock", h.testRWLock)
+	t.Run("RWNoStarvation", h.testRWNoStarvation)
+	t.Run("RWExclusion", h.testRWExclusion)
 	if h.FIFO {
 		t.Run("FIFO", h.testFIFO)
 	}

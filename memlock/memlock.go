@@ -18,6 +18,9 @@
 // A key may admit several holders (driver.Semaphorer, dlock.WithLimit): the first
 // N owners in FIFO order hold it, each with its own grant and token from the key's
 // one sequence, and a release hands the freed permit to the first queued place.
+// A key may be read-write locked (driver.Sharer, dlock.WithShared): readers hold
+// together, a writer alone, in queue order, so a reader does not pass a queued
+// writer.
 //
 // Safety model: exact within one process and nothing more. All Backends of one Store
 // share its state; clients opened with the same mem://NAME share the store NAME. A
@@ -53,6 +56,7 @@ type entry struct {
 	token   uint64
 	expires time.Time
 	value   []byte
+	shared  bool // a reader of a read-write lock
 	// handedTo is the waiter a release handed the permit to, until the owner
 	// re-enters it with an attempt of its own; that waiter's Stop without
 	// acquiring passes the permit on.
@@ -64,6 +68,7 @@ type place struct {
 	ttl      time.Duration // of the grant if the key is handed to this place
 	deadline time.Time     // dropped if no attempt is seen before
 	value    []byte        // of the grant if the key is handed to this place
+	shared   bool          // a reader's place
 }
 
 // NewStore returns an empty store whose TTLs run on clk.
@@ -196,11 +201,11 @@ func (s *Store) enqueueLocked(key string, req driver.Request, now time.Time) int
 	deadline := now.Add(req.Patience)
 	for i := range q {
 		if q[i].owner == req.Owner {
-			q[i].deadline, q[i].ttl, q[i].value = deadline, req.TTL, clone(req.Value)
+			q[i].deadline, q[i].ttl, q[i].value, q[i].shared = deadline, req.TTL, clone(req.Value), req.Shared
 			return i
 		}
 	}
-	s.queues[key] = append(q, place{req.Owner, req.TTL, deadline, clone(req.Value)})
+	s.queues[key] = append(q, place{req.Owner, req.TTL, deadline, clone(req.Value), req.Shared})
 	return len(q)
 }
 
@@ -218,9 +223,9 @@ func (s *Store) dequeueLocked(key, owner string) {
 }
 
 // grantLocked makes owner a holder of key with a new token.
-func (s *Store) grantLocked(key, owner string, ttl time.Duration, value []byte, now time.Time) *entry {
+func (s *Store) grantLocked(key, owner string, ttl time.Duration, value []byte, shared bool, now time.Time) *entry {
 	s.counters[key]++
-	e := &entry{owner: owner, token: s.counters[key], expires: now.Add(ttl), value: value}
+	e := &entry{owner: owner, token: s.counters[key], expires: now.Add(ttl), value: value, shared: shared}
 	s.locks[key] = append(s.locks[key], e)
 	s.changedLocked(key)
 	return e
@@ -230,10 +235,10 @@ func (s *Store) grantLocked(key, owner string, ttl time.Duration, value []byte, 
 // and wakes each with its grant.
 func (s *Store) handOffLocked(key string, now time.Time) {
 	s.pruneLocked(key, now)
-	for len(s.queues[key]) > 0 && len(s.liveLocked(key, now)) < max(s.limits[key], 1) {
+	for len(s.queues[key]) > 0 && admits(s.liveLocked(key, now), max(s.limits[key], 1), s.queues[key][0].shared) {
 		head := s.queues[key][0]
 		s.dequeueLocked(key, head.owner)
-		e := s.grantLocked(key, head.owner, head.ttl, head.value, now)
+		e := s.grantLocked(key, head.owner, head.ttl, head.value, head.shared, now)
 		if w := s.watchers[driver.Holder{Key: key, Owner: head.owner}]; w != nil {
 			e.handedTo = w
 			w.handed = &handed{token: e.token, at: now}
@@ -241,6 +246,22 @@ func (s *Store) handOffLocked(key string, now time.Time) {
 		}
 	}
 	s.tidyLocked(key)
+}
+
+// admits reports whether a key with holders hs and the given limit has room for
+// one more holder, shared (a reader) or not, once no place is ahead of it: a
+// reader joins readers; a writer or a semaphore's holder needs a free permit
+// (with limit 1, no holder at all).
+func admits(hs []*entry, limit int, shared bool) bool {
+	if shared {
+		for _, h := range hs {
+			if !h.shared {
+				return false
+			}
+		}
+		return true
+	}
+	return len(hs) < limit && (len(hs) == 0 || !hs[0].shared)
 }
 
 // Backend is one connection to a Store. It implements driver.Backend,
@@ -262,6 +283,7 @@ var (
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
+	_ driver.Sharer        = (*Backend)(nil)
 )
 
 // Store returns the backend's store.
@@ -329,14 +351,15 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		return driver.Grant{}, &driver.HeldError{RetryAfter: e.expires.Sub(now)}
 	}
 	// A permit is the caller's if one is free for it: the places queued ahead of
-	// it take the free permits first.
+	// it take the free permits first. A reader joins readers only with no place
+	// ahead of it, so it does not pass a queued writer.
 	free, ahead := limit-len(hs), len(s.queues[req.Key])
 	for i, p := range s.queues[req.Key] {
 		if p.owner == req.Owner {
 			ahead = i
 		}
 	}
-	if ahead >= free {
+	if req.Shared && (ahead > 0 || !admits(hs, limit, true)) || !req.Shared && (ahead >= free || !admits(hs, limit, false)) {
 		held := &driver.HeldError{}
 		if len(hs) >= limit {
 			held.RetryAfter = hs[0].expires.Sub(now)
@@ -352,7 +375,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	}
 	s.dequeueLocked(req.Key, req.Owner)
 	s.limits[req.Key] = limit
-	e = s.grantLocked(req.Key, req.Owner, req.TTL, clone(req.Value), now)
+	e = s.grantLocked(req.Key, req.Owner, req.TTL, clone(req.Value), req.Shared, now)
 	return driver.Grant{Token: e.token}, nil
 }
 
@@ -480,7 +503,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 }
 
 func (s *Store) infoLocked(key string, e *entry, now time.Time) driver.Info {
-	return driver.Info{Key: key, Owner: e.owner, Token: e.token, TTL: e.expires.Sub(now), Waiters: len(s.queues[key]), Value: clone(e.value)}
+	return driver.Info{Key: key, Owner: e.owner, Token: e.token, TTL: e.expires.Sub(now), Waiters: len(s.queues[key]), Value: clone(e.value), Shared: e.shared}
 }
 
 // Holders implements driver.Semaphorer.
@@ -580,3 +603,6 @@ func clone(v []byte) []byte {
 	}
 	return bytes.Clone(v)
 }
+
+// Shares implements driver.Sharer: memlock honours Request.Shared.
+func (b *Backend) Shares() bool { return true }

@@ -1,0 +1,155 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
+)
+
+// sharerBackend skips a test of a backend without read-write locks.
+func (h Harness) sharerBackend(t *testing.T, c *dlock.Client) {
+	t.Helper()
+	if s, ok := c.Backend().(driver.Sharer); !ok || !s.Shares() {
+		t.Skip("backend is not a Sharer")
+	}
+}
+
+var shared = dlock.WithShared()
+
+// RWLock: readers hold together, a writer alone; a writer's token is larger than
+// every earlier reader's; Holders marks readers; a semaphore's key cannot be taken
+// shared.
+func (h Harness) testRWLock(t *testing.T) {
+	ctx := ctxT(t)
+	c := h.Client(t)
+	h.sharerBackend(t, c)
+	key := Key(t, "k")
+	r1, err := h.Client(t).TryLock(ctx, key, shared)
+	if err != nil {
+		t.Fatalf("first reader: %v", err)
+	}
+	r2, err := h.Client(t).TryLock(ctx, key, shared)
+	if err != nil {
+		t.Fatalf("second reader beside the first: %v", err)
+	}
+	if !r1.Shared() || !r2.Shared() {
+		t.Fatal("reader leases do not say Shared")
+	}
+	if _, err := c.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
+		t.Fatalf("writer while readers hold: %v, want ErrLocked", err)
+	}
+	if _, ok := c.Backend().(driver.Semaphorer); ok {
+		_, holders, err := c.Holders(ctx, key)
+		if err != nil || len(holders) != 2 || !holders[0].Shared || !holders[1].Shared {
+			t.Fatalf("Holders = %+v, %v; want the two readers, shared", holders, err)
+		}
+	}
+	mustRelease(t, ctx, r1)
+	mustRelease(t, ctx, r2)
+	w := mustLock(t, ctx, c, key)
+	if h.Fencing && (w.Token() <= r1.Token() || w.Token() <= r2.Token()) {
+		t.Fatalf("writer's token %d not above the readers' %d and %d", w.Token(), r1.Token(), r2.Token())
+	}
+	if _, err := h.Client(t).TryLock(ctx, key, shared); !errors.Is(err, dlock.ErrLocked) {
+		t.Fatalf("reader while a writer holds: %v, want ErrLocked", err)
+	}
+	mustRelease(t, ctx, w)
+	if _, ok := c.Backend().(driver.Semaphorer); ok {
+		sem := Key(t, "sem")
+		l := mustLock(t, ctx, c, sem, dlock.WithLimit(2))
+		if _, err := h.Client(t).TryLock(ctx, sem, shared); !errors.Is(err, dlock.ErrLimitMismatch) {
+			t.Fatalf("a semaphore's key taken shared: %v, want ErrLimitMismatch", err)
+		}
+		mustRelease(t, ctx, l)
+	}
+}
+
+// RWNoStarvation: a reader that arrives while a writer waits queues behind it,
+// and the writer gets the key when the readers ahead of it release.
+func (h Harness) testRWNoStarvation(t *testing.T) {
+	ctx := ctxT(t)
+	c := h.Client(t)
+	h.sharerBackend(t, c)
+	key := Key(t, "k")
+	r1 := mustLock(t, ctx, h.Client(t), key, shared)
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := c.Lock(ctx, key)
+		if err != nil {
+			t.Errorf("writer: %v", err)
+		}
+		got <- l
+	}()
+	waitQueued(t, ctx, c, key, 1)
+	if l, err := h.Client(t).TryLock(ctx, key, shared); !errors.Is(err, dlock.ErrLocked) {
+		if err == nil {
+			_ = l.Release(ctx)
+		}
+		t.Fatalf("a reader passed a queued writer: %v", err)
+	}
+	mustRelease(t, ctx, r1)
+	w := <-got
+	if w == nil {
+		t.FailNow()
+	}
+	if h.Fencing && w.Token() <= r1.Token() {
+		t.Fatalf("writer's token %d not above the reader's %d", w.Token(), r1.Token())
+	}
+	mustRelease(t, ctx, w)
+}
+
+// RWExclusion: readers and writers on separate connections: a writer is never
+// beside anyone, and readers do overlap.
+func (h Harness) testRWExclusion(t *testing.T) {
+	ctx := ctxT(t)
+	h.sharerBackend(t, h.Client(t))
+	const readers, writers, rounds = 4, 2, 5
+	key := Key(t, "k")
+	var reading, writing, mostReaders atomic.Int64
+	var wg sync.WaitGroup
+	work := func(c *dlock.Client, write bool) {
+		for range rounds {
+			var opts []dlock.Option
+			if !write {
+				opts = append(opts, shared)
+			}
+			err := c.Do(ctx, key, func(ctx context.Context, l *dlock.Lease) error {
+				if write {
+					if writing.Add(1) != 1 || reading.Load() != 0 {
+						t.Errorf("a writer beside %d readers and %d writers", reading.Load(), writing.Load()-1)
+					}
+					time.Sleep(10 * time.Millisecond)
+					writing.Add(-1)
+					return nil
+				}
+				n := reading.Add(1)
+				for m := mostReaders.Load(); n > m && !mostReaders.CompareAndSwap(m, n); m = mostReaders.Load() {
+				}
+				if writing.Load() != 0 {
+					t.Errorf("a reader beside a writer")
+				}
+				time.Sleep(20 * time.Millisecond)
+				reading.Add(-1)
+				return nil
+			}, opts...)
+			if err != nil {
+				t.Errorf("Do: %v", err)
+				return
+			}
+		}
+	}
+	for i := range readers + writers {
+		c := h.Client(t)
+		wg.Go(func() { work(c, i >= readers) })
+	}
+	wg.Wait()
+	if mostReaders.Load() < 2 {
+		t.Fatalf("readers never overlapped (at most %d at once)", mostReaders.Load())
+	}
+}
