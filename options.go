@@ -40,7 +40,7 @@ type config struct {
 	resume     bool
 	onQueued   func(ahead int)
 	value      []byte
-	limit      int           // holders admitted at once; 0 is 1
+	limit      int // holders admitted at once; 0 is 1
 	shared     bool
 	observe    time.Duration // Observe's polling interval
 	logger     *slog.Logger
