@@ -50,7 +50,10 @@ instead: the workers campaign for it (Campaign, publishing their id as the value
 write as leader with their epoch as the token, and resign; the properties below
 are then those of leaders (P1: two leaders at once; P4: epochs out of order). With
 --limit N each key is a semaphore of N permits: P1 then counts a grant made while
-N others were certainly held, and P3 does not apply (the holders overlap by design):
+N others were certainly held, and P3 does not apply (the holders overlap by design).
+With --rw each key is a read-write lock: three acquisitions in four are readers, who
+hold together and write nothing; P1 counts a writer granted beside anyone and a
+reader beside a writer (use it with faults that do not pause a holder):
 
   store     (default) a fenced store run by the checker: with fencing it accepts a
             write only if its token is at least the highest it has accepted for
@@ -133,6 +136,7 @@ setups, faults and resources.`,
 	fl.StringSliceVar(&f.resources, "resource", f.resources, "what the workers write to: store, postgres, redis or etcd (repeatable; see --list)")
 	fl.StringVar(&f.fencing, "fencing", f.fencing, "on, off or both: whether writes are fenced (the store checks tokens; a real resource's guard does)")
 	fl.IntVar(&f.cfg.Limit, "limit", 0, "the semaphore workload: each key admits `N` holders (P1 counts more than N; P3 does not apply)")
+	fl.BoolVar(&f.cfg.RW, "rw", false, "the read-write workload: 3 in 4 acquisitions are readers (hold together, do not write), the rest writers")
 	fl.BoolVar(&f.cfg.Election, "election", false, "the election workload: workers campaign, write as leader, and resign")
 	fl.BoolVar(&f.matrix, "matrix", false, "run every setup x fault x fencing cell and write --doc")
 	fl.BoolVar(&f.list, "list", false, "list setups, faults and resources, then exit")

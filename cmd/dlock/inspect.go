@@ -25,8 +25,8 @@ func newInspectCommand(e *env) *cobra.Command {
 before the server expires the grant unless renewed, and the number of queued
 waiters (-1 when the backend cannot tell), and the value the holder stored with it
 (dlock run --value, or a program's WithValue or Campaign), if any. A free key is
-reported as free (exit 0). A semaphore (dlock run --limit N) shows its limit and
-every holder, oldest first.
+reported as free (exit 0). A semaphore (dlock run --limit N) and a read-write lock
+held by readers (dlock run --shared) show the limit and every holder, oldest first.
 ` + passwordHelp,
 		Example: `  dlock inspect --backend redis://127.0.0.1:6379/0 nightly-report
   dlock inspect --json deploy`,
@@ -41,7 +41,7 @@ every holder, oldest first.
 			}
 			defer c.Close()
 			limit, holders, err := c.Holders(cmd.Context(), args[0])
-			if err == nil && limit > 1 {
+			if err == nil && (limit > 1 || len(holders) > 1 || len(holders) == 1 && holders[0].Shared) {
 				return printHolders(e.stdout, args[0], limit, holders, asJSON)
 			}
 			info, err := c.Inspect(cmd.Context(), args[0])
@@ -85,7 +85,7 @@ func printHolders(w io.Writer, key string, limit int, holders []dlock.Info, asJS
 	if asJSON {
 		hs := make([]map[string]any, len(holders))
 		for i, h := range holders {
-			hs[i] = map[string]any{"owner": h.Owner, "token": h.Token, "ttl_ms": h.TTL.Milliseconds()}
+			hs[i] = map[string]any{"owner": h.Owner, "token": h.Token, "ttl_ms": h.TTL.Milliseconds(), "shared": h.Shared}
 			addValue(hs[i], h.Value)
 		}
 		out := map[string]any{"key": key, "held": len(holders) > 0, "limit": limit, "holders": hs, "waiters": waiters}
@@ -96,6 +96,9 @@ func printHolders(w io.Writer, key string, limit int, holders []dlock.Info, asJS
 	fmt.Fprintf(w, "key:     %s\nlimit:   %d\nholders: %d\nwaiters: %d\n", key, limit, len(holders), waiters)
 	for _, h := range holders {
 		fmt.Fprintf(w, "  owner %s, token %d, TTL left %v", h.Owner, h.Token, h.TTL.Round(time.Millisecond))
+		if h.Shared {
+			fmt.Fprint(w, ", shared")
+		}
 		if len(h.Value) > 0 {
 			fmt.Fprintf(w, ", value %s", showValue(h.Value))
 		}

@@ -27,6 +27,7 @@ func newRunCommand(e *env) *cobra.Command {
 		quiet   bool
 		value   string
 		limit   int
+		shared  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run [flags] KEY -- COMMAND [ARGS...]",
@@ -47,6 +48,10 @@ holder, token or queue changes. --quiet turns it off.
 Semaphore: with --limit N, up to N runs hold KEY at once (each with its own lease
 and token), like "consul lock -n N"; the next waits for a permit. Every run on
 KEY must give the same N while any holds or waits: another N is refused (64).
+
+Read-write lock: with --shared, runs hold KEY together as readers, while a run
+without it is a writer and holds KEY alone; a reader that arrives while a writer
+waits queues behind it, so readers cannot starve a writer.
 
 Leader election: with --wait forever, run is a candidate that runs COMMAND only
 while it leads KEY; start one on each machine and the next takes over, with a
@@ -133,6 +138,12 @@ Exit codes:
 				}
 				opts = append(opts, dlock.WithLimit(limit))
 			}
+			if shared {
+				if limit > 1 {
+					return usagef("--shared and --limit %d do not go together: a read-write lock has one writer", limit)
+				}
+				opts = append(opts, dlock.WithShared())
+			}
 			if value != "" {
 				if err := driver.ValidateValue([]byte(value)); err != nil {
 					return usageError{err}
@@ -172,6 +183,7 @@ Exit codes:
 	cmd.Flags().StringVar(&owner, "owner", "", "stable owner id ([A-Za-z0-9._:-]); another run with the same id is refused while this one holds the lock (see --resume)")
 	cmd.Flags().BoolVar(&resume, "resume", false, "with --owner: take over the lock if that owner id already holds it (a restarted job picking up its lease); only if no other live run uses that id, else both hold at once")
 	cmd.Flags().IntVar(&limit, "limit", 1, "hold one of `N` permits of KEY (a semaphore: up to N runs at once); every run on KEY must give the same N")
+	cmd.Flags().BoolVar(&shared, "shared", false, "hold KEY shared, as a reader of a read-write lock: readers run together, a run without --shared (a writer) alone")
 	cmd.Flags().StringVar(&value, "value", "", "store `TEXT` with the lock for others to read (dlock inspect, dlock leader): a leader's address, say")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only errors (no status while waiting, no \"acquired\" line)")
 	return cmd

@@ -51,3 +51,36 @@ func TestRunLimit(t *testing.T) {
 	_ = a.Release(ctx)
 	_ = b.Release(ctx)
 }
+
+// dlock run --shared runs beside other readers, not beside a writer; inspect
+// lists the readers.
+func TestRunShared(t *testing.T) {
+	ctx := context.Background()
+	url := "mem://run-shared"
+	c, err := dlock.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r, err := c.Lock(ctx, "doc", dlock.WithShared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := run("run", "--backend", url, "--shared", "doc", "--", "true"); code != 0 {
+		t.Fatalf("a reader beside a reader: exit %d: %s", code, errs)
+	}
+	if code, _, errs := run("run", "--backend", url, "doc", "--", "true"); code != 75 {
+		t.Fatalf("a writer beside a reader: exit %d, want 75: %s", code, errs)
+	}
+	if code, _, errs := run("run", "--backend", url, "--shared", "--limit", "2", "doc", "--", "true"); code != 64 {
+		t.Fatalf("--shared --limit 2: exit %d, want 64: %s", code, errs)
+	}
+	code, out, errs := run("inspect", "--backend", url, "doc")
+	if code != 0 || !strings.Contains(out, "owner "+r.Owner()+", token 1, TTL left ") || !strings.Contains(out, ", shared") {
+		t.Fatalf("inspect: exit %d, %q %q", code, out, errs)
+	}
+	_ = r.Release(ctx)
+	if code, _, errs := run("run", "--backend", url, "doc", "--", "true"); code != 0 {
+		t.Fatalf("a writer once the reader left: exit %d: %s", code, errs)
+	}
+}

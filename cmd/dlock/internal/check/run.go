@@ -40,7 +40,11 @@ type Config struct {
 	// Limit > 1 makes each key a semaphore of Limit permits (dlock.WithLimit): P1
 	// then counts more than Limit holders at once, and P3 does not apply (the
 	// holders of a semaphore overlap by design; no token orders their writes).
-	Limit    int
+	Limit int
+	// RW makes each key a read-write lock: three acquisitions in four are shared
+	// (readers, who do not write), the rest exclusive (writers). P1 then counts a
+	// writer beside anyone and a reader beside a writer.
+	RW       bool
 	Workers  int           // worker processes (default 5)
 	Keys     int           // keys they contend for (default 2)
 	Duration time.Duration // how long the workload runs (default 10s); with a target, the most it runs
@@ -116,6 +120,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("keys %d: give 1 to 1000", c.Keys)
 	case c.Limit < 0 || c.Limit > 64:
 		return fmt.Errorf("limit %d: give 1 to 64 (0 for a lock)", c.Limit)
+	case c.RW && (c.Limit > 1 || c.Election):
+		return fmt.Errorf("read-write locks go with neither a limit nor an election")
 	case c.Limit > 1 && c.Election:
 		return fmt.Errorf("an election has one leader: limit %d and election do not go together", c.Limit)
 	case c.Duration < time.Second || c.Duration > 24*time.Hour:
@@ -173,7 +179,7 @@ func Run(ctx context.Context, cfg Config) (*history.History, error) {
 		Backend: s.name + ": " + s.describe, URL: tg.redactedURL(), Fault: cfg.Fault, Fenced: cfg.Fenced, TTL: ttl,
 		Hold: s.hold(ttl), Workers: cfg.Workers, Keys: cfg.Keys, Seed: cfg.Seed,
 		Expected: Expected(cfg.Setup, cfg.Fault, cfg.Fenced), HeldRecorded: true, Resource: ResourceStore,
-		Limit: cfg.Limit,
+		Limit: cfg.Limit, RW: cfg.RW,
 	}
 	storeAddr := ""
 	if store != nil {
@@ -407,7 +413,7 @@ func (r *run) startWorker(id int, storeAddr string) error {
 	wc := WorkerConfig{
 		ID: id, URL: r.tg.urlFor(id), Store: storeAddr, Keys: r.cfg.Keys, TTL: r.ttl,
 		Hold: r.cfg.Hold, Writes: 2, LockTimeout: 4 * r.ttl, Seed: r.cfg.Seed,
-		Resource: r.cfg.Resource, Fenced: r.cfg.Fenced, Election: r.cfg.Election, Limit: r.cfg.Limit,
+		Resource: r.cfg.Resource, Fenced: r.cfg.Fenced, Election: r.cfg.Election, Limit: r.cfg.Limit, RW: r.cfg.RW,
 	}
 	args := append(slices.Clone(r.cfg.Worker[1:]), wc.Args()...)
 	cmd := exec.Command(r.cfg.Worker[0], args...)

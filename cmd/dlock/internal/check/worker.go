@@ -41,7 +41,8 @@ type WorkerConfig struct {
 	// Election: each key is an election; the worker campaigns (Campaign, with its
 	// id as the value), writes as leader under its epoch, and resigns.
 	Election bool
-	Limit    int // > 1: each key is a semaphore of Limit permits
+	Limit    int  // > 1: each key is a semaphore of Limit permits
+	RW       bool // each key is a read-write lock: 3 in 4 acquisitions are readers
 }
 
 // URLEnv is the environment variable that gives a worker its backend URL, so that
@@ -55,7 +56,7 @@ func (c WorkerConfig) Args() []string {
 		"--ttl", c.TTL.String(), "--hold", c.Hold.String(), "--writes", fmt.Sprint(c.Writes),
 		"--lock-timeout", c.LockTimeout.String(), "--seed", fmt.Sprint(c.Seed),
 		"--resource", c.resource(), "--fenced=" + fmt.Sprint(c.Fenced),
-		"--election=" + fmt.Sprint(c.Election), "--limit", fmt.Sprint(c.Limit),
+		"--election=" + fmt.Sprint(c.Election), "--limit", fmt.Sprint(c.Limit), "--rw=" + fmt.Sprint(c.RW),
 	}
 }
 
@@ -252,7 +253,7 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 		lease++
 		tok := uint64(l.Token())
 		w.current.Store(&leaseRef{key: key, lease: lease, token: tok})
-		w.record(history.Op{Key: key, Kind: history.Acquire, Lease: lease, Start: start, Attempt: w.lastAttempt.Load(), End: end, OK: true, Token: tok})
+		w.record(history.Op{Key: key, Kind: history.Acquire, Lease: lease, Start: start, Attempt: w.lastAttempt.Load(), End: end, OK: true, Token: tok, Shared: l.Shared()})
 		n := lease
 		watchers.Go(func() {
 			<-l.Done()
@@ -288,6 +289,9 @@ func (w *worker) acquire(ctx context.Context, c *dlock.Client, key string) (*dlo
 		if w.cfg.Limit > 1 {
 			opts = append(opts, dlock.WithLimit(w.cfg.Limit))
 		}
+		if w.cfg.RW && w.rnd.IntN(4) > 0 {
+			opts = append(opts, dlock.WithShared())
+		}
 		l, err := c.Lock(ctx, key, opts...)
 		return l, nil, err
 	}
@@ -302,6 +306,14 @@ func (w *worker) acquire(ctx context.Context, c *dlock.Client, key string) (*dlo
 // check that the lease is still valid, as a careful program does. A pause right
 // after such a check (the "pause" control) is what fencing is for.
 func (w *worker) critical(ctx context.Context, store resourceWriter, l *dlock.Lease, key string, lease int, tok uint64) error {
+	if l.Shared() {
+		// A reader of a read-write lock holds for Hold and writes nothing.
+		select {
+		case <-time.After(w.cfg.Hold):
+		case <-ctx.Done():
+		}
+		return nil
+	}
 	step := w.cfg.Hold / time.Duration(w.cfg.Writes)
 	lingerUntil := time.Time{}
 	defer func() {
@@ -485,6 +497,7 @@ func ParseWorkerArgs(args []string) (WorkerConfig, error) {
 	fs.Int64Var(&c.Seed, "seed", 1, "seed")
 	fs.BoolVar(&c.Election, "election", false, "campaign instead of lock")
 	fs.IntVar(&c.Limit, "limit", 0, "holders per key (a semaphore when above 1)")
+	fs.BoolVar(&c.RW, "rw", false, "read-write locks: 3 in 4 acquisitions shared")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

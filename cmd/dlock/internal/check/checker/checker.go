@@ -318,6 +318,9 @@ func (c *run) p1() {
 			var worstH int64
 			inside := 0
 			for _, g1 := range active {
+				if c.h.Meta.RW && g1.Acquire.Shared && g2.Acquire.Shared {
+					continue // readers hold together
+				}
 				if h1 := g1.certainHold(t, hold); g2.Acquire.End < h1 {
 					inside++
 					if worst == nil || h1 > worstH {
@@ -343,6 +346,14 @@ func (c *run) p1() {
 	}
 }
 
+// mode names a read-write lock's grant: a reader's or a writer's.
+func mode(l *Lease) string {
+	if l.Acquire.Shared {
+		return "a reader's"
+	}
+	return "a writer's"
+}
+
 func (c *run) p1Detail(k string, g2, g1 *Lease, h1 int64, inside int) string {
 	why := fmt.Sprintf("its attempt at %s plus the hold of %v", c.ms(g1.Attempt()), c.h.Meta.Hold)
 	if rs := g1.ReleaseStart(); rs != 0 && rs == h1 {
@@ -356,6 +367,9 @@ func (c *run) p1Detail(k string, g2, g1 *Lease, h1 int64, inside int) string {
 		k, who(g2), c.ms(g2.Attempt()), c.ms(g2.Acquire.End), who(g1), c.ms(g1.Acquire.End), c.ms(h1), why)
 	if n := c.h.Meta.Limit; n > 1 {
 		d += fmt.Sprintf(" With it, %d earlier grants were certainly held: %d holders, more than the key's %d permits.", inside, inside+1, n)
+	}
+	if c.h.Meta.RW {
+		d += fmt.Sprintf(" The new grant was %s, the earlier one %s.", mode(g2), mode(g1))
 	}
 	return d
 }

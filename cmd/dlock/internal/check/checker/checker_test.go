@@ -479,3 +479,23 @@ func TestP1Semaphore(t *testing.T) {
 		t.Fatalf("violation %+v", v)
 	}
 }
+
+// A read-write lock: readers beside readers are fine; a writer granted beside a
+// reader violates P1, as does a reader beside a writer.
+func TestP1ReadWrite(t *testing.T) {
+	b := newHistory(hold, ttl, 1000)
+	b.h.Meta.RW = true
+	b.grant(1, 1, "k", 1, 0, 0, 1)
+	b.grant(2, 1, "k", 2, 5, 10, 20)
+	b.grant(3, 1, "k", 3, 25, 30, 40)
+	for i := range b.h.Ops {
+		b.h.Ops[i].Shared = true // three readers
+	}
+	wantCount(t, "P1 with readers only", b.check(Options{}).P1, 0)
+	b.grant(4, 1, "k", 4, 45, 50, 60) // a writer among them
+	r := b.check(Options{})
+	wantCount(t, "P1 with a writer beside readers", r.P1, 1)
+	if v := r.P1.Examples[0]; v.Processes[0] != 4 || !strings.Contains(v.Detail, "The new grant was a writer's, the earlier one a reader's.") {
+		t.Fatalf("violation %+v", v)
+	}
+}

@@ -56,6 +56,9 @@ type Op struct {
 	// the key (the error matched dlock.ErrLocked), not because the backend could
 	// not be reached or answered otherwise. Recorded when Meta.HeldRecorded.
 	Held bool `json:"held,omitempty"`
+	// Shared, for an OK Acquire, says that the grant was a shared (read) hold of a
+	// read-write lock (Meta.RW).
+	Shared bool `json:"sh,omitempty"`
 }
 
 // StoreWrite is one write that reached the fenced store, in the order the store
@@ -121,6 +124,9 @@ type Meta struct {
 	// Limit is how many holders each key admitted (a semaphore workload); 0 or 1
 	// for a lock.
 	Limit int `json:"limit,omitempty"`
+	// RW: the keys were read-write locks; an OK Acquire's Shared tells readers,
+	// who hold together and do not write, from writers, who hold alone.
+	RW bool `json:"rw,omitempty"`
 }
 
 // History is one run.
