@@ -400,14 +400,22 @@ type recorder struct {
 
 // The recorder passes on the optional capabilities the core uses, so a worker's
 // client behaves as a program's would: a Bounder's session bound (etcd,
-// ZooKeeper), a Valuer's values (the election workload) and a Semaphorer's
-// holder limit (the semaphore workload). Where the backend
+// ZooKeeper), a Valuer's values (the election workload), a Semaphorer's holder
+// limit (the semaphore workload) and a Sharer's shared grants (the read-write
+// workload). Where the backend
 // lacks one, the answer is what its absence means to the core.
 var (
 	_ driver.Bounder    = (*recorder)(nil)
 	_ driver.Valuer     = (*recorder)(nil)
 	_ driver.Semaphorer = (*recorder)(nil)
+	_ driver.Sharer     = (*recorder)(nil)
 )
+
+// Shares implements driver.Sharer.
+func (r *recorder) Shares() bool {
+	s, ok := r.Backend.(driver.Sharer)
+	return ok && s.Shares()
+}
 
 // Holders implements driver.Semaphorer.
 func (r *recorder) Holders(ctx context.Context, key string) (int, []driver.Info, error) {
