@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/dlockio/dlock/driver"
@@ -179,9 +180,16 @@ func (c *Client) settleLocked(sk slotKey, s *slot, g *grant, now time.Time, err 
 }
 
 // modeCheckLocked refuses a lock call that would re-enter the slot's live grant
-// the other way (shared for exclusive or the reverse).
+// the other way (shared for exclusive or the reverse), or with another holder
+// limit, as the server would refuse it.
 func modeCheckLocked(s *slot, key string, cfg *config) error {
-	if s.g == nil || s.g.ended() || s.g.cfg.shared == cfg.shared {
+	if s.g == nil || s.g.ended() {
+		return nil
+	}
+	if held, asked := max(s.g.cfg.limit, 1), max(cfg.limit, 1); held != asked {
+		return fmt.Errorf("dlock: %q: %w: this owner id holds it with limit %d, the call asked for %d", key, ErrLimitMismatch, held, asked)
+	}
+	if s.g.cfg.shared == cfg.shared {
 		return nil
 	}
 	how := map[bool]string{true: "shared", false: "exclusively"}

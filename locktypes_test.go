@@ -38,4 +38,12 @@ func TestSharedRules(t *testing.T) {
 		t.Fatalf("exclusively once released: %v", err)
 	}
 	_ = w.Release(ctx)
+	p2, err := c.Lock(ctx, "s", dlock.WithLimit(2), dlock.WithOwner("me"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Lock(ctx, "s", dlock.WithLimit(3), dlock.WithOwner("me")); !errors.Is(err, dlock.ErrLimitMismatch) {
+		t.Fatalf("re-entering a permit with another limit: %v, want ErrLimitMismatch", err)
+	}
+	_ = p2.Release(ctx)
 }
