@@ -163,7 +163,9 @@ func (t *Txn) Commit(ctx context.Context) (*clientv3.TxnResponse, error) {
 // Backend.LockPrefix(lease.Key()) and token the lease's Token. It costs one read,
 // once per lease. If the first member under the prefix has another create revision
 // (the lease is lost, or was never this lock's), the error matches
-// dlock.ErrNotHeld.
+// dlock.ErrNotHeld. It is for a holder that holds the key alone: a mutex's, or a
+// read-write lock's writer; a semaphore's permits and a read-write lock's readers
+// hold beside others, and no token orders their writes.
 func Member(ctx context.Context, kv clientv3.KV, lockPrefix string, token uint64) (string, error) {
 	if err := fence.CheckToken(token); err != nil {
 		return "", err
