@@ -16,8 +16,9 @@ import (
 
 // Acquire implements driver.Backend. A waiting attempt for a registered waiter that
 // was handed the key returns that grant without a request (see driver.Waiter). A
-// request with Limit > 1 takes a permit of a semaphore (sem_acquire.lua; see
-// Semaphores in the package documentation); one with Limit 0 or 1 runs the mutex
+// request with Limit > 1 takes a permit of a semaphore, and a shared one a
+// reader's grant (sem_acquire.lua; see Semaphores and Read-write locks in the
+// package documentation); an exclusive one with Limit 0 or 1 runs the mutex
 // script, as before.
 //
 // A waiting attempt on a key this client has not found held lately is first made
@@ -61,7 +62,7 @@ const noReenter = "x"
 // acquire runs the acquire script once: a waiting attempt, which queues if the key
 // is held, or a plain one. w, if not nil, is the wait's registered waiter.
 func (b *Backend) acquire(ctx context.Context, req driver.Request, keys []string, ttl int64, queue bool, w *waiter) (driver.Grant, error) {
-	if req.Limit > 1 {
+	if req.Limit > 1 || req.Shared {
 		return b.semAcquire(ctx, req, keys, ttl, queue, w)
 	}
 	// Arguments are left off the end where they can be (see acquire.lua): an

@@ -93,13 +93,25 @@ func TestReplicatedHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer waiter.Close()
+	// A writer's handed grant, then a reader's (held in the hash).
+	for _, shared := range []bool{false, true} {
+		replicatedHandoff(t, master, holder, waiter, shared)
+	}
+}
+
+func replicatedHandoff(t *testing.T, master *testserver.Redis, holder, waiter *dlock.Client, shared bool) {
+	ctx := context.Background()
+	var opts []dlock.Option
+	if shared {
+		opts = append(opts, dlock.WithShared())
+	}
 	l, err := holder.Lock(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan *dlock.Lease, 1)
 	go func() {
-		l2, err := waiter.Lock(ctx, "k")
+		l2, err := waiter.Lock(ctx, "k", opts...)
 		if err != nil {
 			t.Error(err)
 		}
@@ -131,7 +143,10 @@ func TestReplicatedHandoff(t *testing.T) {
 		t.FailNow()
 	}
 	if after := waits(); after <= before {
-		t.Fatalf("the waiter took the handed grant without a WAIT (%d WAIT calls before the release, %d after)", before, after)
+		t.Fatalf("the waiter (shared %v) took the handed grant without a WAIT (%d WAIT calls before the release, %d after)", shared, before, after)
+	}
+	if l2.Shared() != shared {
+		t.Fatalf("the handed lease's Shared() = %v, want %v", l2.Shared(), shared)
 	}
 	if err := l2.Release(ctx); err != nil {
 		t.Fatal(err)

@@ -20,7 +20,10 @@ package redislock
 //	                         token, "-" or the channel of the queued place it
 //	                         was handed to (as " h" above), and its value. The
 //	                         key's own TTL is pushed out to the latest holder's
-//	                         expiry or queued place's patience
+//	                         expiry or queued place's patience. A read-write
+//	                         lock held by readers (or by a writer queued behind
+//	                         them) is this hash with N = 1; a shared holder's
+//	                         MARK starts with the byte 0x1f
 //	P:lock 0x1f K 0x1f token
 //	                 string  last fencing token issued for K; no TTL. Its name is
 //	                         the lock key's and a suffix, so the scripts derive it
@@ -41,7 +44,9 @@ package redislock
 //	                         of the grant it asked for, its client's channel, and
 //	                         the value of that grant (the rest of the string, any
 //	                         bytes), written again by each attempt; the key's own
-//	                         TTL is the place's patience, renewed by each attempt
+//	                         TTL is the place's patience, renewed by each
+//	                         attempt. A shared (read) place's CHANNEL starts
+//	                         with the byte 0x1f
 //	P:wake:ID        channel one per client (ID: 24 hex digits): handoff messages
 //	                         "OWNER TOKEN SEQ TTL K"
 //	P:lock 0x1f K 0x1f holder

@@ -82,6 +82,37 @@
 // client of an earlier version that meets a semaphore's hash gets an error
 // (WRONGTYPE) from its scripts, never a grant.
 //
+// # Read-write locks
+//
+// The backend is a driver.Sharer: a shared request (dlock.WithShared) is a reader.
+// A read-write lock keeps a semaphore's shape with limit 1: readers are holders
+// of the hash at the lock key, each marked shared (its handed mark starts with the
+// byte 0x1f, which no channel does), and hold together; a writer holds alone. An
+// exclusive request is the mutex and runs the mutex script unchanged: while no
+// reader holds or waits, a writer is a mutex (a string key, the same fast path,
+// no byte more). Only when its GET finds a hash of limit 1 does a writer take the
+// semaphore path, and then it is a holder alone in the hash. A reader's attempt
+// runs sem_acquire.lua: on a free key it makes the hash, on readers' hash it
+// joins them, and behind a mutex it queues (with a waiting attempt) in the
+// mutex's queue. Queued places carry their mode (a shared place's channel is
+// marked as a shared holder's is), and keep one order for readers and writers: an
+// attempt first hands the key to the places queued ahead as far as they fit (the
+// leading run of shared places together, or one exclusive place when nobody
+// holds), and is granted only if the queue ran out and it fits, so a reader never
+// passes a queued writer. A release does the same on the server: the last reader's
+// hands the key to the writer at the head, or a writer's to every reader at the
+// head at once, each with its token and a message on its client's channel; a
+// mutex release that finds a reader at the head of its queue turns the key into
+// the hash. Every grant's token comes from the key's one counter. A reader is one
+// request to acquire and one to release, as a permit is, and costs what a permit
+// costs (the scripts read the whole hash: readers are meant to be tens, not
+// thousands); a writer that meets readers pays that too, an uncontended writer
+// nothing. A shared attempt on a semaphore's key (limit > 1) fails with
+// driver.ErrLimitMismatch, as does a semaphore's attempt on readers' key. Holders
+// lists readers with Info.Shared, and Inspect tells whether the oldest holder is
+// one. State an earlier version wrote (a mutex, its places, a semaphore's hash)
+// has no shared mark and reads as exclusive.
+//
 // # Values
 //
 // A grant's value (driver.Valuer: an election leader's address, say) lives in a key
@@ -221,6 +252,7 @@ var (
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
+	_ driver.Sharer        = (*Backend)(nil)
 )
 
 // Client returns the go-redis client.

@@ -57,7 +57,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	if err != nil {
 		return driver.Info{}, wrap("inspect", key, err)
 	}
-	if len(v) != 5 {
+	if len(v) != 5 && len(v) != 6 {
 		return driver.Info{}, wrap("inspect", key, fmt.Errorf("unexpected reply %v", v))
 	}
 	owner, _ := v[0].(string)
@@ -68,6 +68,10 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	info := driver.Info{Key: key, Owner: owner, Token: tok, TTL: time.Duration(max(pttl, 0)) * time.Millisecond, Waiters: int(live)}
 	if val, ok := v[4].(string); ok && val != "" {
 		info.Value = []byte(val)
+	}
+	if len(v) == 6 {
+		shared, _ := v[5].(int64)
+		info.Shared = shared == 1
 	}
 	return info, nil
 }

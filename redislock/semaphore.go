@@ -17,11 +17,16 @@ var (
 	holdersScript    = loadScript("holders.lua")
 )
 
-// semAcquire is acquire for a semaphore (req.Limit > 1): sem_acquire.lua, with
-// the limit and the prefix always sent, and the queue argument when queue.
+// semAcquire is acquire for a semaphore (req.Limit > 1) or a shared grant:
+// sem_acquire.lua, with the limit ("r" for shared) and the prefix always sent,
+// and the queue argument when queue.
 func (b *Backend) semAcquire(ctx context.Context, req driver.Request, keys []string, ttl int64, queue bool, w *waiter) (driver.Grant, error) {
+	var limit any = req.Limit
+	if req.Shared {
+		limit = "r"
+	}
 	args := make([]any, 6, 7)
-	args[0], args[1], args[2], args[3], args[4], args[5] = req.Owner, b.ttlBox(ttl), req.Limit, b.prefix, "", ""
+	args[0], args[1], args[2], args[3], args[4], args[5] = req.Owner, b.ttlBox(ttl), limit, b.prefix, "", ""
 	if queue {
 		args[4] = b.waitArg(req, w)
 	}
@@ -55,19 +60,20 @@ func limitMismatch(req driver.Request, have int) error {
 }
 
 // Holders implements driver.Semaphorer: one script reads every live holder,
-// oldest grant first (a mutex's one holder with limit 1).
+// oldest grant first (a mutex's one holder with limit 1; a read-write lock's
+// holders with limit 1, readers with Info.Shared).
 func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, error) {
 	v, err := holdersScript.Run(ctx, b.rdb, b.keys(key), b.prefix).Slice()
 	if err != nil {
 		return 0, nil, wrap("holders", key, err)
 	}
-	if len(v) < 2 || (len(v)-2)%4 != 0 {
+	if len(v) < 2 || (len(v)-2)%5 != 0 {
 		return 0, nil, wrap("holders", key, fmt.Errorf("unexpected reply %v", v))
 	}
 	limit, _ := v[0].(int64)
 	waiters, _ := v[1].(int64)
 	var hs []driver.Info
-	for r := v[2:]; len(r) >= 4; r = r[4:] {
+	for r := v[2:]; len(r) >= 5; r = r[5:] {
 		owner, _ := r[0].(string)
 		pttl, _ := r[1].(int64)
 		tokStr, _ := r[2].(string)
@@ -76,6 +82,8 @@ func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, 
 		if val, ok := r[3].(string); ok && val != "" {
 			info.Value = []byte(val)
 		}
+		shared, _ := r[4].(int64)
+		info.Shared = shared == 1
 		hs = append(hs, info)
 	}
 	if len(hs) == 0 {
@@ -83,3 +91,8 @@ func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, 
 	}
 	return int(limit), hs, nil
 }
+
+// Shares implements driver.Sharer: read-write locks keep their holders in the
+// semaphore's hash with limit 1 (see Read-write locks in the package
+// documentation).
+func (b *Backend) Shares() bool { return true }

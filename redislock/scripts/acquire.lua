@@ -11,8 +11,9 @@
 -- Returns the token (> 0) when granted; when the key is held, -(pttl + 1) with its
 -- remaining TTL in ms, or -1 when that is unknown; 0 when the owner holds the key
 -- but the token counter is gone; "limit N" when the key is a semaphore of N
--- permits (sem.lua) with holders or queued places, changing nothing. A grant, and a re-entry that sets or drops a
--- value, publish on the holder channel.
+-- permits (sem.lua) with holders or queued places, changing nothing; on a
+-- read-write lock's hash (limit 1, sem.lua) what sem_acquire returns. A grant, and
+-- a re-entry that sets or drops a value, publish on the holder channel.
 --#include names.lua
 local owner, ttl, w, val = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
 if w == '' then w = nil end
@@ -58,6 +59,9 @@ if type(v) == 'table' then
     local prefix = string.sub(KEYS[1], 1, plen)
     local key = string.sub(KEYS[1], plen + #LOCK + 1)
     if #hs > 0 or sem_places(prefix .. QUEUE .. key, prefix .. WAITER .. key .. SEP) > 0 then
+      -- Limit 1: a read-write lock's, which an exclusive attempt waits for as
+      -- for a permit.
+      if limit == 1 then return sem_acquire(KEYS[1], owner, tonumber(ttl), 1, false, prefix, w, ARGV[4], val) end
       return 'limit ' .. limit
     end
   end

@@ -2,7 +2,9 @@
 -- being freed to the first live queued waiter (its place names the TTL and the
 -- value it asked for), issues its token and publishes the grant on the waiter's
 -- channel as "OWNER TOKEN SEQ TTL KEY", dropping dead places on the way; with no
--- live waiter it deletes the lock. Either way it publishes on the holder channel.
+-- live waiter it deletes the lock. A shared place at the head turns the lock into
+-- a read-write lock's hash, held by the leading run of shared places (sem.lua).
+-- Either way it publishes on the holder channel.
 -- Included by other scripts, after names.lua and token.lua.
 local function hand_off(lock, prefix, key)
   local queue = prefix .. QUEUE .. key
@@ -18,6 +20,19 @@ local function hand_off(lock, prefix, key)
     if e then
       -- "SEQ TTL CHANNEL", then a space and the value if there is one.
       local seq, ttl, ch, val = string.match(e, '^(%d+) (%d+) (%S+) ?(.*)$')
+      if ch and string.byte(ch, 1) == 31 then
+        -- A shared place (its channel marked by the byte 0x1f): the key becomes
+        -- a read-write lock's hash (sem.lua), and the leading run of shared
+        -- places holds it at once. The place goes back for rw_pump, which takes
+        -- it again at once (the script runs alone).
+        redis.call('LPUSH', queue, h)
+        redis.call('SET', wp .. h, e, 'PX', 1000)
+--#include sem.lua
+        redis.call('DEL', lock, lock .. VALUE)
+        redis.call('HSET', lock, LIMITF, '1 ' .. #prefix)
+        rw_pump(lock, queue, wp, key, nil, nil, false, sem_now())
+        return
+      end
       if ch then
         -- Marked queued whether or not others wait: its release looks.
         local v = h .. ' h' .. ch .. ' q' .. #prefix

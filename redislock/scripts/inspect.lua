@@ -2,7 +2,8 @@
 -- KEYS[1]  the lock key
 -- ARGV[1]  the key prefix
 -- Returns {owner, pttl in ms, last token as a string, live queued waiters, value
--- or false}, or false (a nil reply) when nobody holds the lock.
+-- or false}, with a sixth element 1 for a shared holder, or false (a nil reply)
+-- when nobody holds the lock.
 --#include names.lua
 local v = redis.pcall('GET', KEYS[1])
 if not v then return false end

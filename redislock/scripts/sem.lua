@@ -11,10 +11,27 @@
 --                 (server clock, ms since the epoch), its fencing token, "-" or the
 --                 channel of a queued place the permit was handed to and whose
 --                 client has not claimed it since, and its value (any bytes)
+-- A read-write lock (driver.Sharer) is the hash with limit 1: its holders are
+-- either shared (read) holders together or one exclusive (write) holder alone.
+-- A shared holder's MARK, and a shared queued place's CHANNEL, start with the
+-- byte 0x1f (SHARED), which no channel does (a prefix has no control
+-- characters); records and places without it are exclusive, as every record a
+-- semaphore or an earlier version wrote.
 -- The hash expires with its last holder or queued place (whichever is later: each
 -- grant, refresh and waiting attempt pushes its expiry out, never in); every
 -- script drops the holders whose expiry has passed on the server's TIME.
 local LIMITF = '\31limit'
+
+local SHARED = '\31'
+
+-- Whether a mark (or a place's channel) is a shared one.
+local function sem_shared(mark) return string.byte(mark, 1) == 31 end
+
+-- The channel in a mark or a place's channel, without the shared byte.
+local function sem_chan(mark)
+  if string.byte(mark, 1) == 31 then return string.sub(mark, 2) end
+  return mark
+end
 
 -- The server clock in ms.
 local function sem_now()
@@ -111,6 +128,49 @@ local function sem_pump(lock, queue, wp, key, free, me, now)
   end
 end
 
+-- A read-write lock's holders hs as a state: nil for none, 'r' for shared
+-- holders, 'w' for an exclusive one.
+local function rw_state(hs)
+  if #hs == 0 then return nil end
+  for _, h in ipairs(hs) do
+    if not sem_shared(h[4]) then return 'w' end
+  end
+  return 'r'
+end
+
+-- Whether a grant, shared or not, fits beside a read-write lock's state st.
+local function rw_fits(st, shared) return not st or (st == 'r' and shared) end
+
+-- sem_pump for a read-write lock in state st: grants the queue's first live
+-- places, in order, as long as each fits (the leading run of shared places
+-- together, or one exclusive place when nobody holds). It stops at the place of
+-- me, whose attempt is shared when myshared, dropping it when the grant fits.
+-- Returns the state, whether me may take the grant, and whether the queue ran out.
+local function rw_pump(lock, queue, wp, key, st, me, myshared, now)
+  while true do
+    local h = redis.call('LINDEX', queue, 0)
+    if not h then return st, false, true end
+    local e = redis.call('GET', wp .. h)
+    local seq, ttl, ch, val
+    if e then seq, ttl, ch, val = string.match(e, '^(%d+) (%d+) (%S+) ?(.*)$') end
+    local sh = ch and sem_shared(ch)
+    if h == me then sh = myshared end
+    if ch and not rw_fits(st, sh) then return st, false, false end
+    redis.call('LPOP', queue)
+    if e then redis.call('DEL', wp .. h) end
+    if ch and h == me then return st, true, false end
+    if ch and not redis.call('HGET', lock, h) then
+      local exp = now + tonumber(ttl)
+      local n = sem_token(lock, now)
+      redis.call('HSET', lock, h, sem_rec(exp, n, ch, val))
+      sem_extend(lock, exp)
+      redis.call('PUBLISH', sem_chan(ch), h .. ' ' .. n .. ' ' .. seq .. ' ' .. ttl .. ' ' .. key)
+      redis.call('PUBLISH', lock .. HOLDER, '')
+      if sh then st = 'r' else st = 'w' end
+    end
+  end
+end
+
 -- After holders left (count live ones remain): hands the free permits to queued
 -- places, and deletes the hash when it has neither holders nor a queue left.
 local function sem_settle(lock, limit, plen, count, now)
@@ -121,6 +181,12 @@ local function sem_settle(lock, limit, plen, count, now)
   local prefix = string.sub(lock, 1, plen)
   local key = string.sub(lock, plen + #LOCK + 1)
   local queue = prefix .. QUEUE .. key
+  if limit == 1 then
+    local _, _, hs = sem_state(lock, now)
+    local st = rw_pump(lock, queue, prefix .. WAITER .. key .. SEP, key, rw_state(hs), nil, false, now)
+    if not st and redis.call('LLEN', queue) == 0 then redis.call('DEL', lock) end
+    return
+  end
   local left = sem_pump(lock, queue, prefix .. WAITER .. key .. SEP, key, limit - count, nil, now)
   if left == limit and redis.call('LLEN', queue) == 0 then redis.call('DEL', lock) end
 end
@@ -179,7 +245,9 @@ local function sem_inspect(lock)
   local key = string.sub(lock, plen + #LOCK + 1)
   local val = false
   if h[5] ~= '' then val = h[5] end
-  return {h[1], h[2] - now, h[3], sem_places(prefix .. QUEUE .. key, prefix .. WAITER .. key .. SEP), val}
+  local r = {h[1], h[2] - now, h[3], sem_places(prefix .. QUEUE .. key, prefix .. WAITER .. key .. SEP), val}
+  if sem_shared(h[4]) then r[6] = 1 end
+  return r
 end
 
 local function sem_force_release(lock)
@@ -199,7 +267,7 @@ local function sem_withdraw(lock, owner, ch)
   local limit, plen, hs = sem_state(lock, now)
   local count = #hs
   for _, h in ipairs(hs) do
-    if h[1] == owner and h[4] == ch then
+    if h[1] == owner and sem_chan(h[4]) == ch then
       redis.call('HDEL', lock, owner)
       redis.call('PUBLISH', lock .. HOLDER, '')
       count = count - 1
@@ -207,4 +275,124 @@ local function sem_withdraw(lock, owner, ch)
   end
   sem_settle(lock, limit, plen, count, now)
   return 1
+end
+
+-- Keeps owner's place in the queue for a waiting attempt w ("Q PATIENCE SEQ
+-- CHANNEL") that asks for a grant of ttl ms, shared when shared, with value val;
+-- returns the place's lifetime in ms.
+local function sem_queue(queue, wp, owner, w, ttl, shared, val)
+  local _, pat, seq, ch = string.match(w, '^(%S) (%d+) (%d+) (%S+)$')
+  if shared then ch = SHARED .. ch end
+  local place = seq .. ' ' .. ttl .. ' ' .. ch
+  if val then place = place .. ' ' .. val end
+  local old = redis.call('SET', wp .. owner, place, 'PX', pat, 'GET')
+  if not old and not redis.call('LPOS', queue, owner) then
+    redis.call('RPUSH', queue, owner)
+  end
+  redis.call('PEXPIRE', queue, pat)
+  return tonumber(pat)
+end
+
+-- One attempt to take a permit of a semaphore of limit > 1, or a grant of a
+-- read-write lock (limit 1), shared when shared; w is the waiting attempt's
+-- argument or nil, nore "x" when the request does not say Reenter, val the value
+-- or nil. Returns the token (> 0) when granted; when every permit is held (or
+-- free ones are owed to places queued ahead, or the grant does not fit beside
+-- the holders), -(ms + 1) with the time in ms until the first holder's grant
+-- expires; "limit M" when the key is held, or waited for, with another limit M
+-- (1: as a mutex, or a read-write lock), changing nothing. A grant publishes on
+-- the holder channel.
+local function sem_acquire(lock, owner, ttl, limit, shared, prefix, w, nore, val)
+  local key = string.sub(lock, #prefix + #LOCK + 1)
+  local queue = prefix .. QUEUE .. key
+  local wp = prefix .. WAITER .. key .. SEP
+  local now = sem_now()
+  local t = redis.call('TYPE', lock)['ok']
+  if t == 'string' then
+    -- A mutex holds the key: a shared attempt waits behind it, its place marked
+    -- shared; the release that reaches it makes the key a read-write lock's hash
+    -- (handoff.lua).
+    if not shared then return 'limit 1' end
+    if w then
+      sem_queue(queue, wp, owner, w, ttl, true, val)
+      local v = redis.call('GET', lock)
+      if v and not string.find(v, ' q', 1, true) then
+        redis.call('SET', lock, v .. ' q' .. #prefix, 'KEEPTTL')
+      end
+    end
+    local pttl = redis.call('PTTL', lock)
+    if pttl > 0 then return -pttl - 1 end
+    return -1
+  end
+  local have, hs, plen = nil, {}, nil
+  if t == 'hash' then have, plen, hs = sem_state(lock, now) end
+  if not have then
+    -- No semaphore state: places queued without a lock key are a mutex's, whose
+    -- holder's grant expired; a read-write lock takes them over.
+    if limit ~= 1 and sem_places(queue, wp) > 0 then return 'limit 1' end
+  elseif have ~= limit then
+    if #hs > 0 or sem_places(queue, wp) > 0 then return 'limit ' .. have end
+    have = nil -- neither holders nor queued places: the new limit applies
+  end
+  if not have then
+    if t == 'hash' then redis.call('DEL', lock) end
+    hs = {}
+    redis.call('HSET', lock, LIMITF, limit .. ' ' .. #prefix)
+  end
+
+  -- The reply of an attempt that found every permit taken.
+  local function held()
+    local first
+    for _, h in ipairs(hs) do
+      if not first or h[2] < first then first = h[2] end
+    end
+    if first then return -(first - now) - 1 end
+    return -1
+  end
+
+  local mark = '-'
+  if shared then mark = SHARED .. '-' end
+  for _, h in ipairs(hs) do
+    if h[1] == owner then
+      -- As for a mutex (acquire.lua): only Reenter, or the claim of a permit handed
+      -- to this client's own queued place, may take the grant over; the request's
+      -- value replaces the grant's. A grant of the other mode is not this one.
+      if sem_shared(h[4]) ~= shared then return held() end
+      local may = nore ~= 'x'
+      if not may and w then may = sem_chan(h[4]) == string.match(w, '(%S+)$') end
+      if not may then return held() end
+      local exp = now + ttl
+      redis.call('HSET', lock, owner, sem_rec(exp, h[3], mark, val))
+      sem_extend(lock, exp)
+      if val or h[5] ~= '' then redis.call('PUBLISH', lock .. HOLDER, '') end
+      return tonumber(h[3])
+    end
+  end
+
+  -- Free permits go to the places queued ahead first (their clients are told), then
+  -- to this attempt if one is left.
+  local me = nil
+  if w then me = owner end
+  local ok
+  if limit == 1 then
+    local st, mine, out = rw_pump(lock, queue, wp, key, rw_state(hs), me, shared, now)
+    ok = mine or (out and rw_fits(st, shared))
+  else
+    local free, mine = sem_pump(lock, queue, wp, key, limit - #hs, me, now)
+    ok = mine or free > 0
+  end
+  if ok then
+    local exp = now + ttl
+    local n = sem_token(lock, now)
+    redis.call('HSET', lock, owner, sem_rec(exp, n, mark, val))
+    sem_extend(lock, exp)
+    redis.call('PUBLISH', lock .. HOLDER, '')
+    return tonumber(n)
+  end
+  if w then
+    -- Keep the place, as acquire.lua does; the hash lives at least as long, so the
+    -- limit stays with the key while the place does.
+    sem_extend(lock, now + sem_queue(queue, wp, owner, w, ttl, shared, val))
+  end
+  return held()
 end

@@ -14,7 +14,10 @@ local wk = prefix .. WAITER .. key .. SEP .. owner
 local e = redis.call('GET', wk)
 -- A place is "SEQ TTL CHANNEL" and maybe a value: ours if it names our channel (a
 -- waiter of the same owner on another client keeps its own).
-if not e or string.match(e, '^%d+ %d+ (%S+)') == ch then
+-- A shared place's channel starts with the byte 0x1f (sem.lua).
+local pc = e and string.match(e, '^%d+ %d+ (%S+)')
+if pc and string.byte(pc, 1) == 31 then pc = string.sub(pc, 2) end
+if not e or pc == ch then
   redis.call('LREM', prefix .. QUEUE .. key, 0, owner)
   if e then redis.call('DEL', wk) end
 end
