@@ -56,7 +56,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		var held *driver.HeldError
 		switch {
 		case err == nil:
-			b.track(ok, int64(g.Token), req.Limit, s, req.TTL)
+			b.track(ok, int64(g.Token), req.Limit, req.Shared, s, req.TTL)
 			return g, nil
 		case errors.Is(err, errLeaseGone):
 			// The lease ended on the server before the keep-alive loop noticed.
@@ -168,13 +168,20 @@ func leaseErr(err error) error {
 
 // attempt is one try of Acquire on session s. It is idempotent: run again after a
 // lost reply, it finds the member key the first run wrote and carries on from there.
-// A request with a limit above 1 takes the semaphore's way (semAttempt).
+// A request with a limit above 1 takes the semaphore's way (semAttempt), a shared
+// one the reader's (sharedAttempt).
 func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w *waiter) (driver.Grant, error) {
 	if req.Limit > 1 {
 		return b.semAttempt(ctx, req, s, w)
 	}
 	for range 4 {
-		g, err := b.mutexAttempt(ctx, req, s, w)
+		var g driver.Grant
+		var err error
+		if req.Shared {
+			g, err = b.sharedAttempt(ctx, req, s, w)
+		} else {
+			g, err = b.mutexAttempt(ctx, req, s, w)
+		}
 		if !errors.Is(err, errStaleLimit) {
 			return g, err
 		}
@@ -371,6 +378,11 @@ func (b *Backend) exists(ctx context.Context, req driver.Request, s *session, w 
 		b.burn(driver.Holder{Key: req.Key, Owner: req.Owner}, member)
 		return driver.Grant{}, errNameTaken
 	}
+	if sharedOf(mine.Value) {
+		// The owner holds or waits for the key as a reader through this client:
+		// never turn that member into a writer's.
+		return driver.Grant{}, &driver.HeldError{}
+	}
 	if !req.Wait {
 		first := firstKV(resp.Responses[1])
 		if first == nil {
@@ -473,7 +485,7 @@ func (b *Backend) resumeFirst(ctx context.Context, req driver.Request, s *sessio
 func (b *Backend) resume(ctx context.Context, req driver.Request, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {
 	ok := driver.Holder{Key: req.Key, Owner: req.Owner}
 	name := string(first.Key)
-	ops := []clientv3.Op{clientv3.OpPut(name, memberValue(req.Owner, req.Limit, req.Value), clientv3.WithLease(s.id))}
+	ops := []clientv3.Op{clientv3.OpPut(name, requestValue(req), clientv3.WithLease(s.id))}
 	if extra != "" {
 		ops = append(ops, clientv3.OpDelete(extra))
 	}
@@ -496,5 +508,5 @@ func (b *Backend) resume(ctx context.Context, req driver.Request, first *mvccpb.
 // attempt that re-enters a grant replaces its value). The write keeps the key's
 // create revision, the token.
 func rewrite(mine *mvccpb.KeyValue, s *session, req driver.Request) bool {
-	return mine.Lease != int64(s.id) || string(mine.Value) != memberValue(req.Owner, req.Limit, req.Value)
+	return mine.Lease != int64(s.id) || string(mine.Value) != requestValue(req)
 }
