@@ -137,7 +137,8 @@ func firstKeyOp(prefix string) clientv3.Op {
 
 // callerHolds returns first (read keys only), with its value, if it is a grant of
 // owner's under a name of another client's, made by an earlier process with the
-// same owner id (to be resumed); else nil. A name of this client's is another
+// same owner id (to be resumed), and not a reader's (only a writer resumes, and a
+// reader's grant is never turned into a writer's); else nil. A name of this client's is another
 // owner's (an owner has one name here) and costs no request.
 func (b *Backend) callerHolds(ctx context.Context, first *mvccpb.KeyValue, owner string) (*mvccpb.KeyValue, error) {
 	if first == nil || b.ours(string(first.Key)) {
@@ -147,7 +148,7 @@ func (b *Backend) callerHolds(ctx context.Context, first *mvccpb.KeyValue, owner
 	if err != nil {
 		return nil, leaseErr(err)
 	}
-	if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == first.CreateRevision && ownerOf(g.Kvs[0].Value) == owner {
+	if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == first.CreateRevision && ownerOf(g.Kvs[0].Value) == owner && !sharedOf(g.Kvs[0].Value) {
 		return g.Kvs[0], nil
 	}
 	return nil, nil
@@ -329,7 +330,7 @@ func (b *Backend) created(ctx context.Context, req driver.Request, s *session, w
 			return driver.Grant{}, errStaleLimit
 		case limitOf(first.Value) > 1:
 			return driver.Grant{}, limitMismatch(limitOf(first.Value), 1)
-		case ownerOf(first.Value) == req.Owner && req.Reenter:
+		case ownerOf(first.Value) == req.Owner && req.Reenter && !sharedOf(first.Value):
 			return b.resume(ctx, req, first, s, "")
 		}
 		return driver.Grant{}, &driver.HeldError{}
@@ -460,7 +461,7 @@ func (b *Backend) resumeCallers(ctx context.Context, req driver.Request, s *sess
 // when the attempt goes on as a place in the queue.
 func (b *Backend) resumeFirst(ctx context.Context, req driver.Request, s *session, member string, hint firstHint, hinted *mvccpb.KeyValue, readAt, myRev int64) (g driver.Grant, done bool, err error) {
 	if hinted != nil && hinted.CreateRevision == hint.rev {
-		if !b.ours(string(hinted.Key)) && ownerOf(hinted.Value) == req.Owner {
+		if !b.ours(string(hinted.Key)) && ownerOf(hinted.Value) == req.Owner && !sharedOf(hinted.Value) {
 			g, err := b.resume(ctx, req, hinted, s, member)
 			return g, true, err
 		}
