@@ -59,9 +59,10 @@
 // ErrLocked), because its place in the queue is gone.
 //
 // Release deletes the own member key. Refresh checks that it still exists, with the
-// grant's create revision and owner, first in line, on the live session lease.
-// ForceRelease deletes the first member key (the first N of a semaphore, see
-// Semaphores). Inspect reads the first member (keys
+// grant's create revision and owner, first in line (a reader: see Read-write
+// locks), on the live session lease. ForceRelease deletes the first member key
+// (the first N of a semaphore, see Semaphores; the readers that hold, see
+// Read-write locks). Inspect reads the first member (keys
 // only, then its value), the number behind it, and its lease's remaining TTL.
 // Requests that fail because etcd is between leaders are retried within the request
 // timeout (every write here is idempotent). A Release whose context has already
@@ -122,6 +123,61 @@
 // semaphores ignore the limit key and read a semaphore member as another owner's
 // mutex grant; do not mix them on a semaphore.
 //
+// # Read-write locks
+//
+// The backend is a driver.Sharer: a request with driver.Request.Shared set
+// (dlock.WithShared) takes a reader's place, in the same queue of member keys as a
+// mutex. A reader's member value carries the byte 0x02 after the owner id (then
+// 0x00 and the value, if any, see Member values); a writer is a mutex member,
+// without a tag, so a read-write lock's writers, and every mutex, cost not a byte
+// and not a request more than before. A writer holds when its member is first, as
+// a mutex's does; a reader holds when no writer's member was created before its
+// own. So the leading run of readers holds together, a writer holds alone, and a
+// reader queued behind a writer stays behind it (a stream of readers cannot starve
+// a waiting writer). Every token is a create revision, from the one counter.
+//
+// A waiting reader's attempt is a mutex's transaction (create the member key,
+// count the members, swap the tail); if members were there, it then reads those
+// created before its own, with their values, in a read-only transaction: with no
+// writer among them it holds (two requests), else it watches the nearest writer
+// ahead of it, the one created last, whose delete is the earliest moment it may
+// hold. Woken, it reads its own key and the members ahead again (one read): it
+// holds, or watches the writer now nearest (an older one, when the nearest gave up
+// first). A waiting writer watches the member just ahead of it, reader or writer,
+// as a mutex waiter does. Nobody watches a reader but the writer just behind it.
+//
+// What a release costs: the delete of the releaser's key, one request, and then
+// one read by each member it promotes and by no other. A writer's release wakes
+// the readers whose nearest writer it was, which are exactly the run behind it
+// that now holds (each reads once and holds; readers behind the next writer watch
+// that writer and hear nothing), or the writer just behind it. A reader's release
+// wakes only a writer queued just behind its key: that writer reads the member
+// ahead again and, while other readers still hold, watches the next one; a writer
+// behind k readers therefore reads at most k times before it holds. The cost that
+// grows is the reader's read of the members ahead of it, with values, when it
+// queues and when its writer goes: a reader queued behind a long queue reads it.
+//
+// A reader's TryLock is one transaction on a lock without members, as a mutex's
+// (also when the first member is a writer: it is refused); on a lock held by
+// readers it reads every member and creates its key only if none is a writer,
+// guarded by "no member created since the read", three requests in all. Refresh of
+// a reader checks its own key alone: no member can be created ahead of it, so a
+// reader that held holds for as long as its key exists. Holders and ForceRelease
+// read every member, sorted, when the first one is a reader, to find the run of
+// readers that holds; Inspect does too, to count the waiters (one read more than
+// for a writer). driver.HeldError.Ahead of a writer queued behind readers counts
+// every member ahead of it but one.
+//
+// A reader is a member of limit 1: a reader's attempt on a semaphore's key, and a
+// semaphore's attempt on a key held or waited for by readers, fail with an error
+// matching driver.ErrLimitMismatch (the limit key, see Semaphores, decides it, as
+// for a mutex); readers and writers never mismatch. A reader's grant is never
+// resumed through another client, and never turned into a writer's or back (an
+// attempt that finds its owner's member of the other kind is refused as held).
+// Clients of versions before read-write locks read a reader's member as a mutex
+// holder whose owner id ends in the tag: they exclude readers as writers would,
+// which is safe, but list only the first of them; they cannot take a shared grant.
+//
 // # Sessions and TTL
 //
 // A Backend keeps one session lease per distinct lock TTL, rounded up to whole
@@ -153,9 +209,9 @@
 //
 // The backend is a driver.Valuer and a driver.HolderWatcher (dlock's elections:
 // Campaign's and Proclaim's values, Leader, Observe), for every holder of a
-// semaphore too. A request's value is stored in its member key, after the owner id
-// (and a semaphore's limit) and the byte 0x00 (an owner id holds no control byte); a
-// mutex request without one writes the owner id alone, as before, so locking
+// semaphore and every reader too. A request's value is stored in its member key,
+// after the owner id (and a semaphore's limit or a reader's tag) and the byte 0x00
+// (an owner id holds no control byte); a mutex request without one writes the owner id alone, as before, so locking
 // without values costs not a byte more. The value is written with the member key, so
 // a queued place carries its own value into the grant the queue hands it, and it
 // goes with the key: the next grant has its own value or none. An attempt that
@@ -255,7 +311,8 @@ var ErrSessionLost = errors.New("etcdlock: session lease lost")
 
 // Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
 // driver.Inspector, driver.ForceReleaser, driver.Bounder, driver.Valuer,
-// driver.Semaphorer and driver.HolderWatcher, and is safe for concurrent use.
+// driver.Semaphorer, driver.Sharer and driver.HolderWatcher, and is safe for
+// concurrent use.
 type Backend struct {
 	cli     *clientv3.Client
 	own     bool // close cli in Close
@@ -300,8 +357,8 @@ func (b *Backend) Prefix() string { return b.prefix }
 // named key live: prefix/<key> and the byte 0x1f, where "%" and "/" in key are
 // escaped as %25 and %2F. A member key is the lock prefix followed by <client
 // id>.<n>; its value is the owner id, followed by the byte 0x01 and the limit for
-// a member of a semaphore, and by the byte 0x00 and the grant's value when it has
-// one. See lockPrefix for why no lock's range can
+// a member of a semaphore or by the byte 0x02 for a reader's, and by the byte 0x00
+// and the grant's value when it has one. See lockPrefix for why no lock's range can
 // contain another's, whatever the prefixes.
 func (b *Backend) LockPrefix(key string) string { return lockPrefix(b.prefix, key) }
 

@@ -24,6 +24,7 @@ import (
 type tracked struct {
 	rev     int64    // create revision, for a grant; 0 when unknown
 	limit   int      // of the lock, for a grant: 1 for a mutex
+	shared  bool     // a reader's grant (driver.Request.Shared)
 	sess    *session // the session the key is on; nil when unknown
 	grant   bool
 	timer   *time.Timer
@@ -35,10 +36,10 @@ const (
 	sweepRetryMax = 2 * time.Second
 )
 
-// track records a new grant of ok in a lock of limit holders, replacing any earlier
-// record.
-func (b *Backend) track(ok driver.Holder, rev int64, limit int, s *session, ttl time.Duration) {
-	b.put(ok, &tracked{rev: rev, limit: max(limit, 1), sess: s, grant: true}, ttl)
+// track records a new grant of ok in a lock of limit holders (a reader's when
+// shared), replacing any earlier record.
+func (b *Backend) track(ok driver.Holder, rev int64, limit int, shared bool, s *session, ttl time.Duration) {
+	b.put(ok, &tracked{rev: rev, limit: max(limit, 1), shared: shared, sess: s, grant: true}, ttl)
 }
 
 // orphan records that a member key of ok may exist on session s (nil: on any) with

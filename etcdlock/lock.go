@@ -56,7 +56,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		var held *driver.HeldError
 		switch {
 		case err == nil:
-			b.track(ok, int64(g.Token), req.Limit, s, req.TTL)
+			b.track(ok, int64(g.Token), req.Limit, req.Shared, s, req.TTL)
 			return g, nil
 		case errors.Is(err, errLeaseGone):
 			// The lease ended on the server before the keep-alive loop noticed.
@@ -137,7 +137,8 @@ func firstKeyOp(prefix string) clientv3.Op {
 
 // callerHolds returns first (read keys only), with its value, if it is a grant of
 // owner's under a name of another client's, made by an earlier process with the
-// same owner id (to be resumed); else nil. A name of this client's is another
+// same owner id (to be resumed), and not a reader's (only a writer resumes, and a
+// reader's grant is never turned into a writer's); else nil. A name of this client's is another
 // owner's (an owner has one name here) and costs no request.
 func (b *Backend) callerHolds(ctx context.Context, first *mvccpb.KeyValue, owner string) (*mvccpb.KeyValue, error) {
 	if first == nil || b.ours(string(first.Key)) {
@@ -147,7 +148,7 @@ func (b *Backend) callerHolds(ctx context.Context, first *mvccpb.KeyValue, owner
 	if err != nil {
 		return nil, leaseErr(err)
 	}
-	if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == first.CreateRevision && ownerOf(g.Kvs[0].Value) == owner {
+	if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == first.CreateRevision && ownerOf(g.Kvs[0].Value) == owner && !sharedOf(g.Kvs[0].Value) {
 		return g.Kvs[0], nil
 	}
 	return nil, nil
@@ -168,13 +169,20 @@ func leaseErr(err error) error {
 
 // attempt is one try of Acquire on session s. It is idempotent: run again after a
 // lost reply, it finds the member key the first run wrote and carries on from there.
-// A request with a limit above 1 takes the semaphore's way (semAttempt).
+// A request with a limit above 1 takes the semaphore's way (semAttempt), a shared
+// one the reader's (sharedAttempt).
 func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w *waiter) (driver.Grant, error) {
 	if req.Limit > 1 {
 		return b.semAttempt(ctx, req, s, w)
 	}
 	for range 4 {
-		g, err := b.mutexAttempt(ctx, req, s, w)
+		var g driver.Grant
+		var err error
+		if req.Shared {
+			g, err = b.sharedAttempt(ctx, req, s, w)
+		} else {
+			g, err = b.mutexAttempt(ctx, req, s, w)
+		}
 		if !errors.Is(err, errStaleLimit) {
 			return g, err
 		}
@@ -322,7 +330,7 @@ func (b *Backend) created(ctx context.Context, req driver.Request, s *session, w
 			return driver.Grant{}, errStaleLimit
 		case limitOf(first.Value) > 1:
 			return driver.Grant{}, limitMismatch(limitOf(first.Value), 1)
-		case ownerOf(first.Value) == req.Owner && req.Reenter:
+		case ownerOf(first.Value) == req.Owner && req.Reenter && !sharedOf(first.Value):
 			return b.resume(ctx, req, first, s, "")
 		}
 		return driver.Grant{}, &driver.HeldError{}
@@ -370,6 +378,11 @@ func (b *Backend) exists(ctx context.Context, req driver.Request, s *session, w 
 	if ownerOf(mine.Value) != req.Owner {
 		b.burn(driver.Holder{Key: req.Key, Owner: req.Owner}, member)
 		return driver.Grant{}, errNameTaken
+	}
+	if sharedOf(mine.Value) {
+		// The owner holds or waits for the key as a reader through this client:
+		// never turn that member into a writer's.
+		return driver.Grant{}, &driver.HeldError{}
 	}
 	if !req.Wait {
 		first := firstKV(resp.Responses[1])
@@ -448,7 +461,7 @@ func (b *Backend) resumeCallers(ctx context.Context, req driver.Request, s *sess
 // when the attempt goes on as a place in the queue.
 func (b *Backend) resumeFirst(ctx context.Context, req driver.Request, s *session, member string, hint firstHint, hinted *mvccpb.KeyValue, readAt, myRev int64) (g driver.Grant, done bool, err error) {
 	if hinted != nil && hinted.CreateRevision == hint.rev {
-		if !b.ours(string(hinted.Key)) && ownerOf(hinted.Value) == req.Owner {
+		if !b.ours(string(hinted.Key)) && ownerOf(hinted.Value) == req.Owner && !sharedOf(hinted.Value) {
 			g, err := b.resume(ctx, req, hinted, s, member)
 			return g, true, err
 		}
@@ -473,7 +486,7 @@ func (b *Backend) resumeFirst(ctx context.Context, req driver.Request, s *sessio
 func (b *Backend) resume(ctx context.Context, req driver.Request, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {
 	ok := driver.Holder{Key: req.Key, Owner: req.Owner}
 	name := string(first.Key)
-	ops := []clientv3.Op{clientv3.OpPut(name, memberValue(req.Owner, req.Limit, req.Value), clientv3.WithLease(s.id))}
+	ops := []clientv3.Op{clientv3.OpPut(name, requestValue(req), clientv3.WithLease(s.id))}
 	if extra != "" {
 		ops = append(ops, clientv3.OpDelete(extra))
 	}
@@ -496,5 +509,5 @@ func (b *Backend) resume(ctx context.Context, req driver.Request, first *mvccpb.
 // attempt that re-enters a grant replaces its value). The write keeps the key's
 // create revision, the token.
 func rewrite(mine *mvccpb.KeyValue, s *session, req driver.Request) bool {
-	return mine.Lease != int64(s.id) || string(mine.Value) != memberValue(req.Owner, req.Limit, req.Value)
+	return mine.Lease != int64(s.id) || string(mine.Value) != requestValue(req)
 }

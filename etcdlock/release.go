@@ -14,8 +14,8 @@ import (
 // Refresh implements driver.Backend. The session lease is kept alive in the
 // background; Refresh checks that the grant made through this backend is still
 // there: its member key exists with the grant's create revision and owner, first in
-// line (for a semaphore of N, with fewer than N members ahead of it), on a live
-// session.
+// line (for a semaphore of N, with fewer than N members ahead of it; for a reader,
+// the key alone), on a live session.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
@@ -32,20 +32,30 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	err := b.retry(ctx, func(ctx context.Context) (err error) {
 		// The first member keys only: its create revision is all that is compared.
 		// For a semaphore, the keys of up to N members ahead.
-		ahead := firstKeyOp(prefix)
-		if h.limit > 1 {
-			ahead = aheadOp(prefix, h.rev, h.limit)
+		// A reader's key alone: no member can be created ahead of it, so a
+		// reader that held holds while its key exists.
+		ops := []clientv3.Op{clientv3.OpGet(name)}
+		switch {
+		case h.shared:
+		case h.limit > 1:
+			ops = append(ops, aheadOp(prefix, h.rev, h.limit))
+		default:
+			ops = append(ops, firstKeyOp(prefix))
 		}
-		resp, err = b.cli.Txn(ctx).Then(clientv3.OpGet(name), ahead).Commit()
+		resp, err = b.cli.Txn(ctx).Then(ops...).Commit()
 		return err
 	})
 	if err != nil {
 		return wrap("refresh", key, err)
 	}
-	mine, first := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
-	inLine := first != nil && mine != nil && first.CreateRevision == mine.CreateRevision
-	if h.limit > 1 {
+	mine, inLine := firstKV(resp.Responses[0]), true
+	switch {
+	case h.shared:
+	case h.limit > 1:
 		inLine = len(resp.Responses[1].GetResponseRange().GetKvs()) < h.limit
+	default:
+		first := firstKV(resp.Responses[1])
+		inLine = first != nil && mine != nil && first.CreateRevision == mine.CreateRevision
 	}
 	var why string
 	switch {
@@ -245,7 +255,15 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	owner, limit, value := parseMember(first.Value)
 	info := driver.Info{
 		Key: key, Owner: owner, Token: uint64(first.CreateRevision),
-		Waiters: int(max(count-int64(limit), 0)), Value: value,
+		Waiters: int(max(count-int64(limit), 0)), Value: value, Shared: sharedOf(first.Value),
+	}
+	if info.Shared {
+		// Readers hold: count the run of them for the waiters.
+		if _, kvs, n, err := b.holders(ctx, key); err != nil {
+			return driver.Info{}, wrap("inspect", key, err)
+		} else if len(kvs) > 0 {
+			info.Waiters = int(max(n-int64(len(kvs)), 0))
+		}
 	}
 	if first.Lease != 0 {
 		var tr *clientv3.LeaseTimeToLiveResponse

@@ -239,7 +239,8 @@ func (b *Backend) semExists(ctx context.Context, req driver.Request, s *session,
 }
 
 // holders reads the members of key that hold it, with their values, oldest first,
-// and the number of members: the first member, and for a semaphore the first limit.
+// and the number of members: the first member, for a semaphore the first limit,
+// and for readers the run of readers at the front.
 func (b *Backend) holders(ctx context.Context, key string) (limit int, kvs []*mvccpb.KeyValue, count int64, err error) {
 	prefix := b.LockPrefix(key)
 	for {
@@ -257,6 +258,12 @@ func (b *Backend) holders(ctx context.Context, key string) (limit int, kvs []*mv
 		}
 		count = resp.Responses[1].GetResponseRange().GetCount()
 		limit = limitOf(first.Value)
+		if sharedOf(first.Value) {
+			if kvs, n, err := b.readers(ctx, prefix); err != nil || len(kvs) > 0 {
+				return 1, kvs, n, err
+			}
+			continue // every member left between the reads: read again
+		}
 		if limit == 1 {
 			return 1, []*mvccpb.KeyValue{first}, count, nil
 		}
@@ -277,9 +284,10 @@ func (b *Backend) holders(ctx context.Context, key string) (limit int, kvs []*mv
 }
 
 // Holders implements driver.Semaphorer: the first member of the lock, or for a
-// semaphore the first limit members, oldest grant first, each with its lease's
-// remaining TTL; Waiters counts the queued places. Two reads (one for a mutex),
-// and one lease query per distinct lease.
+// semaphore the first limit members, or the readers at the front, oldest grant
+// first, each with its lease's remaining TTL; Waiters counts the queued places. Two
+// reads (one for a mutex; for readers the second reads every member), and one lease
+// query per distinct lease.
 func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, error) {
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
@@ -301,7 +309,7 @@ func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, 
 		}
 		infos = append(infos, driver.Info{
 			Key: key, Owner: owner, Token: uint64(kv.CreateRevision),
-			TTL: ttl, Waiters: waiters, Value: value,
+			TTL: ttl, Waiters: waiters, Value: value, Shared: sharedOf(kv.Value),
 		})
 	}
 	return limit, infos, nil
@@ -327,4 +335,24 @@ func (b *Backend) leaseTTL(ctx context.Context, id int64, seen map[int64]time.Du
 	ttl := time.Duration(max(tr.TTL, 0)) * time.Second
 	seen[id] = ttl
 	return ttl, nil
+}
+
+// readers reads every member of a read-write lock whose first member is a reader,
+// sorted by create revision, and returns the readers ahead of the first writer (the
+// holders) and the number of members.
+func (b *Backend) readers(ctx context.Context, prefix string) ([]*mvccpb.KeyValue, int64, error) {
+	var g *clientv3.GetResponse
+	err := b.retry(ctx, func(ctx context.Context) (err error) {
+		g, err = b.cli.Get(ctx, prefix, clientv3.WithPrefix(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		return err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	n := 0
+	for n < len(g.Kvs) && sharedOf(g.Kvs[n].Value) {
+		n++
+	}
+	return g.Kvs[:n], int64(len(g.Kvs)), nil
 }

@@ -41,6 +41,32 @@ func TestMemberValue(t *testing.T) {
 	}
 }
 
+func TestReaderValue(t *testing.T) {
+	for _, c := range []struct {
+		owner string
+		value []byte
+		want  string
+	}{
+		{"alice", nil, "alice\x02"},
+		{"alice", []byte("v"), "alice\x02\x00v"},
+		{"a", []byte("\x02\x01"), "a\x02\x00\x02\x01"},
+	} {
+		v := readerValue(c.owner, c.value)
+		if v != c.want {
+			t.Errorf("readerValue(%q, %q) = %q, want %q", c.owner, c.value, v, c.want)
+		}
+		owner, limit, value := parseMember([]byte(v))
+		if owner != c.owner || limit != 1 || !bytes.Equal(value, c.value) || !sharedOf([]byte(v)) || ownerOf([]byte(v)) != c.owner {
+			t.Errorf("parseMember(%q) = %q, %d, %q, shared %v", v, owner, limit, value, sharedOf([]byte(v)))
+		}
+	}
+	for _, v := range []string{"alice", "alice\x00\x02", "alice\x013\x00\x02", memberValue("a", 1, []byte("\x02"))} {
+		if sharedOf([]byte(v)) {
+			t.Errorf("sharedOf(%q) = true", v)
+		}
+	}
+}
+
 // ownedBy, evaluated by etcd, matches the member values of its owner, with a value
 // or without, and no other owner's, also owners that are a prefix of it or that it
 // is a prefix of, or that differ only in the last byte.
@@ -73,6 +99,11 @@ func TestOwnedBy(t *testing.T) {
 		{memberValue("ab-10", 1, nil), false},
 		{memberValue("ab-1.", 1, []byte("v")), false},
 		{memberValue("ab-2", 1, nil), false},
+		{readerValue(owner, nil), true},
+		{readerValue(owner, []byte{0xff, 0xff}), true},
+		{readerValue("ab-", nil), false},
+		{readerValue("ab-10", nil), false},
+		{owner + "\x03", false},
 		{memberValue("a", 1, nil), false},
 		{memberValue("b", 1, nil), false},
 		{"", false},
