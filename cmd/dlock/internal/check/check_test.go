@@ -524,3 +524,45 @@ func TestRunSemaphore(t *testing.T) {
 		})
 	}
 }
+
+// The read-write workload: readers overlap, no writer is granted beside anyone and
+// no reader beside a writer (P1), tokens in order (P4), and writers' writes are
+// fenced (P3), without a fault on Redis and etcd and under kill -9 of a
+// persistent Redis.
+func TestRunReadWrite(t *testing.T) {
+	for _, c := range []struct{ setup, fault string }{{"redis", FaultNone}, {"etcd", FaultNone}, {"redis-aof", FaultKill}} {
+		t.Run(c.setup+"/"+c.fault, func(t *testing.T) {
+			cfg := testConfig(t, c.setup, c.fault, true)
+			cfg.RW, cfg.Workers = true, 4
+			// A kill makes the holder linger for up to 4 TTL across the restart:
+			// 8 s leave room for the rest.
+			cfg.TTL, cfg.Interval, cfg.Duration = time.Second, 2*time.Second, 8*time.Second
+			h, err := Run(ctxT(t, 2*time.Minute), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := checker.Check(h, checker.Options{})
+			if r.Summary.AcquiresOK < 8 {
+				t.Fatalf("%d grants: the workload did not run", r.Summary.AcquiresOK)
+			}
+			if !r.Safe() {
+				t.Errorf("P1 %d, P3 %d, P4 %d: %v", r.P1.Count, r.P3.Count, r.P4.Count, r.Violations())
+			}
+			readers, overlap := 0, false
+			ls := checker.Leases(h)
+			for i, a := range ls {
+				if a.Acquire.Shared {
+					readers++
+				}
+				for _, b := range ls[i+1:] {
+					if a.Key == b.Key && a.Acquire.Shared && b.Acquire.Shared && a.Granted() < b.ReleaseStart() && b.Granted() < a.ReleaseStart() {
+						overlap = true
+					}
+				}
+			}
+			if readers == 0 || readers == len(ls) || !overlap {
+				t.Errorf("%d readers of %d grants, overlapping: %v; want readers, writers, and readers together", readers, len(ls), overlap)
+			}
+		})
+	}
+}
