@@ -320,8 +320,8 @@ const DefaultTable = "dlock_locks"
 const DefaultLinger = time.Minute
 
 // Backend is the PostgreSQL backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.HolderWatcher and
-// driver.Semaphorer, and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.HolderWatcher,
+// driver.Semaphorer and driver.Sharer, and is safe for concurrent use.
 type Backend struct {
 	config
 	pool    *pgxpool.Pool
@@ -348,7 +348,14 @@ var (
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
+	_ driver.Sharer        = (*Backend)(nil)
 )
+
+// Shares implements driver.Sharer: the backend honours Request.Shared (read-write
+// locks, kept in the permit table like a semaphore's permits). It fails a shared
+// attempt with an error matching driver.ErrUnsupported when semaphores cannot work
+// on this table set.
+func (b *Backend) Shares() bool { return true }
 
 // Pool returns the connection pool.
 func (b *Backend) Pool() *pgxpool.Pool { return b.pool }
