@@ -281,7 +281,8 @@
 // reserves the key, each place's client notified in the same transaction, for the
 // leading run of reader places (a shared permit for each, all at once) once no
 // writer's permit is left, or for the first place, a writer, once no permit is
-// left. When the key is left with no permit and no place its rows go, and the next
+// left; a writer that gives up its place lets in the readers queued behind it the
+// same way. When the key is left with no permit and no place its rows go, and the next
 // writer takes it as a plain mutex again.
 //
 // A writer on a free key, or on a key held by a writer with no reader about, is a

@@ -16,6 +16,7 @@ import (
 func TestReadWrite(t *testing.T) {
 	srv := testserver.StartPostgres(t)
 	t.Run("RunOfReaders", func(t *testing.T) { testRunOfReaders(t, srv) })
+	t.Run("WriterGivesUp", func(t *testing.T) { testWriterGivesUp(t, srv) })
 	t.Run("Mismatch", func(t *testing.T) { testRWMismatch(t, srv) })
 	t.Run("OldPermitTable", func(t *testing.T) { testOldPermitTable(t, srv) })
 }
@@ -156,6 +157,52 @@ func testRunOfReaders(t *testing.T, srv *testserver.Postgres) {
 	var n int
 	if err := b.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pglock.DefaultTable+` WHERE key >= $1 AND key < $1 || chr(3)) + (SELECT count(*) FROM `+pglock.DefaultTable+`_permits WHERE key = $1)`, key).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("rows left of a free key: %d, %v", n, err)
+	}
+}
+
+// A queued writer that gives up while readers hold hands the key at once to the
+// readers queued behind it (up to the next writer), each woken.
+func testWriterGivesUp(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	h := harness(t, srv)
+	b := h.Open(t).(*pglock.Backend)
+	defer b.Close()
+	key := drivertest.Key(t, "k")
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "r1", TTL: time.Minute, Shared: true}); err != nil {
+		t.Fatal(err)
+	}
+	w1 := queueRW(t, b, key, "w1", false)
+	r2 := queueRW(t, b, key, "r2", true)
+	defer func() { _ = r2.Stop(ctx, true) }()
+	w2 := queueRW(t, b, key, "w2", false)
+	if err := w1.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := reservedFor(t, b, pglock.DefaultTable, key); len(got) != 1 || !got["r2"] {
+		t.Fatalf("reserved after the writer gave up: %v, want r2, shared", got)
+	}
+	select {
+	case <-r2.C():
+	case <-time.After(drivertest.Wait):
+		t.Fatal("the reader behind the writer was not woken")
+	}
+	if _, err := b.Acquire(ctx, rwReq(key, "r2", true)); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []string{"r1", "r2"} {
+		if err := b.Release(ctx, key, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := reservedFor(t, b, pglock.DefaultTable, key); len(got) != 1 || got["w2"] {
+		t.Fatalf("reserved after the readers' release: %v, want w2, exclusive", got)
+	}
+	if err := w2.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := b.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pglock.DefaultTable+` WHERE key >= $1 AND key < $1 || chr(3)) + (SELECT count(*) FROM `+pglock.DefaultTable+`_permits WHERE key = $1)`, key).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("rows left once every waiter gave up: %d, %v", n, err)
 	}
 }
 

@@ -54,7 +54,7 @@ type statements struct {
 	stamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, refresh, fastRelease, lockRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
 
 	// Semaphores (Request.Limit > 1): see semaphore.go.
-	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semSetValue, holders string
+	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders string
 }
 
 // literal quotes s as an SQL string literal. Table names are validated identifiers,

@@ -15,12 +15,22 @@ A read-write key (limit 1) hands the key on by mode: with no writer's permit
 left live, the leading run of shared places (readers) each get a shared permit;
 with no permit left live and no reader first, the first place (a writer) gets
 the key. Each costs as many rows as it hands out, plus the first writer's place.
+
+With .Wake (.Cond false) nothing is freed: on a read-write key only, the key is
+handed on as after a release, to whom the live permits and places now admit (a
+withdrawal runs it after dropping a place, so that readers queued behind a
+writer that gave up are not left waiting for their retry); a key with no live
+permit and no live place loses its rows.
 */ -}}
 WITH cur AS (
 	SELECT r.token AS lim FROM {{.Table}} r WHERE r.key = $1::text AND r.owner = '#'
 ), freed AS (
+{{- if .Wake}}
+	SELECT true AS live FROM cur WHERE cur.lim = 1
+{{- else}}
 	DELETE FROM {{.Permits}} q USING cur WHERE q.key = $1::text AND ({{.Cond}})
 	RETURNING q.expires_at > now() AS live
+{{- end}}
 ), rest AS (
 	SELECT q.owner, q.expires_at, q.shared FROM {{.Permits}} q, cur
 	WHERE q.key = $1::text AND q.expires_at > now() AND NOT ({{.Cond}})
