@@ -89,7 +89,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 
 // acquire is one attempt of Acquire.
 func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
-	if req.Limit > 1 {
+	if req.Limit > 1 || req.Shared {
 		return b.semAcquire(ctx, req)
 	}
 	patience := req.Patience // how long a queued place lasts without another attempt
@@ -155,6 +155,10 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
 		}
 		if limit != nil {
+			if *limit == 1 && b.semErr == nil {
+				// A read-write key's state row: its writers take permits too.
+				return b.semAcquire(ctx, req)
+			}
 			return driver.Grant{}, mismatch(req.Key, *limit, req.Limit) // a semaphore's key
 		}
 		if req.Wait {

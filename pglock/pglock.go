@@ -48,6 +48,7 @@
 //	    reserved   boolean NOT NULL DEFAULT false, -- handed to a waiter, not yet taken
 //	    channel    text NOT NULL DEFAULT '',       -- that waiter's client's channel
 //	    value      bytea,                -- the holder's value, NULL for none
+//	    shared     boolean NOT NULL DEFAULT false, -- a reader's (read-write locks)
 //	    PRIMARY KEY (key, owner)
 //	);
 //
@@ -55,7 +56,12 @@
 // that may not (no CREATE on the schema) still gets a working backend for mutexes;
 // its semaphore attempts fail with an error matching driver.ErrUnsupported that
 // names the missing table, until an administrator creates it (as above) and grants
-// SELECT, INSERT, UPDATE and DELETE on it.
+// SELECT, INSERT, UPDATE and DELETE on it. A permit table made by a version before
+// read-write locks lacks the shared column: Open adds it under the same advisory
+// lock (ALTER TABLE ... ADD COLUMN IF NOT EXISTS shared boolean NOT NULL DEFAULT
+// false, which changes only the catalog); a role that may not alter it gets
+// neither semaphores nor read-write locks (an error matching
+// driver.ErrUnsupported says what to run) until its owner does.
 //
 // A table made by a version before values lacks the value column: Open adds it, in
 // the same transaction under the same advisory lock (ALTER TABLE ... ADD COLUMN IF
@@ -261,6 +267,39 @@
 // semaphore's key as held by owner '#' until its expiry bound passes, and treat its
 // waiters as their own: upgrade them together.
 //
+// # Read-write locks
+//
+// A shared lock call (dlock.WithShared; driver.Sharer) is a reader: readers of a
+// key hold together, a writer (any call without it) alone. A key with readers, or
+// with a reader queued, is kept like a semaphore's key of limit 1: a state row
+// (owner '#', token 1) and a permit row per holder, readers' marked shared, each
+// with its own token from the one sequence, expiry, renewal, release and value.
+// Places carry their mode (reserved, on a place row, marks a reader's). A reader
+// is granted when no writer's permit is live (held or reserved) and no live place
+// is queued ahead of it; a writer when no permit is live and no place is ahead; so
+// a reader never passes a queued writer. A release (force release, withdrawal)
+// reserves the key, each place's client notified in the same transaction, for the
+// leading run of reader places (a shared permit for each, all at once) once no
+// writer's permit is left, or for the first place, a writer, once no permit is
+// left; a writer that gives up its place lets in the readers queued behind it the
+// same way. When the key is left with no permit and no place its rows go, and the next
+// writer takes it as a plain mutex again.
+//
+// A writer on a free key, or on a key held by a writer with no reader about, is a
+// plain mutex: its fast path is unchanged (no extra round trip, no extra bytes).
+// A reader that finds a writer's mutex row turns it, in its attempt's transaction,
+// into a state row of limit 1 and a writer's permit with the same token, expiry and
+// value; that writer's next Refresh, Release or SetValue then costs one more round
+// trip (the lock table first says not held). A writer's attempt on a read-write
+// key reads the state row in its mutex statement, sees limit 1, and asks again as
+// a holder of limit 1: two round trips, on read-write keys only. A reader's
+// acquire, refresh and release cost what a semaphore permit's do, and a handoff
+// costs a row per reader handed the key. A reader on a semaphore's key, and a
+// semaphore on a read-write key, fail with an error matching
+// driver.ErrLimitMismatch. Clients of versions before read-write locks see a
+// read-write key as a semaphore of limit 1 and fail their mutex attempts on a live
+// one with driver.ErrLimitMismatch: upgrade them together.
+//
 // # Safety model
 //
 // Mutual exclusion (at most N holders of a semaphore of N) holds on one PostgreSQL
@@ -320,8 +359,8 @@ const DefaultTable = "dlock_locks"
 const DefaultLinger = time.Minute
 
 // Backend is the PostgreSQL backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.HolderWatcher and
-// driver.Semaphorer, and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.HolderWatcher,
+// driver.Semaphorer and driver.Sharer, and is safe for concurrent use.
 type Backend struct {
 	config
 	pool    *pgxpool.Pool
@@ -348,7 +387,14 @@ var (
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
+	_ driver.Sharer        = (*Backend)(nil)
 )
+
+// Shares implements driver.Sharer: the backend honours Request.Shared (read-write
+// locks, kept in the permit table like a semaphore's permits). It fails a shared
+// attempt with an error matching driver.ErrUnsupported when semaphores cannot work
+// on this table set.
+func (b *Backend) Shares() bool { return true }
 
 // Pool returns the connection pool.
 func (b *Backend) Pool() *pgxpool.Pool { return b.pool }

@@ -122,7 +122,8 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 // withdraw gives up owner's place in key's queue, passing a reservation made for it
 // on (the lock of a mutex, or a permit of a semaphore), in one transaction: lock
 // the key's row, drop the place, then the handoffs, which change nothing when
-// there is no reservation for owner.
+// there is no reservation for owner, and, on a read-write key, a handoff to whom
+// the key now admits (readers that queued behind a writer giving up).
 func (b *Backend) withdraw(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
@@ -139,6 +140,7 @@ func (b *Backend) withdraw(ctx context.Context, key, owner string) error {
 		batch.Queue(b.sql.withdraw, key, owner)
 		if b.semErr == nil {
 			batch.Queue(b.sql.semWithdraw, key, owner)
+			batch.Queue(b.sql.semWake, key, owner)
 		}
 		br := b.pool.SendBatch(ctx, batch)
 		var err error

@@ -45,7 +45,41 @@ func (b *Backend) ensureSchema(ctx context.Context) (uint32, error) {
 		return 0, err
 	}
 	b.semErr = b.checkPermits(ctx)
+	if b.semErr == nil {
+		b.semErr = b.ensureShared(ctx)
+	}
 	return oid, nil
+}
+
+// hasSharedColumn is true when the permit table $1 has the shared column, which
+// versions before read-write locks did not create.
+const hasSharedColumn = `EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'shared' AND NOT attisdropped)`
+
+// ensureShared adds the shared column (read-write locks) to a permit table made
+// by an earlier version, under the schema's advisory lock. A constant default
+// changes only the catalog, and clients of the older version go on working (they
+// never name it). It returns why semaphores and read-write locks cannot work when
+// the column is missing and this role may not add it, or nil.
+func (b *Backend) ensureShared(ctx context.Context) error {
+	permits := b.permits.Sanitize()
+	var have bool
+	if err := b.pool.QueryRow(ctx, `SELECT `+hasSharedColumn, permits).Scan(&have); err != nil {
+		return b.ctxErr(ctx, fmt.Errorf("permit table %s: %w", permits, err))
+	}
+	if have {
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if err := b.schemaLock(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `ALTER TABLE `+permits+` ADD COLUMN IF NOT EXISTS shared boolean NOT NULL DEFAULT false`)
+		return err
+	})
+	if err != nil {
+		return b.ctxErr(ctx, fmt.Errorf("permit table %s was made by an earlier version of dlock and lacks the column shared, which this role could not add (have its owner run ALTER TABLE %s ADD COLUMN IF NOT EXISTS shared boolean NOT NULL DEFAULT false): %w", permits, permits, err))
+	}
+	return nil
 }
 
 // schemaLock takes the transaction-level advisory lock under which clients create
@@ -74,6 +108,7 @@ func (b *Backend) createPermits(ctx context.Context) error {
 	reserved   boolean NOT NULL DEFAULT false,
 	channel    text NOT NULL DEFAULT '',
 	value      bytea,
+	shared     boolean NOT NULL DEFAULT false,
 	PRIMARY KEY (key, owner)
 )`)
 		return err

@@ -29,8 +29,10 @@ func mismatch(key string, have int64, want int) error {
 	return fmt.Errorf("pglock: acquire %q: %w: the key admits %d holders, the attempt asked for %d", key, driver.ErrLimitMismatch, have, max(want, 1))
 }
 
-// semAcquire is one attempt at a permit of key req.Key (req.Limit > 1): one batch,
-// sem_lock then sem_acquire, in one transaction and one round trip.
+// semAcquire is one attempt at a permit of key req.Key (req.Limit > 1), or at a
+// read-write key's grant (limit 1: a shared attempt, or an exclusive one on a key
+// whose row is a read-write state row): one batch, sem_lock then sem_acquire, in
+// one transaction and one round trip.
 func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	if b.semErr != nil {
 		return driver.Grant{}, wrap("acquire", req.Key, fmt.Errorf("%w: %w", driver.ErrUnsupported, b.semErr))
@@ -48,18 +50,19 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		place = b.lst.place(req.Key, req.Owner)
 	}
 	renew := req.Wait && !b.lst.guards(req.Key, req.Owner)
+	limit := int64(max(req.Limit, 1))
 	var granted bool
-	var limit, token, left *int64
+	var have, token, left *int64
 	var ahead int64
 	var newPlace string
 	err := retry(ctx, func() error {
 		batch := &pgx.Batch{}
-		batch.Queue(b.sql.semLock, req.Key, req.Limit)
-		batch.Queue(b.sql.semAcquire, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter, value, req.Limit)
+		batch.Queue(b.sql.semLock, req.Key, limit)
+		batch.Queue(b.sql.semAcquire, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter, value, limit, req.Shared)
 		br := b.pool.SendBatch(ctx, batch)
 		_, err := br.Exec()
 		if err == nil {
-			err = br.QueryRow().Scan(&granted, &limit, &token, &left, &ahead, &newPlace)
+			err = br.QueryRow().Scan(&granted, &have, &token, &left, &ahead, &newPlace)
 		}
 		return driver.Join(err, br.Close())
 	})
@@ -69,8 +72,8 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 	if req.Wait {
 		b.lst.setPlace(req.Key, req.Owner, newPlace)
 	}
-	if limit != nil {
-		return driver.Grant{}, mismatch(req.Key, *limit, req.Limit)
+	if have != nil {
+		return driver.Grant{}, mismatch(req.Key, *have, req.Limit)
 	}
 	if granted && token != nil {
 		if _, had := b.semGrants.LoadOrStore(driver.Holder{Key: req.Key, Owner: req.Owner}, struct{}{}); !had {
@@ -218,11 +221,12 @@ func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, 
 		var owner string
 		var token, left, waiters int64
 		var value []byte
-		if err := rows.Scan(&limit, &owner, &token, &left, &waiters, &value); err != nil {
+		var shared bool
+		if err := rows.Scan(&limit, &owner, &token, &left, &waiters, &value, &shared); err != nil {
 			rows.Close()
 			return 0, nil, b.ctxErr(ctx, wrap("holders", key, err))
 		}
-		infos = append(infos, driver.Info{Key: key, Owner: owner, Token: uint64(token), TTL: time.Duration(max(left, 0)) * time.Microsecond, Waiters: int(waiters), Value: value})
+		infos = append(infos, driver.Info{Key: key, Owner: owner, Token: uint64(token), TTL: time.Duration(max(left, 0)) * time.Microsecond, Waiters: int(waiters), Value: value, Shared: shared})
 	}
 	if err := rows.Err(); err != nil {
 		return 0, nil, b.ctxErr(ctx, wrap("holders", key, err))

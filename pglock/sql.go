@@ -31,7 +31,8 @@ import "strings"
 //
 // A place row: owner is the waiter, token its patience in µs (how long a
 // reservation made for it lasts), expires_at when the place lapses unless the
-// waiter's client is alive, queue_channel its client's LISTEN channel. A client
+// waiter's client is alive, queue_channel its client's LISTEN channel, reserved
+// true for a reader's place (read-write keys, see sem_acquire.sql). A client
 // holds a session-level advisory lock on its listening connection (placeLock), so a
 // place whose client still listens is live whatever its expiry: a queued waiter's
 // attempts need not renew it (they only read), and a handoff costs the same however
@@ -53,7 +54,7 @@ type statements struct {
 	stamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, refresh, fastRelease, lockRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
 
 	// Semaphores (Request.Limit > 1): see semaphore.go.
-	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semSetValue, holders string
+	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders string
 }
 
 // literal quotes s as an SQL string literal. Table names are validated identifiers,

@@ -31,6 +31,7 @@ type sqlData struct {
 	TableID      uint32
 	WatchChannel string
 	Lock, Value  bool
+	Wake         bool
 	Cond         string
 }
 
@@ -84,6 +85,8 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		semForceRelease: semHandOff(`NOT q.reserved AND q.expires_at > now()`),
 		// Withdraw: the permit reserved for a waiter that gives up.
 		semWithdraw: semHandOff(`q.owner = $2::text AND q.reserved`),
+		// After a withdrawal, on a read-write key: hand the key to whom it now admits.
+		semWake:     render("sem_hand_off", with(func(c *sqlData) { c.Cond, c.Wake = "false", true })),
 		semSetValue: render("sem_set_value", d),
 		holders:     render("holders", d),
 	}

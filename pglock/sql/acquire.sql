@@ -17,7 +17,8 @@ owner id without $9 (self) is refused and nothing is written. Otherwise a waitin
 caller takes or renews its place in the queue. A semaphore's state row (owner '#',
 token its limit, see sem_acquire.sql) that is live, or has a live place queued
 ahead, refuses the attempt with nothing written (a limit mismatch); a dead one is
-taken like an expired grant.
+taken like an expired grant, except a read-write key's (limit 1), which is
+refused the same way: the caller then asks as a holder of limit 1 (sem_acquire).
 
 A grant made by the update notifies the key's watches (one made by the insert:
 stamp does).
@@ -43,7 +44,7 @@ WITH cur AS (
 		coalesce(cur.queue_owner = '{}', true) AS unmarked,
 		CASE WHEN cur.ver IS NULL THEN true
 		     WHEN cur.expires_at > now() THEN cur.owner = $2::text AND (cur.reserved OR $9::boolean)
-		     ELSE NOT EXISTS (SELECT FROM {{.Table}} p, bound WHERE {{template "placeRange"}} AND p.key < bound.k AND p.owner <> $2::text AND {{template "placeLive"}}) END AS granted
+		     ELSE NOT (cur.owner = '#' AND cur.token = 1) AND NOT EXISTS (SELECT FROM {{.Table}} p, bound WHERE {{template "placeRange"}} AND p.key < bound.k AND p.owner <> $2::text AND {{template "placeLive"}}) END AS granted
 	FROM (SELECT) one LEFT JOIN cur ON true
 ), m AS (
 	SELECT d.*, coalesce(d.cur_owner = '#' AND NOT d.granted, false) AS mismatch FROM d

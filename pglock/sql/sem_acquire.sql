@@ -4,7 +4,8 @@ same transaction (so its snapshot holds every permit and place committed before
 the lock). $3 TTL µs, $4 will wait, $5 the client's LISTEN channel, $6 patience
 µs, $7 the caller's place (its row's key) if it has one, else '', $8 whether to
 renew the place's expiry, $9 the request says Reenter, $10 the request's value
-(NULL for none), $11 the limit (> 1).
+(NULL for none), $11 the limit (> 1; 1 for a read-write key's attempt), $12 the
+attempt is shared (a reader; only with limit 1).
 
 The key's row is a semaphore state row (owner '#', token its limit) or a mutex's
 row. The key is bound while it has a live grant (a semaphore's live permits, held
@@ -17,7 +18,14 @@ Within the limit: a permit reserved for $2 (handed over by a release) is taken
 with a new token; $2's own live permit is re-entered (same token) when $9 holds,
 and otherwise refused with nothing written; otherwise $2 is granted when the free
 permits (limit minus the other owners' live permits, held or reserved) outnumber
-the live places queued ahead of it. A waiting caller that is refused takes (or
+the live places queued ahead of it, or, for a reader ($12), when no place is
+queued ahead of it and every other live permit is shared.
+
+Limit 1 makes the key a read-write key: its permits are marked shared (readers)
+or not (writers), its places too (reserved, on a place row). A live mutex row
+counts as a writer's permit (or a reservation for a writer); an attempt that
+queues or is granted on it turns it into a state row of limit 1 and its holder
+(or reservation) into a permit row, token, expiry and value kept. A waiting caller that is refused takes (or
 renews) its place at the end of the queue, and marks the key's row (a new row
 version, so that a mutex's compare-and-set on it fails).
 
@@ -26,10 +34,13 @@ left on the earliest-expiring other holder's permit when all are taken, live
 places ahead of the caller (at most 8 counted), the caller's place or '').
 */ -}}
 WITH cur AS (
-	SELECT r.owner, r.token, r.expires_at FROM {{.Table}} r WHERE r.key = $1::text
+	SELECT r.owner, r.token, r.expires_at, r.reserved, r.queue_channel, r.value FROM {{.Table}} r WHERE r.key = $1::text
 ), perm AS (
-	SELECT q.owner, q.token, q.expires_at, q.reserved FROM {{.Permits}} q, cur
+	SELECT q.owner, q.token, q.expires_at, q.reserved, q.shared FROM {{.Permits}} q, cur
 	WHERE q.key = $1::text AND q.expires_at > now() AND cur.owner = '#'
+	UNION ALL
+	SELECT cur.owner, cur.token, cur.expires_at, cur.reserved, false FROM cur
+	WHERE cur.owner <> '#' AND cur.expires_at > now()
 ), me AS (
 	SELECT p.key AS pk FROM {{.Table}} p WHERE p.key = $7::text AND p.owner = $2::text
 ), bound AS (
@@ -40,6 +51,7 @@ WITH cur AS (
 		CASE WHEN cur.owner = '#' THEN EXISTS (SELECT FROM perm) ELSE cur.expires_at > now() END
 			OR EXISTS (SELECT FROM {{.Table}} p WHERE {{template "placeRange"}} AND p.owner <> $2::text AND {{template "placeLive"}}) AS bound_state,
 		(SELECT count(*) FROM perm WHERE perm.owner <> $2::text) AS used,
+		EXISTS (SELECT FROM perm WHERE perm.owner <> $2::text AND NOT perm.shared) AS excl,
 		(SELECT perm.token FROM perm WHERE perm.owner = $2::text AND NOT perm.reserved) AS own_token,
 		EXISTS (SELECT FROM perm WHERE perm.owner = $2::text AND perm.reserved) AS handed,
 		(SELECT min(perm.expires_at) FROM perm WHERE perm.owner <> $2::text) AS first_out,
@@ -50,7 +62,8 @@ WITH cur AS (
 		d0.own_token IS NOT NULL AND NOT $9::boolean AS self
 	FROM d0
 ), g AS (
-	SELECT d.*, NOT d.mismatch AND NOT d.self AND (d.handed OR d.own_token IS NOT NULL OR $11::bigint - d.used > d.ahead) AS granted
+	SELECT d.*, NOT d.mismatch AND NOT d.self AND (d.handed OR d.own_token IS NOT NULL
+		OR CASE WHEN $12::boolean THEN NOT d.excl AND d.ahead = 0 ELSE $11::bigint - d.used > d.ahead END) AS granted
 	FROM d
 ), t AS (
 	SELECT g.*, CASE WHEN NOT g.granted THEN NULL WHEN g.own_token IS NOT NULL THEN g.own_token
@@ -61,23 +74,31 @@ WITH cur AS (
 		AND (NOT t.sem OR q.expires_at <= now())
 	RETURNING 1
 ), grant_ AS (
-	INSERT INTO {{.Permits}} AS q (key, owner, token, expires_at, value)
-	SELECT $1::text, $2::text, t.new_token, now() + $3::bigint{{template "us"}}, $10::bytea FROM t WHERE t.granted
+	INSERT INTO {{.Permits}} AS q (key, owner, token, expires_at, value, shared)
+	SELECT $1::text, $2::text, t.new_token, now() + $3::bigint{{template "us"}}, $10::bytea, $12::boolean FROM t WHERE t.granted
 	ON CONFLICT (key, owner) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at,
-		reserved = false, channel = '', value = EXCLUDED.value
+		reserved = false, channel = '', value = EXCLUDED.value, shared = EXCLUDED.shared
 	RETURNING 1
 ), dropped AS (
 	DELETE FROM {{.Table}} p USING t WHERE p.key = $7::text AND p.owner = $2::text AND t.granted
 	RETURNING 1
 ), place AS (
-	INSERT INTO {{.Table}} (key, owner, token, expires_at, queue_channel)
+	INSERT INTO {{.Table}} (key, owner, token, expires_at, queue_channel, reserved)
 	SELECT $1::text || chr(2) || lpad(nextval({{.Seq}}::regclass)::text, 20, '0'), $2::text, $6::bigint,
-		now() + $6::bigint{{template "us"}}, ARRAY[$5::text]
+		now() + $6::bigint{{template "us"}}, ARRAY[$5::text], $12::boolean
 	FROM t WHERE NOT t.granted AND NOT t.mismatch AND NOT t.self AND $4::boolean AND NOT EXISTS (SELECT FROM me)
 	RETURNING key
 ), renew AS (
 	UPDATE {{.Table}} p SET expires_at = now() + $6::bigint{{template "us"}}, token = $6::bigint
 	FROM t WHERE p.key = $7::text AND p.owner = $2::text AND NOT t.granted AND NOT t.mismatch AND NOT t.self AND $4::boolean AND $8::boolean
+	RETURNING 1
+), conv AS (
+	INSERT INTO {{.Permits}} AS q (key, owner, token, expires_at, reserved, channel, value, shared)
+	SELECT $1::text, cur.owner, CASE WHEN cur.reserved THEN 0 ELSE cur.token END, cur.expires_at, cur.reserved,
+		CASE WHEN cur.reserved THEN coalesce(cur.queue_channel[1], '') ELSE '' END, cur.value, false
+	FROM cur, t WHERE NOT t.sem AND cur.expires_at > now() AND cur.owner <> $2::text AND (t.granted OR EXISTS (SELECT FROM place))
+	ON CONFLICT (key, owner) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at,
+		reserved = EXCLUDED.reserved, channel = EXCLUDED.channel, value = EXCLUDED.value, shared = false
 	RETURNING 1
 ), st AS (
 	UPDATE {{.Table}} r SET owner = '#', token = $11::bigint, reserved = false, value = NULL, queue_channel = '{}',
