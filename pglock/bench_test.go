@@ -109,3 +109,12 @@ func BenchmarkSemaphore(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkReaders: reads/s of 1 and of 16 readers of a read-write lock, each
+// holding for 5ms: readers hold together, so 16 should reach many times one.
+func BenchmarkReaders(b *testing.B) {
+	srv := testserver.StartPostgres(b)
+	for _, r := range []int{1, 16} {
+		drivertest.BenchReaders(b, harness(b, srv), r, 5*time.Millisecond)
+	}
+}
