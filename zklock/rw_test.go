@@ -272,3 +272,32 @@ func TestRWOldFormatChild(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An owner id that reads through one client is refused a second read grant through
+// another (driver.Request), keeping no place; through the same backend an attempt
+// in the other mode is refused without a change.
+func TestRWSameOwner(t *testing.T) {
+	srv := testserver.StartZooKeeper(t)
+	ctx := ctxT(t, time.Minute)
+	b1 := open(t, srv.URL("/dlock"))
+	defer b1.Close()
+	b2 := open(t, srv.URL("/dlock"))
+	defer b2.Close()
+	const key = "rw-owner"
+	if _, err := b1.Acquire(ctx, rwReq(key, "o", true, false)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b2.Acquire(ctx, rwReq(key, "o", true, false)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("second reader of the same owner id: %v, want ErrLocked", err)
+	}
+	if _, err := b1.Acquire(ctx, rwReq(key, "o", false, false)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("writer of the reading owner id: %v, want ErrLocked", err)
+	}
+	_, hs, err := b1.Holders(ctx, key)
+	if err != nil || len(hs) != 1 || hs[0].Owner != "o" || !hs[0].Shared || hs[0].Waiters != 0 {
+		t.Fatalf("Holders = %+v, %v; want reader o alone", hs, err)
+	}
+	if err := b1.Release(ctx, key, "o"); err != nil {
+		t.Fatal(err)
+	}
+}
