@@ -22,6 +22,7 @@ type entry struct {
 	// Guarded by Backend.mu.
 	guid    string // GUID of the current create attempt
 	limit   int    // the limit its GUID carries (1 for a mutex)
+	shared  bool   // its GUID is a reader's (a read-write lock's shared place)
 	checked bool   // the child's limit was checked against the key's (checkLimit)
 	marked  bool   // the node's data is known to carry the holding mark (value.go)
 	name    string // child name once known
@@ -178,7 +179,7 @@ func (b *Backend) deleteMatching(ctx context.Context, parent string, match func(
 		return false, err
 	}
 	q := queue(names)
-	n := permits(q)
+	n := holding(q)
 	held := false
 	var errs []error
 	for i, c := range q {

@@ -211,7 +211,7 @@ func (w *holderWatch) rearm(ctx context.Context, st *holderState) (changed bool,
 		}
 		st.children = ch
 		q := queue(names)
-		holders := make([]string, 0, min(permits(q), len(q)))
+		holders := make([]string, 0, holding(q))
 		for _, c := range q[:cap(holders)] {
 			holders = append(holders, c.name)
 		}

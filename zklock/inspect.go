@@ -19,6 +19,20 @@ func permits(q []child) int {
 	return max(q[0].limit, 1)
 }
 
+// holding returns how many contenders of the sorted queue q hold the key: the
+// lowest limit of them (one for a mutex), or, when the lowest is a reader's, the run
+// of readers' children below the lowest writer's.
+func holding(q []child) int {
+	if len(q) == 0 || !q[0].shared {
+		return min(permits(q), len(q))
+	}
+	n := 1
+	for n < len(q) && q[n].shared {
+		n++
+	}
+	return n
+}
+
 // Inspect implements driver.Inspector. TTL is an estimate: the holder's TTL less the
 // time since its last renewal (the child's mtime, on the server's clock). Value is
 // the value in the holder's node (see SetValue). Of a semaphore's holders it
@@ -47,8 +61,8 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 			return driver.Info{}, wrap("inspect", key, err)
 		}
 		d := decodeData(data)
-		return driver.Info{Key: key, Owner: q[0].owner, Token: uint64(st.Czxid), Waiters: len(q) - min(permits(q), len(q)),
-			TTL: d.ttlLeft(st), Value: d.value}, nil
+		return driver.Info{Key: key, Owner: q[0].owner, Token: uint64(st.Czxid), Waiters: len(q) - holding(q),
+			TTL: d.ttlLeft(st), Value: d.value, Shared: q[0].shared}, nil
 	}
 	return driver.Info{}, wrap("inspect", key, errors.New("the queue kept changing"))
 }
@@ -81,7 +95,7 @@ func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, 
 	if err != nil {
 		return 0, nil, wrap("holders", key, err)
 	}
-	n := min(permits(q), len(q))
+	n := holding(q)
 	infos := make([]driver.Info, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -94,7 +108,7 @@ func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, 
 				}
 				d := decodeData(data)
 				infos[i] = driver.Info{Key: key, Owner: c.owner, Token: uint64(st.Czxid), Waiters: len(q) - n,
-					TTL: d.ttlLeft(st), Value: d.value}
+					TTL: d.ttlLeft(st), Value: d.value, Shared: c.shared}
 				return nil
 			})
 		})
@@ -128,7 +142,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 		if len(q) == 0 {
 			return driver.ErrNotHeld
 		}
-		n := min(permits(q), len(q))
+		n := holding(q)
 		errs := make([]error, n)
 		var wg sync.WaitGroup
 		for i, c := range q[:n] {
@@ -152,3 +166,6 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	}
 	return wrap("force release", key, errors.New("the queue kept changing"))
 }
+
+// Shares implements driver.Sharer: zklock honours driver.Request.Shared.
+func (b *Backend) Shares() bool { return true }

@@ -18,6 +18,9 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if req.Limit > maxLimit {
 		return driver.Grant{}, fmt.Errorf("%w: zklock: holder limit %d is above %d", driver.ErrInvalid, req.Limit, maxLimit)
 	}
+	if req.Shared && req.Limit > 1 {
+		return driver.Grant{}, fmt.Errorf("%w: zklock: a shared attempt with a holder limit of %d", driver.ErrInvalid, req.Limit)
+	}
 	for range 4 {
 		if req.Wait {
 			if err := b.placeLost(req.Key, req.Owner); err != nil {
@@ -53,12 +56,17 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		return g, nil, true
 	}
 	if e.guid == "" {
-		e.limit = limit
+		e.limit, e.shared = limit, req.Shared
 	} else if e.limit != limit {
 		// The entry's child (or create in doubt) carries another limit.
 		cur := e.limit
 		b.mu.Unlock()
 		return g, mismatch(req.Key, cur, limit), false
+	} else if e.shared != req.Shared {
+		// The owner id holds or waits for the key in the other mode through
+		// this backend: refused, changing nothing.
+		b.mu.Unlock()
+		return g, &driver.HeldError{}, false
 	}
 	own := e.name
 	knownStat := e.czxid != 0
@@ -194,11 +202,24 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 		return g, err, again
 	}
 	ownPath = e.parent + "/" + keep.name
+	b.mu.Lock()
+	shared := e.shared // the kept child's mode (keepOldest may have adopted another)
+	if shared != req.Shared {
+		// A child of the owner id in the other mode, found by a resuming
+		// attempt: refused, and left to whoever made it.
+		b.dropLocked(e, false)
+		b.mu.Unlock()
+		return g, &driver.HeldError{}, false
+	}
+	b.mu.Unlock()
 	// The place of the child kept: idx contenders below it, the highest of them
 	// (its predecessor) below; for a semaphore all of them when they are the
-	// limit's holders, and whether any contender is behind it.
+	// limit's holders, and whether any contender is behind it. For a read-write
+	// lock, the highest writer's child below (a reader's predecessor to watch) and
+	// the lowest, and the readers below that one, which hold with it (rw).
 	idx, below, behind := 0, child{}, false
 	var lower []string
+	var rw rwPlace
 	for _, c := range q {
 		switch {
 		case c.seq < keep.seq:
@@ -209,16 +230,25 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 			if limit > 1 && len(lower) <= limit {
 				lower = append(lower, e.parent+"/"+c.name)
 			}
+			rw.add(c)
 		case c.seq > keep.seq:
 			behind = true
 		}
 	}
 	granted := idx < limit
-	// A semaphore's permit is refused to an owner id that holds another through
-	// another client (driver.Request: such an attempt keeps no place either); a
-	// mutex's attempt then finds itself behind that holder.
+	if shared {
+		// A reader holds when no writer's child is below its own.
+		granted = rw.writers == 0
+	}
+	// A semaphore's permit, or a reader's grant, is refused to an owner id that
+	// holds another through another client (driver.Request: such an attempt keeps
+	// no place either); a mutex's or a writer's attempt then finds itself behind
+	// that holder.
 	twin := ""
-	if granted && limit > 1 && !req.Reenter {
+	switch {
+	case granted && shared && !req.Reenter:
+		twin = twinReading(q, req.Owner, e.guid)
+	case granted && limit > 1 && !req.Reenter:
 		twin = twinHolding(q, req.Owner, e.guid, limit)
 	}
 	refused := twin != ""
@@ -259,13 +289,66 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	// first in line) its predecessor, the first in line of a semaphore its holders.
 	preds, data := []string{e.parent + "/" + below.name}, false
 	switch {
+	case shared:
+		// A reader watches the nearest writer below it.
+		preds = []string{e.parent + "/" + rw.nearest.name}
 	case idx == limit && limit > 1:
 		slices.Sort(lower) // the same set lists alike: no watch set again
 		preds = lower
 	case limit > 1:
 		data = true
 	}
-	return b.queue(ctx, e, req, preds, data, idx-limit, sent)
+	ahead := idx - limit
+	if rw.readers > 0 {
+		ahead = idx - rw.holding(q, keep.seq)
+	}
+	return b.queue(ctx, e, req, preds, data, ahead, sent)
+}
+
+// rwPlace gathers, in one pass over an unsorted listing, what a read-write lock's
+// attempt needs to know of the contenders below its child.
+type rwPlace struct {
+	writers, readers int
+	nearest, lowest  child // the highest and the lowest writer's child below
+	first            child // the lowest child below
+}
+
+func (p *rwPlace) add(c child) {
+	if p.writers+p.readers == 0 || c.seq < p.first.seq {
+		p.first = c
+	}
+	if c.shared {
+		p.readers++
+		return
+	}
+	if p.writers == 0 || c.seq > p.nearest.seq {
+		p.nearest = c
+	}
+	if p.writers == 0 || c.seq < p.lowest.seq {
+		p.lowest = c
+	}
+	p.writers++
+}
+
+// holding returns how many of the children of q below own hold the key: the lowest
+// alone when it is a writer's, else the readers' below the lowest writer's.
+func (p *rwPlace) holding(q []child, own int64) int {
+	if p.writers+p.readers == 0 {
+		return 0
+	}
+	if !p.first.shared {
+		return 1
+	}
+	if p.writers == 0 {
+		return p.readers
+	}
+	n := 0
+	for _, c := range q {
+		if c.shared && c.seq < p.lowest.seq && c.seq < own {
+			n++
+		}
+	}
+	return n
 }
 
 // checkLimit reports whether limit agrees with the contenders of q queued before
@@ -282,6 +365,28 @@ func checkLimit(q []child, own int64, limit int) (cur int, ok bool) {
 		}
 	}
 	return 0, true
+}
+
+// twinReading returns the name of a reader's child of owner, other than those of
+// the attempt's GUID, that holds the key in q (no writer's child below it); "" if
+// none does.
+func twinReading(q []child, owner, guid string) string {
+	for _, c := range q {
+		if c.owner != owner || c.guid == guid || !c.shared {
+			continue
+		}
+		free := true
+		for _, d := range q {
+			if !d.shared && d.seq < c.seq {
+				free = false
+				break
+			}
+		}
+		if free {
+			return c.name
+		}
+	}
+	return ""
 }
 
 // twinHolding returns the name of a child of owner, other than those of the
@@ -362,7 +467,7 @@ func (b *Backend) keepOldest(ctx context.Context, e *entry, req driver.Request, 
 		}
 		e.name, e.path, e.czxid, e.session, e.guid, e.watched = keep.name, kp, st.Czxid, st.EphemeralOwner, keep.guid, true
 		e.valueKnown = false // another attempt's child: its value is not known
-		e.limit, e.marked = max(keep.limit, 1), false
+		e.limit, e.shared, e.marked = max(keep.limit, 1), keep.shared, false
 		b.byPath[kp] = e
 		b.mu.Unlock()
 	}
@@ -378,6 +483,10 @@ func (b *Backend) keepOldest(ctx context.Context, e *entry, req driver.Request, 
 //     holder, it is first in line; otherwise it is first once the predecessor
 //     goes or becomes the holder, which leaves it waiting on the holder it
 //     already watches.
+//   - A read-write lock's writer watches its predecessor's deletion, as a
+//     mutex's waiter does, whatever the predecessor's mode; a reader watches the
+//     deletion of the nearest writer's child below its own, so a writer's release
+//     wakes the run of readers queued right behind it together.
 //   - A semaphore's first in line (N holders below it) watches the deletion of
 //     each of the N: any release frees the permit it is to take.
 //   - A semaphore's other waiters watch their predecessor's deletion and data.
@@ -501,7 +610,7 @@ func (b *Backend) freshSession(ctx context.Context) error {
 func (b *Backend) create(ctx context.Context, e *entry, data []byte, req driver.Request) (res created, err error) {
 	b.mu.Lock()
 	if e.guid == "" {
-		e.guid = newGUID(e.limit)
+		e.guid = newGUID(e.limit, e.shared)
 	}
 	guid, limit := e.guid, b.timeout
 	b.mu.Unlock()

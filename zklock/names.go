@@ -11,15 +11,18 @@ import (
 )
 
 // Child names: lock-<owner>-<GUID>-<10 digit sequence>. The GUID is 32 characters:
-// for a mutex (limit 1) 32 lowercase hex digits, as older versions write it; for a
-// semaphore of N permits 22 hex digits, "-n" and N in 8 decimal digits, so that a
-// listing tells every contender's limit without reading its data. An older version
-// parses both alike (it takes any 32 characters for the GUID).
+// for a mutex (limit 1) or a read-write lock's writer 32 lowercase hex digits, as
+// older versions write it; for a semaphore of N permits 22 hex digits, "-n" and N in
+// 8 decimal digits; for a read-write lock's reader 22 hex digits, "-s" and
+// "00000001". A listing thus tells every contender's limit and mode without reading
+// its data. An older version parses them all alike (it takes any 32 characters for
+// the GUID), and takes a reader's child for a mutex's.
 const (
 	childPrefix = "lock-"
 	guidLen     = 32
 	seqLen      = 10
 	limitMark   = "-n"
+	sharedMark  = "-s"
 	limitLen    = 8
 	randLen     = guidLen - len(limitMark) - limitLen
 )
@@ -27,7 +30,8 @@ const (
 type child struct {
 	name, owner, guid string
 	seq               int64
-	limit             int // 1 for a mutex's child (and every older version's)
+	limit             int  // 1 for a mutex's child (and every older version's)
+	shared            bool // a reader's child (limit 1)
 }
 
 func parseChild(name string) (child, bool) {
@@ -45,7 +49,12 @@ func parseChild(name string) (child, bool) {
 		return child{}, false
 	}
 	guid := name[n-seqLen-1-guidLen : n-seqLen-1]
-	return child{name: name, owner: owner, guid: guid, seq: seq, limit: guidLimit(guid)}, true
+	return child{name: name, owner: owner, guid: guid, seq: seq, limit: guidLimit(guid), shared: guidShared(guid)}, true
+}
+
+// guidShared reports whether a GUID is a reader's.
+func guidShared(guid string) bool {
+	return len(guid) == guidLen && guid[randLen:randLen+len(sharedMark)] == sharedMark
 }
 
 // guidLimit returns the limit a GUID carries: 1 for a mutex's, 0 for one that
@@ -113,9 +122,13 @@ func queue(names []string) []child {
 // maxLimit is the largest limit a child's name can carry.
 const maxLimit = 99_999_999
 
-// newGUID returns the GUID of a new child of an attempt with the given limit: random,
-// and carrying the limit when it is above 1.
-func newGUID(limit int) string {
+// newGUID returns the GUID of a new child of an attempt with the given limit and
+// mode: random, and carrying the limit when it is above 1, the reader's mark when
+// shared is set (the limit is then 1).
+func newGUID(limit int, shared bool) string {
+	if shared {
+		return driver.RandomHex(randLen/2) + sharedMark + fmt.Sprintf("%0*d", limitLen, 1)
+	}
 	if limit <= 1 {
 		return driver.RandomHex(guidLen / 2)
 	}

@@ -46,7 +46,7 @@ func FuzzLockPath(f *testing.F) {
 // versions write it; every contender is checked only against those queued before it.
 func TestChildLimit(t *testing.T) {
 	for _, limit := range []int{1, 2, 3, 1_000_000, maxLimit} {
-		g := newGUID(limit)
+		g := newGUID(limit, false)
 		name := childPrefix + "own-er:1-" + g + "-0000000042"
 		c, ok := parseChild(name)
 		if !ok || len(g) != guidLen || c.owner != "own-er:1" || c.guid != g || c.seq != 42 || c.limit != limit {
@@ -76,6 +76,35 @@ func TestChildLimit(t *testing.T) {
 	}{{1, 5, 0, true}, {2, 2, 0, true}, {2, 3, 2, false}, {4, 2, 3, false}, {3, 3, 2, false}} {
 		if cur, ok := checkLimit(q, c.own, c.limit); cur != c.cur || ok != c.ok {
 			t.Errorf("checkLimit(own %d, limit %d) = %d, %v; want %d, %v", c.own, c.limit, cur, ok, c.cur, c.ok)
+		}
+	}
+}
+
+// A reader's child carries the reader's mark and limit 1; a writer's, a mutex's and
+// every older version's read as exclusive.
+func TestChildShared(t *testing.T) {
+	g := newGUID(1, true)
+	c, ok := parseChild(childPrefix + "r-" + g + "-0000000007")
+	if !ok || len(g) != guidLen || !c.shared || c.limit != 1 || c.seq != 7 {
+		t.Fatalf("reader GUID %q parses as %+v, %v", g, c, ok)
+	}
+	for _, g := range []string{newGUID(1, false), newGUID(3, false), strings.Repeat("ab", 16)} {
+		if c, ok := parseChild(childPrefix + "w-" + g + "-0000000007"); !ok || c.shared {
+			t.Fatalf("GUID %q parses as %+v, %v; want exclusive", g, c, ok)
+		}
+	}
+	// Holders of a sorted queue: a writer alone, or the run of readers below the
+	// first writer.
+	r, w := child{shared: true, limit: 1}, child{limit: 1}
+	for _, x := range []struct {
+		q    []child
+		want int
+	}{
+		{nil, 0}, {[]child{w, r, r}, 1}, {[]child{r, r, w, r}, 2}, {[]child{r, r, r}, 3},
+		{[]child{{limit: 3}, {limit: 3}, {limit: 3}, {limit: 3}}, 3},
+	} {
+		if got := holding(x.q); got != x.want {
+			t.Errorf("holding(%+v) = %d, want %d", x.q, got, x.want)
 		}
 	}
 }

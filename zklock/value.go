@@ -155,7 +155,7 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 		return wrap("set value", key, err)
 	}
 	q := queue(names)
-	for _, c := range q[:min(permits(q), len(q))] {
+	for _, c := range q[:holding(q)] {
 		if c.owner == owner {
 			return b.setValue(ctx, key, owner, parent+"/"+c.name, value, nil)
 		}

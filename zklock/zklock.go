@@ -110,6 +110,41 @@
 // trip); ForceRelease deletes the N holders' children; the holder watch watches
 // every holder's data.
 //
+// # Read-write locks
+//
+// A shared (read) attempt (driver.Sharer, dlock.WithShared) joins the same queue as
+// an exclusive (write) one, its mode in its child's name: a reader's GUID ends in
+// "-s00000001", where a semaphore's carries "-n" and its limit, and a writer's is a
+// mutex's, so a listing tells every contender's mode without a read. A reader holds
+// when no writer's child is below its own; a writer holds when its child is the
+// lowest. So the holders are the lowest writer alone, or the run of readers below
+// the lowest writer, and a reader queued behind a writer waits for it: a stream of
+// readers cannot starve a writer. Each grant has its own token (its child's czxid,
+// from the key's one zxid sequence, so a writer's token is above every earlier
+// reader's), renewal, value and release, as a semaphore's permit has.
+//
+// Waking stays herd-free as far as the queue allows. A queued reader watches the
+// deletion of the nearest writer's child below its own; a queued writer watches the
+// child just below its own, whatever its mode. A writer's release thus wakes the
+// readers queued right behind it, all at once, and each takes the key with its next
+// attempt (one listing each), while the writer behind them sleeps until the child
+// just below it goes: a reader's release wakes at most one writer, which lists the
+// queue and watches the next child below if readers remain. A mutex's attempt costs
+// what it did before: the same requests and bytes.
+//
+// A reader counts as a limit of 1: a reader's attempt is refused with an error
+// matching driver.ErrLimitMismatch against a semaphore's contenders queued before
+// it, and a semaphore's against a reader's, by the limit check above. A reader and a
+// writer never mismatch. An owner id that holds the key as a reader through another
+// client is refused a second read grant, as for a semaphore's permit; an attempt in
+// the other mode than the owner's grant or place through this backend is refused
+// (driver.ErrLocked) without a change. Inspect reports the oldest holder with
+// Info.Shared; Holders lists the readers with Info.Shared set and limit 1;
+// ForceRelease deletes every holder's child. An older version, which knows no
+// readers, takes a reader's child for a mutex's: its mutex waits behind readers as
+// behind a writer, its semaphore is refused against them as against a mutex, and
+// its children count as writers' here, so mixed versions stay exclusive.
+//
 // # Values
 //
 // A grant's value (driver.Valuer) lives in its child's data, after the TTL: the
@@ -231,7 +266,8 @@ const (
 
 // Backend is the ZooKeeper backend. It implements driver.Backend, driver.Notifier,
 // driver.Bounder, driver.Inspector, driver.ForceReleaser, driver.Valuer,
-// driver.Semaphorer and driver.HolderWatcher, and is safe for concurrent use. It holds
+// driver.Semaphorer, driver.Sharer and driver.HolderWatcher, and is safe for
+// concurrent use. It holds
 // one ZooKeeper session; Close ends it, which deletes every node it still has.
 type Backend struct {
 	conn   *zk.Conn
@@ -293,6 +329,7 @@ var (
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
+	_ driver.Sharer        = (*Backend)(nil)
 )
 
 // Conn returns the ZooKeeper connection.
