@@ -134,16 +134,18 @@
 // the same token after nodes lost data (it gets a larger one); any guarantee when the
 // assumptions above fail, beyond what fencing tokens give.
 //
-// # No semaphores
+// # No semaphores, no read-write locks
 //
-// Redlock is not a driver.Semaphorer: a lock call with dlock.WithLimit(n > 1)
-// fails with an error matching ErrUnsupported. Majorities count one holder
+// Redlock is not a driver.Semaphorer nor a driver.Sharer: a lock call with
+// dlock.WithLimit(n > 1) or dlock.WithShared fails with an error matching
+// ErrUnsupported. Majorities count one holder
 // correctly because any two of them share a node, which refuses the second; they
 // cannot count N > 1: with N permits kept per node, holders can each hold a
 // different majority while no node sees more than N of them (5 nodes, N = 2:
 // clients on nodes {1,2,3}, {3,4,5} and {1,4,5} are three holders, and no node
-// counts more than two), even without a fault. A semaphore on Redis is
-// redislock's, on one server.
+// counts more than two), even without a fault; readers beside a writer fail the
+// same way. Semaphores and read-write locks on Redis are redislock's, on one
+// server.
 //
 // # Values
 //
