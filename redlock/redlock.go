@@ -143,9 +143,10 @@
 // cannot count N > 1: with N permits kept per node, holders can each hold a
 // different majority while no node sees more than N of them (5 nodes, N = 2:
 // clients on nodes {1,2,3}, {3,4,5} and {1,4,5} are three holders, and no node
-// counts more than two), even without a fault; readers beside a writer fail the
-// same way. Semaphores and read-write locks on Redis are redislock's, on one
-// server.
+// counts more than two), even without a fault. Read-write locks could be built
+// on majorities (a reader's majority and a writer's share a node that sees both),
+// but are not yet. Semaphores and read-write locks on Redis are redislock's, on
+// one server.
 //
 // # Values
 //
