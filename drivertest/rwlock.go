@@ -159,48 +159,14 @@ func (h Harness) testRWExclusion(t *testing.T) {
 // hold (a read), Release on one key, for b.N reads in all, and reports reads/s.
 // Readers hold together, so with a hold longer than a round trip R readers reach
 // close to R times one reader's rate; BenchmarkReaders in each backend runs 1 and
-// 16 readers in one run to show the ratio. It fails if a writer's exclusion was
-// ever needed (it takes no writer) or a read fails.
+// 16 readers in one run to show the ratio.
 func BenchReaders(b *testing.B, h Harness, readers int, hold time.Duration) {
 	b.Run(fmt.Sprintf("readers=%d", readers), func(b *testing.B) {
-		ctx := context.Background()
-		key := Key(b, "k")
-		cs := make([]*dlock.Client, readers)
-		for i := range cs {
-			cs[i] = h.Client(b)
-		}
+		cs := h.clients(b, readers)
 		if s, ok := cs[0].Backend().(driver.Sharer); !ok || !s.Shares() {
 			b.Skip("backend is not a Sharer")
 		}
-		var left atomic.Int64
-		left.Store(int64(b.N))
-		errs := make(chan error, readers)
-		var wg sync.WaitGroup
-		b.ResetTimer()
-		start := time.Now()
-		for _, c := range cs {
-			wg.Go(func() {
-				for left.Add(-1) >= 0 {
-					l, err := c.Lock(ctx, key, shared)
-					if err != nil {
-						errs <- err
-						return
-					}
-					time.Sleep(hold)
-					if err := l.Release(ctx); err != nil {
-						errs <- err
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		elapsed := time.Since(start)
-		b.StopTimer()
-		close(errs)
-		for err := range errs {
-			b.Fatal(err)
-		}
-		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "reads/s")
+		rate := lockLoop(b, cs, Key(b, "k"), []dlock.Option{shared}, func() { time.Sleep(hold) })
+		b.ReportMetric(rate, "reads/s")
 	})
 }

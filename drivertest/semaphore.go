@@ -161,50 +161,66 @@ func (h Harness) testSemaphoreCrash(t *testing.T) {
 // Run it with limit 1 beside the semaphore to compare with a mutex.
 func BenchSemaphore(b *testing.B, h Harness, limit, workers int) {
 	b.Run(fmt.Sprintf("limit=%d/workers=%d", limit, workers), func(b *testing.B) {
-		ctx := context.Background()
-		key := Key(b, "k")
-		cs := make([]*dlock.Client, workers)
-		for i := range cs {
-			cs[i] = h.Client(b)
-		}
+		cs := h.clients(b, workers)
 		if _, ok := cs[0].Backend().(driver.Semaphorer); !ok && limit > 1 {
 			b.Skip("backend is not a Semaphorer")
 		}
-		var left, inside, most atomic.Int64
-		left.Store(int64(b.N))
-		errs := make(chan error, workers)
-		var wg sync.WaitGroup
-		b.ResetTimer()
-		start := time.Now()
-		for _, c := range cs {
-			wg.Go(func() {
-				for left.Add(-1) >= 0 {
-					l, err := c.Lock(ctx, key, dlock.WithLimit(limit))
-					if err != nil {
-						errs <- err
-						return
-					}
-					n := inside.Add(1)
-					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-					}
-					inside.Add(-1)
-					if err := l.Release(ctx); err != nil {
-						errs <- err
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		elapsed := time.Since(start)
-		b.StopTimer()
-		close(errs)
-		for err := range errs {
-			b.Fatal(err)
-		}
+		var inside, most atomic.Int64
+		rate := lockLoop(b, cs, Key(b, "k"), []dlock.Option{dlock.WithLimit(limit)}, func() {
+			n := inside.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			inside.Add(-1)
+		})
 		if m := most.Load(); m > int64(limit) {
 			b.Fatalf("%d holders inside at once, limit %d", m, limit)
 		}
-		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "acq/s")
+		b.ReportMetric(rate, "acq/s")
 	})
+}
+
+// clients opens n clients, each on its own connection.
+func (h Harness) clients(b *testing.B, n int) []*dlock.Client {
+	cs := make([]*dlock.Client, n)
+	for i := range cs {
+		cs[i] = h.Client(b)
+	}
+	return cs
+}
+
+// lockLoop has each client loop Lock(key, opts), hold, Release until b.N locks
+// were taken in all, and returns the locks per second; a failed Lock or Release
+// fails the benchmark.
+func lockLoop(b *testing.B, cs []*dlock.Client, key string, opts []dlock.Option, hold func()) float64 {
+	ctx := context.Background()
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	errs := make(chan error, len(cs))
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for _, c := range cs {
+		wg.Go(func() {
+			for left.Add(-1) >= 0 {
+				l, err := c.Lock(ctx, key, opts...)
+				if err != nil {
+					errs <- err
+					return
+				}
+				hold()
+				if err := l.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return float64(b.N) / elapsed.Seconds()
 }
