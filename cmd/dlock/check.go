@@ -50,10 +50,12 @@ instead: the workers campaign for it (Campaign, publishing their id as the value
 write as leader with their epoch as the token, and resign; the properties below
 are then those of leaders (P1: two leaders at once; P4: epochs out of order). With
 --limit N each key is a semaphore of N permits: P1 then counts a grant made while
-N others were certainly held, and P3 does not apply (the holders overlap by design).
+N others were certainly held, and P3 and P4 do not apply (the holders overlap by
+design, and permits granted together are learnt of in any order).
 With --rw each key is a read-write lock: three acquisitions in four are readers, who
 hold together and write nothing; P1 counts a writer granted beside anyone and a
-reader beside a writer (use it with faults that do not pause a holder):
+reader beside a writer, and P4 checks a reader's token against earlier writers'
+only (use it with faults that do not pause a holder):
 
   store     (default) a fenced store run by the checker: with fencing it accepts a
             write only if its token is at least the highest it has accepted for

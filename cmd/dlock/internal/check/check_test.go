@@ -487,9 +487,9 @@ func TestRunElection(t *testing.T) {
 	}
 }
 
-// The semaphore workload: up to 2 holders of each key overlap, never 3 (P1), and
-// tokens stay in order (P4), without a fault and under kill -9 of a persistent
-// server.
+// The semaphore workload: up to 2 holders of each key overlap, never 3 (P1),
+// without a fault and under kill -9 of a persistent server (P4 does not apply:
+// permits granted together are learnt of in any order).
 func TestRunSemaphore(t *testing.T) {
 	for _, c := range []struct{ setup, fault string }{{"redis", FaultNone}, {"redis-aof", FaultKill}} {
 		t.Run(c.setup+"/"+c.fault, func(t *testing.T) {
@@ -504,8 +504,8 @@ func TestRunSemaphore(t *testing.T) {
 			if r.Summary.AcquiresOK < 10 {
 				t.Fatalf("%d grants: the workload did not run", r.Summary.AcquiresOK)
 			}
-			if r.P1.Count != 0 || r.P4.Count != 0 {
-				t.Errorf("P1 %d, P4 %d: %v", r.P1.Count, r.P4.Count, r.Violations())
+			if r.P1.Count != 0 || r.P4.Porcupine != checker.VerdictSkipped {
+				t.Errorf("P1 %d, porcupine %q: %v", r.P1.Count, r.P4.Porcupine, r.Violations())
 			}
 			// The permits were used: two grants of a key overlapped, by the
 			// workers' own account (granted before the other's release began).

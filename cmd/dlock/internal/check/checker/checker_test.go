@@ -499,3 +499,24 @@ func TestP1ReadWrite(t *testing.T) {
 		t.Fatalf("violation %+v", v)
 	}
 }
+
+// In a read-write lock, readers promoted together may learn of their grants out of
+// token order; a reader granted after a writer, or a writer after anyone, must
+// still have the larger token.
+func TestP4ReadWrite(t *testing.T) {
+	b := newHistory(hold, ttl, 1000)
+	b.h.Meta.RW = true
+	b.grant(1, 1, "k", 31, 0, 10, 20) // a reader told first
+	b.grant(2, 1, "k", 27, 0, 25, 30) // a reader queued earlier, told later
+	for i := range b.h.Ops {
+		b.h.Ops[i].Shared = true
+	}
+	r := b.check(Options{})
+	wantCount(t, "P4 of readers out of order", r.P4.Result, 0)
+	b.grant(3, 1, "k", 29, 40, 50, 60) // a writer after both, with a smaller token
+	r = b.check(Options{})
+	wantCount(t, "P4 of a writer below a reader", r.P4.Result, 1)
+	if r.P4.Porcupine != VerdictSkipped {
+		t.Errorf("porcupine %q on a read-write history", r.P4.Porcupine)
+	}
+}

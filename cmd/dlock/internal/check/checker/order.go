@@ -30,6 +30,14 @@ import (
 // side over the same per-key grant lists.
 func (c *run) p4() {
 	p := &c.r.P4
+	if c.h.Meta.Limit > 1 {
+		// Waiters promoted together (etcd, ZooKeeper) hold tokens from when they
+		// queued and learn of their permits in any order.
+		c.note("P4: a semaphore's permits are granted together and learnt of in any order: token order was not checked")
+		p.Porcupine = VerdictSkipped
+		return
+	}
+	rw := c.h.Meta.RW
 	type flag struct {
 		b, a *Lease
 		dup  bool
@@ -54,16 +62,27 @@ func (c *run) p4() {
 		byAttempt := slices.Clone(gs)
 		slices.SortStableFunc(byAttempt, byCall)
 		next := 0
-		var top *Lease // the largest token among grants that ended before the attempt
+		// The largest token among grants that ended before the attempt, and
+		// among writers' only: in a read-write lock, readers promoted together
+		// hold tokens from when they queued and learn of their grants in any
+		// order, so a reader is checked against earlier writers alone.
+		var top, topWriter *Lease
 		for _, b := range byAttempt {
 			for next < len(gs) && gs[next].Acquire.End < b.Attempt() {
 				if top == nil || gs[next].Token > top.Token {
 					top = gs[next]
 				}
+				if !gs[next].Acquire.Shared && (topWriter == nil || gs[next].Token > topWriter.Token) {
+					topWriter = gs[next]
+				}
 				next++
 			}
-			if top != nil && top.Token >= b.Token {
-				flags = append(flags, flag{b: b, a: top})
+			against := top
+			if rw && b.Acquire.Shared {
+				against = topWriter
+			}
+			if against != nil && against.Token >= b.Token {
+				flags = append(flags, flag{b: b, a: against})
 				flagged[b] = true
 			}
 		}
@@ -98,6 +117,11 @@ func (c *run) p4() {
 		p.add(c.opts.MaxExamples, v)
 	}
 
+	if rw {
+		c.note("P4: porcupine was not run on read-write locks (its register orders every pair); the sweep checks readers against writers and writers against all")
+		p.Porcupine = VerdictSkipped
+		return
+	}
 	if c.opts.PorcupineTimeout < 0 {
 		p.Porcupine = VerdictSkipped
 		return
