@@ -219,24 +219,39 @@ func (b *Backend) mutexAttempt(ctx context.Context, req driver.Request, s *sessi
 	return b.exists(ctx, req, s, w, member, resp, put)
 }
 
+// placeStart begins the attempt of a waiter w with a place in the queue under
+// member (placedAttempt, semPlaced, sharedPlaced). It returns proceed and the
+// place's revision when the attempt must ask the server whether the place now
+// holds; otherwise the attempt ends with done and err: not done when the place
+// was made on another session that is still live (the attempt goes on as a fresh
+// one), done with errPlaceLost when that session ended, done with a HeldError
+// while the waiter's watch still runs (the place reported without a request).
+func placeStart(s *session, w *waiter, member string) (rev int64, proceed, done bool, err error) {
+	w.markAttempted(member)
+	rev, ws, wm := w.place()
+	if rev <= 0 || wm != member {
+		return 0, false, false, nil
+	}
+	if ws != s {
+		if ws.isDone() {
+			return 0, false, true, errPlaceLost
+		}
+		return 0, false, false, nil
+	}
+	if ahead, ok := w.still(s); ok {
+		return 0, false, true, &driver.HeldError{Ahead: ahead, Queued: true}
+	}
+	return rev, true, false, nil
+}
+
 // placedAttempt is the attempt of a waiter w that has a place in the queue under
 // member: it reports the place while its watch runs, and when woken checks whether
 // the place is now first. done is false when the place was made on another session
 // that is still live: the attempt then goes on as a fresh one.
 func (b *Backend) placedAttempt(ctx context.Context, s *session, w *waiter, prefix, member string) (g driver.Grant, done bool, err error) {
-	w.markAttempted(member)
-	rev, ws, wm := w.place()
-	if rev <= 0 || wm != member {
-		return driver.Grant{}, false, nil
-	}
-	if ws != s {
-		if ws.isDone() {
-			return driver.Grant{}, true, errPlaceLost
-		}
-		return driver.Grant{}, false, nil
-	}
-	if ahead, ok := w.still(s); ok {
-		return driver.Grant{}, true, &driver.HeldError{Ahead: ahead, Queued: true}
+	rev, proceed, done, err := placeStart(s, w, member)
+	if !proceed {
+		return driver.Grant{}, done, err
 	}
 	// A woken waiter: is the own key still there, and first (no member created
 	// before it)? Both reads in one transaction, so at one revision; both read keys

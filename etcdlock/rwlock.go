@@ -164,19 +164,9 @@ func sharedPlace(s *session, w *waiter, member string, rev int64, ahead []*mvccp
 // request; woken, it reads (at one revision) whether its key is still there and
 // the members ahead of it. done is false when the attempt goes on as a fresh one.
 func (b *Backend) sharedPlaced(ctx context.Context, req driver.Request, s *session, w *waiter, prefix, member string) (g driver.Grant, done bool, err error) {
-	w.markAttempted(member)
-	rev, ws, wm := w.place()
-	if rev <= 0 || wm != member {
-		return driver.Grant{}, false, nil
-	}
-	if ws != s {
-		if ws.isDone() {
-			return driver.Grant{}, true, errPlaceLost
-		}
-		return driver.Grant{}, false, nil
-	}
-	if ahead, ok := w.still(s); ok {
-		return driver.Grant{}, true, &driver.HeldError{Ahead: ahead, Queued: true}
+	rev, proceed, done, err := placeStart(s, w, member)
+	if !proceed {
+		return driver.Grant{}, done, err
 	}
 	resp, err := b.cli.Txn(ctx).
 		Then(clientv3.OpGet(member, clientv3.WithKeysOnly()), aheadValuesOp(prefix, rev)).
