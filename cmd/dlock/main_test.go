@@ -29,7 +29,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv("DLOCK_TEST_MAIN") == "1" {
 		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
-	goleak.VerifyTestMain(m)
+	// toxiproxy (TestElectionPartition) can leave a toxic's pipe goroutine blocked
+	// on a send after the proxy is healed and stopped; it is the library's, not
+	// dlock's, and dies with the test binary.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*NoopToxic).Pipe"))
 }
 
 // command returns the dlock command line run in a child process.
