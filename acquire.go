@@ -69,7 +69,22 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 	if err := driver.ValidateKey(key); err != nil {
 		return nil, err
 	}
-	cfg := &c.cfg // shared with the grant unless this call has options
+	cfg, err := c.callConfig(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	owner := cfg.owner
+	generated := owner == ""
+	if generated {
+		owner = c.newOwner()
+	}
+	return c.lockAs(ctx, key, owner, generated, cfg, wait)
+}
+
+// callConfig returns the configuration of a lock call on key (the client's, shared,
+// when the call has no options), or an error if the backend lacks what it asks for.
+func (c *Client) callConfig(key string, opts []Option) (*config, error) {
+	cfg := &c.cfg
 	if len(opts) > 0 {
 		own := c.cfg
 		own.perLock = true
@@ -88,11 +103,12 @@ func (c *Client) lock(ctx context.Context, key string, opts []Option, wait bool)
 	if cfg.shared && !c.shares {
 		return nil, unsupported("shared lock", key)
 	}
-	owner := cfg.owner
-	generated := owner == ""
-	if generated {
-		owner = c.newOwner()
-	}
+	return cfg, nil
+}
+
+// lockAs is lock for a valid key and an owner id; generated says the id was made for
+// this call alone.
+func (c *Client) lockAs(ctx context.Context, key, owner string, generated bool, cfg *config, wait bool) (*Lease, error) {
 	sk := slotKey{key, owner}
 
 	c.mu.Lock()

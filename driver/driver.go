@@ -44,6 +44,12 @@
 //   - Sharer: honours Request.Shared, so a key has shared (read) holders together
 //     or one exclusive (write) holder. Without it a shared lock call
 //     (dlock.WithShared) returns an error matching ErrUnsupported.
+//   - MultiAcquirer: takes several keys in one atomic step on the server, all
+//     or none, for dlock.Client.LockAll and TryLockAll. Without it, and for a
+//     set that is not free, the core takes the keys one at a time in ascending
+//     key order (deadlock-free, since every caller takes them in that order) and
+//     gives back what it took if it fails; others may then see part of the set
+//     held for a moment.
 //   - HolderWatcher: tells when the holder of a key or its value may have
 //     changed, for dlock.Client.Observe. Without it Observe reads the holder
 //     again at a fixed interval (dlock.WithObserveInterval), so it learns of a
@@ -377,6 +383,27 @@ type Sharer interface {
 	// Shares reports whether the backend honours Request.Shared; a wrapper
 	// answers for the backend it wraps.
 	Shares() bool
+}
+
+// MultiAcquirer is implemented by backends that can take several keys in one
+// atomic step on the server (one script, transaction, statement or multi), so a
+// set of keys is granted all at once or not at all, and nobody ever sees part of
+// it held.
+type MultiAcquirer interface {
+	// AcquireAll makes one attempt at every request at once. The core passes at
+	// least two requests with distinct keys in ascending byte order, one owner (a
+	// fresh random id, holding none of the keys) and one TTL; Reenter and Wait
+	// are false, Limit is at most 1, Shared is false and Value is nil. If every
+	// key is free (no holder, no live queued place, as Acquire without Wait would
+	// find it), AcquireAll grants them all, each as Acquire would (a token from
+	// each key's own sequence, a grant that Refresh, Release, Bound, Inspect and
+	// the rest treat like any other), and returns one Grant per request, in
+	// order. Otherwise it changes nothing and returns an error matching ErrLocked
+	// (preferably a *HeldError) whose message names the first key it found
+	// taken. An error of any other kind leaves nothing held: if the outcome is
+	// unknown, a later Release of each key with the owner cleans it up, and the
+	// core calls it.
+	AcquireAll(ctx context.Context, reqs []Request) ([]Grant, error)
 }
 
 // HolderWatcher is implemented by backends that can tell when the holder of a key

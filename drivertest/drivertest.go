@@ -143,6 +143,11 @@ func Run(t *testing.T, h Harness) {
 	t.Run("RWLock", h.testRWLock)
 	t.Run("RWNoStarvation", h.testRWNoStarvation)
 	t.Run("RWExclusion", h.testRWExclusion)
+	t.Run("AcquireAll", h.testAcquireAll)
+	t.Run("MultiKey", h.testMultiKey)
+	t.Run("MultiKeyNoDeadlock", h.testMultiKeyNoDeadlock)
+	t.Run("MultiKeyCancel", h.testMultiKeyCancel)
+	t.Run("MultiKeyLoss", h.testMultiKeyLoss)
 	if h.FIFO {
 		t.Run("FIFO", h.testFIFO)
 	}

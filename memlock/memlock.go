@@ -20,7 +20,8 @@
 // one sequence, and a release hands the freed permit to the first queued place.
 // A key may be read-write locked (driver.Sharer, dlock.WithShared): readers hold
 // together, a writer alone, in queue order, so a reader does not pass a queued
-// writer.
+// writer. A set of free keys is taken in one step (driver.MultiAcquirer,
+// dlock.Client.LockAll).
 //
 // Safety model: exact within one process and nothing more. All Backends of one Store
 // share its state; clients opened with the same mem://NAME share the store NAME. A
@@ -264,9 +265,8 @@ func admits(hs []*entry, limit int, shared bool) bool {
 	return len(hs) < limit && (len(hs) == 0 || !hs[0].shared)
 }
 
-// Backend is one connection to a Store. It implements driver.Backend,
-// driver.Notifier, driver.Inspector, driver.ForceReleaser, driver.Valuer and
-// driver.HolderWatcher.
+// Backend is one connection to a Store. It implements driver.Backend and every
+// optional capability of package driver but Bounder.
 type Backend struct {
 	s *Store
 
@@ -284,6 +284,7 @@ var (
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
 	_ driver.Sharer        = (*Backend)(nil)
+	_ driver.MultiAcquirer = (*Backend)(nil)
 )
 
 // Store returns the backend's store.
@@ -377,6 +378,38 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	s.limits[req.Key] = limit
 	e = s.grantLocked(req.Key, req.Owner, req.TTL, clone(req.Value), req.Shared, now)
 	return driver.Grant{Token: e.token}, nil
+}
+
+// AcquireAll grants every key of reqs at once if each is free (no holder, no queued
+// place), else none.
+func (b *Backend) AcquireAll(ctx context.Context, reqs []driver.Request) ([]driver.Grant, error) {
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	for _, req := range reqs {
+		hs := s.liveLocked(req.Key, now)
+		s.pruneLocked(req.Key, now)
+		if len(hs) == 0 && len(s.queues[req.Key]) == 0 {
+			continue
+		}
+		held := &driver.HeldError{}
+		for i, h := range hs {
+			if d := h.expires.Sub(now); i == 0 || d < held.RetryAfter {
+				held.RetryAfter = d
+			}
+		}
+		return nil, fmt.Errorf("memlock: %q: %w", req.Key, held)
+	}
+	gs := make([]driver.Grant, len(reqs))
+	for i, req := range reqs {
+		s.limits[req.Key] = 1
+		gs[i].Token = s.grantLocked(req.Key, req.Owner, req.TTL, nil, false, now).token
+	}
+	return gs, nil
 }
 
 // Refresh implements driver.Backend.
