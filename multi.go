@@ -143,14 +143,11 @@ func (c *Client) giveBack(ctx context.Context, leases []*Lease) {
 // releaseAll releases leases at once and returns their errors.
 func releaseAll(ctx context.Context, leases []*Lease) []error {
 	errs := make([]error, len(leases))
-	if len(leases) == 1 {
-		errs[0] = leases[0].Release(ctx)
-		return errs
-	}
 	var wg sync.WaitGroup
-	for i, l := range leases {
-		wg.Go(func() { errs[i] = l.Release(ctx) })
+	for i, l := range leases[1:] {
+		wg.Go(func() { errs[i+1] = l.Release(ctx) })
 	}
+	errs[0] = leases[0].Release(ctx)
 	wg.Wait()
 	return errs
 }

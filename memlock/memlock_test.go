@@ -89,3 +89,11 @@ func BenchmarkSemaphore(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMultiKey: a set of 2, 4 and 8 keys taken in one step beside one lock per
+// key.
+func BenchmarkMultiKey(b *testing.B) {
+	for _, n := range []int{2, 4, 8} {
+		drivertest.BenchMultiKey(b, harness(), n)
+	}
+}

@@ -151,3 +151,12 @@ func BenchmarkContended(b *testing.B) {
 		drivertest.BenchContended(b, benchHarness(b, nodes), w)
 	}
 }
+
+// BenchmarkMultiKey: a set of 2, 4 and 8 keys (taken key by key: Redlock has no
+// atomic step over several masters) beside one lock per key.
+func BenchmarkMultiKey(b *testing.B) {
+	nodes := benchNodes(b, 5)
+	for _, n := range []int{2, 4, 8} {
+		drivertest.BenchMultiKey(b, benchHarness(b, nodes), n)
+	}
+}

@@ -28,9 +28,10 @@ func newRunCommand(e *env) *cobra.Command {
 		value   string
 		limit   int
 		shared  bool
+		keys    []string
 	)
 	cmd := &cobra.Command{
-		Use:   "run [flags] KEY -- COMMAND [ARGS...]",
+		Use:   "run [flags] KEY -- COMMAND [ARGS...]\n  dlock run [flags] --key KEY --key KEY... -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lock",
 		Long: `Run acquires KEY, runs COMMAND while the lease renews itself, and releases the
 lock when the command and every process it left in its process group are gone. The
@@ -52,6 +53,14 @@ KEY must give the same N while any holds or waits: another N is refused (64).
 Read-write lock: with --shared, runs hold KEY together as readers, while a run
 without it is a writer and holds KEY alone; a reader that arrives while a writer
 waits queues behind it, so readers cannot starve a writer.
+
+Several keys: with --key given more than once (a KEY before "--" counts too),
+the run holds every key or none, as one lease (Client.LockAll): taken in one
+atomic step where the backend can (Redis, etcd, ZooKeeper, PostgreSQL), else one
+by one in ascending key order, so runs that list overlapping keys in any order
+cannot deadlock. The command then sees DLOCK_KEYS (how many), and DLOCK_KEY_1,
+DLOCK_TOKEN_1, DLOCK_KEY_2, ... in key order, instead of DLOCK_KEY and
+DLOCK_TOKEN; losing any key's lease stops it as losing the lease does.
 
 Leader election: with --wait forever, run is a candidate that runs COMMAND only
 while it leads KEY; start one on each machine and the next takes over, with a
@@ -102,14 +111,15 @@ Exit codes:
   DLOCK_URL=etcd://127.0.0.1:2379 dlock run --wait 10m --ttl 30s deploy -- make deploy
   dlock run --backend redis://127.0.0.1:6379/0 --password-file /run/secrets/redis job -- ./job.sh
   dlock run --wait forever --value "$(hostname):8080" scheduler -- ./scheduler   # leader election
-  dlock run --wait 10m --limit 4 encoder -- ./encode.sh                           # at most 4 at once`,
+  dlock run --wait 10m --limit 4 encoder -- ./encode.sh                           # at most 4 at once
+  dlock run --wait 1m --key account:17 --key account:42 -- ./transfer.sh 17 42     # both or neither`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			dash := cmd.ArgsLenAtDash()
 			switch {
 			case dash < 0:
 				return usagef(`missing "--" between KEY and COMMAND`)
-			case dash == 0:
-				return usagef("missing KEY before \"--\"")
+			case dash == 0 && len(keys) == 0:
+				return usagef("missing KEY before \"--\" (or --key)")
 			case dash > 1:
 				return usagef("one KEY before \"--\", got %q", strings.Join(args[:dash], " "))
 			case len(args) == dash:
@@ -121,6 +131,16 @@ Exit codes:
 			w, err := parseWait(wait)
 			if err != nil {
 				return err
+			}
+			dash := cmd.ArgsLenAtDash()
+			all := append(append([]string{}, args[:dash]...), keys...)
+			for _, k := range all {
+				if err := driver.ValidateKey(k); err != nil {
+					return usageError{err}
+				}
+			}
+			if len(all) > dlock.MaxKeys {
+				return usagef("%d keys; one run holds at most %d", len(all), dlock.MaxKeys)
 			}
 			if grace < 0 {
 				return usagef("--grace must not be negative, got %v", grace)
@@ -161,7 +181,7 @@ Exit codes:
 				return err
 			}
 			res := runner.Run(cmd.Context(), c, runner.Config{
-				Key: args[0], Command: args[1:], Wait: w, Grace: grace, Quiet: quiet,
+				Key: all[0], Keys: all, Command: args[dash:], Wait: w, Grace: grace, Quiet: quiet,
 				Stderr: e.stderr, ChildStdin: e.stdin, ChildStdout: e.stdout, ChildStderr: e.stderr,
 			})
 			if !res.Abandoned {
@@ -184,6 +204,7 @@ Exit codes:
 	cmd.Flags().BoolVar(&resume, "resume", false, "with --owner: take over the lock if that owner id already holds it (a restarted job picking up its lease); only if no other live run uses that id, else both hold at once")
 	cmd.Flags().IntVar(&limit, "limit", 1, "hold one of `N` permits of KEY (a semaphore: up to N runs at once); every run on KEY must give the same N")
 	cmd.Flags().BoolVar(&shared, "shared", false, "hold KEY shared, as a reader of a read-write lock: readers run together, a run without --shared (a writer) alone")
+	cmd.Flags().StringArrayVar(&keys, "key", nil, "hold `KEY` too; give it several times to hold every key or none, as one lease (a multi-key lock)")
 	cmd.Flags().StringVar(&value, "value", "", "store `TEXT` with the lock for others to read (dlock inspect, dlock leader): a leader's address, say")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only errors (no status while waiting, no \"acquired\" line)")
 	return cmd

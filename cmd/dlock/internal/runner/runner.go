@@ -33,6 +33,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -66,7 +67,10 @@ const pollInterval = 20 * time.Millisecond
 
 // Config is one run.
 type Config struct {
+	// Key is the lock to hold; Keys, when it has more than one key, are held
+	// together instead, all or nothing (dlock.Client.LockAll).
 	Key     string
+	Keys    []string
 	Command []string // program and arguments
 	// Wait is how long to wait for the lock: 0 tries once, Forever waits without
 	// limit.
@@ -147,6 +151,15 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 		cfg.errorf("no command to run")
 		return Result{Code: ExitUsage}
 	}
+	keys := []string{cfg.Key}
+	if len(cfg.Keys) > 0 {
+		// In the order the lock takes them, each once, as MultiLease.Keys says.
+		keys = slices.Compact(slices.Sorted(slices.Values(cfg.Keys)))
+	}
+	name := fmt.Sprintf("%q", keys[0]) // how messages name what the run locks
+	if len(keys) > 1 {
+		name = fmt.Sprintf("the %d keys %s", len(keys), quoteAll(keys))
+	}
 	sigs := make(chan os.Signal, 4)
 	if cfg.forwardedSignalsFor != nil {
 		cfg.forwardedSignalsFor(sigs)
@@ -171,25 +184,22 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 		stopped := make(chan struct{})
 		go func() {
 			defer close(stopped)
-			cfg.status.watch(sctx, in, cfg.Key, cfg.statusFirst, cfg.statusEvery)
+			cfg.status.watch(sctx, in, keys, cfg.statusFirst, cfg.statusEvery)
 		}()
 		stopStatus = func() { stop(); <-stopped; cfg.status.clear() }
 	}
-	var lease *dlock.Lease
+	var lease holding
 	var err error
 	acquired := make(chan struct{})
 	go func() {
 		defer close(acquired)
-		switch {
-		case cfg.Wait == 0:
-			lease, err = c.TryLock(wctx, cfg.Key, cfg.LockOptions...)
-		case cfg.Wait > 0:
-			tctx, tcancel := context.WithTimeout(wctx, cfg.Wait)
+		lctx := wctx
+		if cfg.Wait > 0 {
+			var tcancel context.CancelFunc
+			lctx, tcancel = context.WithTimeout(wctx, cfg.Wait)
 			defer tcancel()
-			lease, err = c.Lock(tctx, cfg.Key, cfg.LockOptions...)
-		default:
-			lease, err = c.Lock(wctx, cfg.Key, cfg.LockOptions...)
 		}
+		lease, err = acquire(lctx, c, keys, cfg.Wait != 0, cfg.LockOptions)
 	}()
 	var interrupted os.Signal
 	select {
@@ -202,22 +212,23 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	if err != nil {
 		switch {
 		case interrupted != nil:
-			cfg.errorf("interrupted by %v while waiting for %q", interrupted, cfg.Key)
+			cfg.errorf("interrupted by %v while waiting for %s", interrupted, name)
 			return Result{Code: 128 + signum(interrupted)}
 		case errors.Is(err, dlock.ErrLocked):
 			// "Another owner" includes this --owner id in another run or Client.
 			who := "another owner"
-			if h := holder(in, cfg.Key); h != "" {
+			key, h := heldKey(in, keys)
+			if h != "" {
 				who += " " + h
 			}
 			if cfg.Wait == 0 {
-				cfg.errorf("%q is held by %s", cfg.Key, who)
+				cfg.errorf("%q is held by %s", key, who)
 			} else {
-				cfg.errorf("%q still held by %s after %v", cfg.Key, who, cfg.Wait)
+				cfg.errorf("%q still held by %s after %v", key, who, cfg.Wait)
 			}
 			return Result{Code: ExitNotAcquired}
 		case errors.Is(err, dlock.ErrValidityTooShort):
-			cfg.errorf("cannot use a grant of %q: %s (raise --ttl)", cfg.Key, errText(err))
+			cfg.errorf("cannot use a grant of %s: %s (raise --ttl)", name, errText(err))
 			return Result{Code: ExitNotAcquired}
 		case errors.Is(err, dlock.ErrAuth):
 			cfg.errorf("backend refused access: %s", errText(err))
@@ -226,7 +237,7 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 			cfg.errorf("%s", errText(err))
 			return Result{Code: ExitUsage}
 		default:
-			cfg.errorf("cannot acquire %q: %s", cfg.Key, errText(err))
+			cfg.errorf("cannot acquire %s: %s", name, errText(err))
 			return Result{Code: ExitUnavailable}
 		}
 	}
@@ -235,15 +246,20 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 		cfg.errorf("interrupted by %v", interrupted)
 		return Result{Code: 128 + signum(interrupted)}
 	}
-	cfg.logf("acquired %q (token %d); running %s", cfg.Key, lease.Token(), cfg.Command[0])
-	code, gone := runChild(lease, cfg, sigs)
+	tokens := lease.tokens()
+	got := make([]string, len(keys))
+	for i, k := range keys {
+		got[i] = fmt.Sprintf("%q (token %d)", k, tokens[i])
+	}
+	cfg.logf("acquired %s; running %s", strings.Join(got, ", "), cfg.Command[0])
+	code, gone := runChild(lease, keys, name, cfg, sigs)
 	if !gone {
-		cfg.errorf("not releasing %q: processes of the command's group may still run; the lock expires after its TTL", cfg.Key)
+		cfg.errorf("not releasing %s: processes of the command's group may still run; the lock expires after its TTL", name)
 		return Result{Code: code, Abandoned: true}
 	}
 	if rerr := releaseBounded(lease); rerr != nil && code != ExitLeaseLost {
 		if errors.Is(rerr, dlock.ErrLeaseLost) {
-			cfg.errorf("the lease on %q was lost before the command finished: %s", cfg.Key, lossCause(rerr))
+			cfg.errorf("the lease on %s was lost before the command finished: %s", name, lossCause(rerr))
 			return Result{Code: ExitLeaseLost}
 		}
 		cfg.errorf("%s (the lock expires after its TTL)", errText(rerr))
@@ -251,7 +267,57 @@ func Run(ctx context.Context, c *dlock.Client, cfg Config) Result {
 	return Result{Code: code}
 }
 
-func releaseBounded(l *dlock.Lease) error {
+// holding is what the run holds: a *dlock.Lease, or a *dlock.MultiLease for several
+// keys.
+type holding interface {
+	Done() <-chan struct{}
+	Err() error
+	Release(ctx context.Context) error
+	tokens() []dlock.Token // in key order
+}
+
+type single struct{ *dlock.Lease }
+
+func (l single) tokens() []dlock.Token { return []dlock.Token{l.Token()} }
+
+type multi struct{ *dlock.MultiLease }
+
+func (m multi) tokens() []dlock.Token { return m.Tokens() }
+
+// acquire takes keys (one, or a set held all or nothing), waiting if wait is set.
+func acquire(ctx context.Context, c *dlock.Client, keys []string, wait bool, opts []dlock.Option) (holding, error) {
+	if len(keys) == 1 {
+		lock := c.TryLock
+		if wait {
+			lock = c.Lock
+		}
+		l, err := lock(ctx, keys[0], opts...)
+		if err != nil {
+			return nil, err
+		}
+		return single{l}, nil
+	}
+	lock := c.TryLockAll
+	if wait {
+		lock = c.LockAll
+	}
+	m, err := lock(ctx, keys, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return multi{m}, nil
+}
+
+// quoteAll quotes each key and joins them with spaces.
+func quoteAll(keys []string) string {
+	q := make([]string, len(keys))
+	for i, k := range keys {
+		q[i] = strconv.Quote(k)
+	}
+	return strings.Join(q, " ")
+}
+
+func releaseBounded(l holding) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return l.Release(ctx)
@@ -262,16 +328,13 @@ func releaseBounded(l *dlock.Lease) error {
 //
 // It is one function (about 110 lines): a single select loop over the child's exit,
 // the lease's loss and forwarded signals, whose branches share the child's state.
-func runChild(lease *dlock.Lease, cfg Config, sigs <-chan os.Signal) (code int, gone bool) {
+func runChild(lease holding, keys []string, name string, cfg Config, sigs <-chan os.Signal) (code int, gone bool) {
 	cmd := exec.Command(cfg.Command[0], cfg.Command[1:]...)
 	base := cfg.Env
 	if base == nil {
 		base = os.Environ()
 	}
-	cmd.Env = append(childEnv(base),
-		"DLOCK_KEY="+cfg.Key,
-		"DLOCK_TOKEN="+strconv.FormatUint(uint64(lease.Token()), 10),
-		"DLOCK_HELD=1")
+	cmd.Env = append(childEnv(base), lockEnv(keys, lease.tokens())...)
 	cmd.Stdin = cfg.ChildStdin
 	if cmd.Stdin == nil {
 		cmd.Stdin = os.Stdin
@@ -353,7 +416,7 @@ func runChild(lease *dlock.Lease, cfg Config, sigs <-chan os.Signal) (code int, 
 		case <-done:
 			done = nil
 			lost = true
-			cfg.errorf("lease on %q lost (%s); stopping the command (SIGTERM, SIGKILL after %v)", cfg.Key, lossCause(lease.Err()), cfg.Grace)
+			cfg.errorf("lease on %s lost (%s); stopping the command (SIGTERM, SIGKILL after %v)", name, lossCause(lease.Err()), cfg.Grace)
 			stop()
 		case <-killTimer:
 			killTimer = nil
@@ -373,6 +436,21 @@ func runChild(lease *dlock.Lease, cfg Config, sigs <-chan os.Signal) (code int, 
 			return code, false
 		}
 	}
+}
+
+// lockEnv is what the child learns of its lock: DLOCK_KEY and DLOCK_TOKEN for one
+// key; for a set, DLOCK_KEYS (how many) and DLOCK_KEY_i, DLOCK_TOKEN_i for i from 1,
+// in key order (no DLOCK_TOKEN: each token fences its own key's resource). And
+// DLOCK_HELD=1.
+func lockEnv(keys []string, tokens []dlock.Token) []string {
+	if len(keys) == 1 {
+		return []string{"DLOCK_KEY=" + keys[0], "DLOCK_TOKEN=" + strconv.FormatUint(uint64(tokens[0]), 10), "DLOCK_HELD=1"}
+	}
+	env := []string{"DLOCK_KEYS=" + strconv.Itoa(len(keys))}
+	for i, k := range keys {
+		env = append(env, fmt.Sprintf("DLOCK_KEY_%d=%s", i+1, k), fmt.Sprintf("DLOCK_TOKEN_%d=%d", i+1, tokens[i]))
+	}
+	return append(env, "DLOCK_HELD=1")
 }
 
 // startFailureCode is the shell's status for a command that could not be started:

@@ -90,9 +90,10 @@ type inspector interface {
 	Inspect(ctx context.Context, key string) (dlock.Info, error)
 }
 
-// watch shows who holds key until ctx ends, asking in every period (after first).
-// It stops asking if the backend cannot tell (dlock.ErrUnsupported).
-func (s *status) watch(ctx context.Context, in inspector, key string, first, every time.Duration) {
+// watch shows who holds keys (the first of them that is held) until ctx ends,
+// asking in every period (after first). It stops asking if the backend cannot tell
+// (dlock.ErrUnsupported).
+func (s *status) watch(ctx context.Context, in inspector, keys []string, first, every time.Duration) {
 	t := time.NewTimer(first)
 	defer t.Stop()
 	for {
@@ -102,18 +103,21 @@ func (s *status) watch(ctx context.Context, in inspector, key string, first, eve
 		case <-t.C:
 		}
 		ictx, cancel := context.WithTimeout(ctx, inspectTimeout)
-		info, err := in.Inspect(ictx, key)
+		key, info, err := inspectFirst(ictx, in, keys)
 		cancel()
 		if errors.Is(err, dlock.ErrUnsupported) {
 			return
 		}
 		if err == nil && ctx.Err() == nil {
 			line := fmt.Sprintf("waiting for %q: held by owner %s", key, describe(info))
+			if len(keys) > 1 {
+				line = fmt.Sprintf("waiting for %q (one of %d keys): held by owner %s", key, len(keys), describe(info))
+			}
 			place := s.place.Load()
 			if place > 0 {
 				line += fmt.Sprintf("; this run is %s in the queue", ordinal(place))
 			}
-			s.show(line, fmt.Sprintf("%s/%d/%d/%d", info.Owner, info.Token, info.Waiters, place))
+			s.show(line, fmt.Sprintf("%s/%s/%d/%d/%d", key, info.Owner, info.Token, info.Waiters, place))
 		}
 		t.Reset(every)
 	}
@@ -147,14 +151,27 @@ func describe(info dlock.Info) string {
 	return s + ")"
 }
 
-// holder describes who holds key, or "" when the backend cannot tell (it cannot
-// inspect, an error, or the key was freed meanwhile).
-func holder(in inspector, key string) string {
+// inspectFirst returns the first of keys that is held and its holder; an error
+// matching dlock.ErrNotHeld if none is, or the first other error.
+func inspectFirst(ctx context.Context, in inspector, keys []string) (string, dlock.Info, error) {
+	for _, k := range keys {
+		info, err := in.Inspect(ctx, k)
+		if !errors.Is(err, dlock.ErrNotHeld) {
+			return k, info, err
+		}
+	}
+	return "", dlock.Info{}, dlock.ErrNotHeld
+}
+
+// heldKey returns the first of keys that is held and describes its holder; keys[0]
+// and "" when the backend cannot tell (it cannot inspect, an error, or the keys
+// were freed meanwhile).
+func heldKey(in inspector, keys []string) (string, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), inspectTimeout)
 	defer cancel()
-	info, err := in.Inspect(ctx, key)
+	key, info, err := inspectFirst(ctx, in, keys)
 	if err != nil {
-		return ""
+		return keys[0], ""
 	}
-	return describe(info)
+	return key, describe(info)
 }

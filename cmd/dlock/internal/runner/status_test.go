@@ -97,7 +97,7 @@ func TestWaitStatusPlace(t *testing.T) {
 	in := fixedHolder{Owner: "h", Token: 3, Waiters: 4}
 	ctx, cancel := context.WithCancel(context.Background())
 	watched := make(chan struct{})
-	go func() { defer close(watched); s.watch(ctx, in, "job", time.Millisecond, time.Millisecond) }()
+	go func() { defer close(watched); s.watch(ctx, in, []string{"job"}, time.Millisecond, time.Millisecond) }()
 	waitFor := func(want string) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
