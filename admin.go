@@ -101,6 +101,30 @@ func (c *Client) Holders(ctx context.Context, key string) (limit int, holders []
 	return limit, holders, nil
 }
 
+// Waiters lists the queued places of key in the order they will be served: each
+// with its owner id, Shared for a reader's place, its value if any, and TTL, how
+// long the place lives if its owner stops asking (0 if the backend does not know).
+// On a backend that cannot list them (see driver.Queuer) it returns an error
+// matching ErrUnsupported.
+func (c *Client) Waiters(ctx context.Context, key string) ([]Info, error) {
+	if err := c.adminCheck(key); err != nil {
+		return nil, err
+	}
+	q, ok := c.b.(driver.Queuer)
+	if !ok {
+		return nil, unsupported("list waiters", key)
+	}
+	dq, err := q.Queue(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	places := make([]Info, len(dq))
+	for i, di := range dq {
+		places[i] = infoOf(di)
+	}
+	return places, nil
+}
+
 func infoOf(di driver.Info) Info {
 	return Info{Key: di.Key, Owner: di.Owner, Token: Token(di.Token), TTL: di.TTL, Waiters: di.Waiters, Value: di.Value, Shared: di.Shared}
 }

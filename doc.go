@@ -80,6 +80,17 @@
 // A queueing backend may hand a released key directly to the first waiter, so that
 // its Lock returns without another request (see driver.Waiter).
 //
+// # Lock types
+//
+// Beside the mutex: a semaphore (WithLimit: up to n holders of a key, each with its
+// own lease and token), a read-write lock (WithShared: readers together, a writer
+// alone, FIFO so that readers cannot starve a writer), a multi-key lock (LockAll:
+// several keys all or nothing, one MultiLease for the set, taken in sorted key order
+// so that callers cannot deadlock one another), and leader election (Campaign, an
+// election being the lock of its name, with the token as the epoch). Each is an
+// optional driver capability; a backend without it returns an error matching
+// ErrUnsupported, except LockAll, which every backend can do key by key.
+//
 // # Administration
 //
 // Client.Inspect reads who holds a key (owner id, token, time left, waiters), and

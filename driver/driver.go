@@ -50,6 +50,9 @@
 //     key order (deadlock-free, since every caller takes them in that order) and
 //     gives back what it took if it fails; others may then see part of the set
 //     held for a moment.
+//   - Queuer: lists the queued places of a key (who waits, reader or writer),
+//     for dlock.Client.Waiters and dlock inspect. Without it Client.Waiters
+//     returns an error matching ErrUnsupported; locking does not use it.
 //   - HolderWatcher: tells when the holder of a key or its value may have
 //     changed, for dlock.Client.Observe. Without it Observe reads the holder
 //     again at a fixed interval (dlock.WithObserveInterval), so it learns of a
@@ -404,6 +407,18 @@ type MultiAcquirer interface {
 	// unknown, a later Release of each key with the owner cleans it up, and the
 	// core calls it.
 	AcquireAll(ctx context.Context, reqs []Request) ([]Grant, error)
+}
+
+// Queuer is implemented by backends that keep waiters' places on the server and
+// can list them.
+type Queuer interface {
+	// Queue returns the live queued places of key in the order they will be
+	// served: for each, Key, Owner, Shared (a reader's place) and, if the backend
+	// keeps it, Value; Token is 0, Waiters -1, and TTL how long the place lives
+	// without another attempt of its owner (0 if the backend does not know). A
+	// place already granted (handed over, not yet claimed) is a holder, not a
+	// queued place. No places is an empty list, not an error.
+	Queue(ctx context.Context, key string) ([]Info, error)
 }
 
 // HolderWatcher is implemented by backends that can tell when the holder of a key

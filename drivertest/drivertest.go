@@ -143,6 +143,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("RWLock", h.testRWLock)
 	t.Run("RWNoStarvation", h.testRWNoStarvation)
 	t.Run("RWExclusion", h.testRWExclusion)
+	t.Run("Queue", h.testQueue)
 	t.Run("AcquireAll", h.testAcquireAll)
 	t.Run("MultiKey", h.testMultiKey)
 	t.Run("MultiKeyNoDeadlock", h.testMultiKeyNoDeadlock)

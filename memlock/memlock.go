@@ -285,6 +285,7 @@ var (
 	_ driver.Semaphorer    = (*Backend)(nil)
 	_ driver.Sharer        = (*Backend)(nil)
 	_ driver.MultiAcquirer = (*Backend)(nil)
+	_ driver.Queuer        = (*Backend)(nil)
 )
 
 // Store returns the backend's store.
@@ -537,6 +538,24 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 
 func (s *Store) infoLocked(key string, e *entry, now time.Time) driver.Info {
 	return driver.Info{Key: key, Owner: e.owner, Token: e.token, TTL: e.expires.Sub(now), Waiters: len(s.queues[key]), Value: clone(e.value), Shared: e.shared}
+}
+
+// Queue implements driver.Queuer.
+func (b *Backend) Queue(ctx context.Context, key string) ([]driver.Info, error) {
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	s.pruneLocked(key, now)
+	q := s.queues[key]
+	places := make([]driver.Info, len(q))
+	for i, p := range q {
+		places[i] = driver.Info{Key: key, Owner: p.owner, TTL: p.deadline.Sub(now), Waiters: -1, Value: clone(p.value), Shared: p.shared}
+	}
+	return places, nil
 }
 
 // Holders implements driver.Semaphorer.

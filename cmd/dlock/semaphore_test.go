@@ -6,6 +6,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlockio/dlock"
 )
@@ -83,4 +84,51 @@ func TestRunShared(t *testing.T) {
 	if code, _, errs := run("run", "--backend", url, "doc", "--", "true"); code != 0 {
 		t.Fatalf("a writer once the reader left: exit %d: %s", code, errs)
 	}
+}
+
+// dlock inspect lists the queue where the backend keeps one: each waiter in the
+// order it will be served, readers marked, in text and JSON.
+func TestInspectQueue(t *testing.T) {
+	ctx := context.Background()
+	url := "mem://inspect-queue"
+	c, err := dlock.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	w, err := c.Lock(ctx, "doc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{}, 2)
+	for i, opts := range [][]dlock.Option{{dlock.WithShared(), dlock.WithValue([]byte("r"))}, nil} {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			if l, err := c.Lock(wctx, "doc", opts...); err == nil {
+				_ = l.Release(ctx)
+			}
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for q, _ := c.Waiters(ctx, "doc"); len(q) <= i; q, _ = c.Waiters(ctx, "doc") {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiter %d never queued", i+1)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	code, out, errs := run("inspect", "--backend", url, "doc")
+	want := "waiters: 2 (1 shared, 1 exclusive)\n  1. owner "
+	if code != 0 || !strings.Contains(out, want) || !strings.Contains(out, `, shared, value "r"`) {
+		t.Fatalf("inspect: exit %d, %q %q; want %q", code, out, errs, want)
+	}
+	code, out, errs = run("inspect", "--json", "--backend", url, "doc")
+	if code != 0 || !strings.Contains(out, `"queue": [`) || !strings.Contains(out, `"shared": true`) || !strings.Contains(out, `"waiters": 2`) {
+		t.Fatalf("inspect --json: exit %d, %q %q", code, out, errs)
+	}
+	cancel()
+	<-done
+	<-done
+	_ = w.Release(ctx)
 }
