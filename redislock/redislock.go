@@ -144,6 +144,20 @@
 // server's channel table, as cheap as the EXISTS that would have to tell whether
 // anyone listens (well under a microsecond of server time each).
 //
+// # Multi-key locks
+//
+// The backend is a driver.MultiAcquirer: dlock.Client.LockAll and TryLockAll take
+// a free set in one script call (acquire_all.lua), which checks every key as a
+// plain Acquire would (no holder, including a grant a release handed to a queued
+// waiter; no semaphore or read-write lock hash with live holders or live queued
+// places) and, only if all are free, grants each as Acquire does: its own token
+// from the key's counter, the TTL, a message on its holder channel. Redis runs a
+// script alone, so nobody sees part of the set held; a set with a taken key
+// changes nothing (TryLockAll then fails naming that key, and LockAll waits for the
+// keys one at a time, in key order).
+// The set's lock keys are all passed to the one script, which suits a single
+// instance: on Redis Cluster they would have to share a hash slot.
+//
 // The scripts are files under scripts/, each with a header naming its keys,
 // arguments and reply; Redis caches each script until SCRIPT FLUSH, and a flushed
 // script is sent again on its next use.

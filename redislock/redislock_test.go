@@ -405,6 +405,15 @@ func BenchmarkSemaphore(b *testing.B) {
 	}
 }
 
+// BenchmarkMultiKey: a set of 2, 4 and 8 keys taken with LockAll (one script call
+// for the set) against each key locked and released in turn.
+func BenchmarkMultiKey(b *testing.B) {
+	srv := testserver.StartRedis(b)
+	for _, n := range []int{2, 4, 8} {
+		drivertest.BenchMultiKey(b, harness(b, srv), n)
+	}
+}
+
 // BenchmarkReaders: reads/s of 1 and of 16 readers of a read-write lock, each
 // holding for 5ms: readers hold together, so 16 should reach many times one.
 func BenchmarkReaders(b *testing.B) {

@@ -10,16 +10,19 @@ import (
 
 // The Lua scripts, one file each under scripts/, each starting with a header that
 // names its KEYS, ARGV and reply. A line "--#include NAME.lua" stands for that file
-// (names.lua: the key name parts; token.lua: issuing a fencing token; handoff.lua:
-// handing a freed lock to the next waiter), inserted where the line is, so that a
-// script defines the helpers only on the paths that use them: a Lua function
-// statement makes a closure each time a script runs it.
+// (names.lua: the key name parts; token.lua: issuing a fencing token; grant.lua: the
+// rest of a new grant after the SET of its lock key, for acquire.lua and
+// acquire_all.lua; sem.lua: the semaphore helpers; handoff.lua: handing a freed
+// lock to the next waiter), inserted where the line is, so that a script defines
+// the helpers only on the paths that use them: a Lua function statement makes a
+// closure each time a script runs it.
 //
 //go:embed scripts/*.lua
 var scriptFiles embed.FS
 
 var (
 	acquireScript      = loadScript("acquire.lua")
+	acquireAllScript   = loadScript("acquire_all.lua")
 	refreshScript      = loadScript("refresh.lua")
 	releaseScript      = loadScript("release.lua")
 	withdrawScript     = loadScript("withdraw.lua")

@@ -24,19 +24,8 @@ if val then nv = owner .. ' v' end
 -- waiting path below), not to whoever asks first.
 local queued = w and string.sub(w, 1, 1) == 'q'
 if not queued and redis.call('SET', KEYS[1], nv, 'NX', 'PX', ttl) then
-  -- token(KEYS[1], ttl) of token.lua, inlined: the uncontended path makes no closure.
-  local tk = KEYS[1] .. TOKEN
-  local n = redis.call('INCR', tk)
-  local at = redis.call('PEXPIRETIME', KEYS[1])
-  local now = (at - ttl) * 1000
-  if n < now then
-    n = now
-    redis.call('SET', tk, string.format('%d', n))
-  end
-  -- The value key expires when the lock key does, to the millisecond (two PX in
-  -- one script may be a millisecond apart).
-  if val then redis.call('SET', KEYS[1] .. VALUE, val, 'PXAT', at) end
-  redis.call('PUBLISH', KEYS[1] .. HOLDER, '')
+  local lk, n = KEYS[1], nil
+--#include grant.lua
   return n
 end
 --#include token.lua
@@ -53,26 +42,21 @@ end
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'table' then
 --#include sem.lua
-  local now = sem_now()
-  local limit, plen, hs = sem_state(KEYS[1], now)
+  local limit, prefix = sem_busy(KEYS[1], sem_now())
   if limit then
-    local prefix = string.sub(KEYS[1], 1, plen)
-    local key = string.sub(KEYS[1], plen + #LOCK + 1)
-    if #hs > 0 or sem_places(prefix .. QUEUE .. key, prefix .. WAITER .. key .. SEP) > 0 then
-      -- Limit 1: a read-write lock's, which an exclusive attempt waits for as
-      -- for a permit.
-      if limit == 1 then return sem_acquire(KEYS[1], owner, tonumber(ttl), 1, false, prefix, w, ARGV[4], val) end
-      return 'limit ' .. limit
-    end
+    -- Limit 1: a read-write lock's, which an exclusive attempt waits for as for a
+    -- permit.
+    if limit == 1 then return sem_acquire(KEYS[1], owner, tonumber(ttl), 1, false, prefix, w, ARGV[4], val) end
+    return 'limit ' .. limit
   end
   -- A semaphore with neither holders nor queued places: the key is free.
   redis.call('DEL', KEYS[1])
   v = false
   if not w then
     redis.call('SET', KEYS[1], nv, 'PX', ttl)
-    if val then redis.call('SET', KEYS[1] .. VALUE, val, 'PXAT', redis.call('PEXPIRETIME', KEYS[1])) end
-    redis.call('PUBLISH', KEYS[1] .. HOLDER, '')
-    return token(KEYS[1], ttl)
+    local lk, n = KEYS[1], nil
+--#include grant.lua
+    return n
   end
 end
 -- The holder's value is its owner id, alone or followed by a space and marks.

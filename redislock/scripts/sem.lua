@@ -97,6 +97,20 @@ local function sem_places(queue, wp)
   return n
 end
 
+-- Whether the hash at lock keeps the key from a newcomer: its limit, the key
+-- prefix and its live holders (as sem_state) when it has a limit and holders or
+-- live queued places; nil when the key is free (the hash may then be deleted).
+local function sem_busy(lock, now)
+  local limit, plen, hs = sem_state(lock, now)
+  if not limit then return nil end
+  local prefix = string.sub(lock, 1, plen)
+  local key = string.sub(lock, plen + #LOCK + 1)
+  if #hs > 0 or sem_places(prefix .. QUEUE .. key, prefix .. WAITER .. key .. SEP) > 0 then
+    return limit, prefix, hs
+  end
+  return nil
+end
+
 -- Hands up to free permits to the queue's first live places, in order: each gets
 -- the TTL and value its place asked for, a token, and the grant on its client's
 -- channel as "OWNER TOKEN SEQ TTL KEY" (as a mutex handoff). Dead places at the

@@ -12,8 +12,9 @@
 -- which costs a script about a microsecond more; the counter is written again only
 -- when the millisecond has moved on past it.
 --
--- acquire.lua's fast path has a copy of these statements (a function statement
--- makes a closure each time a script runs it); keep the two alike.
+-- grant.lua, the uncontended path of acquire.lua and acquire_all.lua, has a copy
+-- of these statements (a function statement makes a closure each time a script
+-- runs it); keep the two alike.
 local function token(lock, ttl)
   local tk = lock .. TOKEN
   local n = redis.call('INCR', tk)
