@@ -93,3 +93,12 @@ func BenchmarkReaders(b *testing.B) {
 		drivertest.BenchReaders(b, harness(b, srv), r, 5*time.Millisecond)
 	}
 }
+
+// BenchmarkMultiKey: a LockAll and Release of a set of 2, 4 and 8 keys (one
+// transaction takes the set), against a Lock and Release of each key in turn.
+func BenchmarkMultiKey(b *testing.B) {
+	srv := testserver.StartEtcd(b)
+	for _, n := range []int{2, 4, 8} {
+		drivertest.BenchMultiKey(b, harness(b, srv), n)
+	}
+}

@@ -178,6 +178,21 @@
 // holder whose owner id ends in the tag: they exclude readers as writers would,
 // which is safe, but list only the first of them; they cannot take a shared grant.
 //
+// # Sets of keys
+//
+// The backend is a driver.MultiAcquirer: dlock.Client.LockAll and TryLockAll
+// take a free set of keys in one etcd transaction whose conditions say that no
+// lock of the set has a member (nor a limit key or tail, as for a TryLock; a
+// stale one is cleared and the transaction sent again) and which creates every
+// member key and tail on the session lease, so all keys are granted at one
+// revision (each token is that revision, above every earlier grant of its key)
+// or none is, and nobody sees part of the set held. A set with a key held or
+// waited for writes nothing; LockAll then waits for the keys one by one in key
+// order. etcd bounds the operations of a transaction (--max-txn-ops, 128 by
+// default): a set takes two writes per key, so dlock.MaxKeys (64) fits the
+// default exactly, and a server with a lower bound refuses larger sets. Each
+// condition reads its lock's range, as a TryLock's does.
+//
 // # Sessions and TTL
 //
 // A Backend keeps one session lease per distinct lock TTL, rounded up to whole
@@ -311,8 +326,8 @@ var ErrSessionLost = errors.New("etcdlock: session lease lost")
 
 // Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
 // driver.Inspector, driver.ForceReleaser, driver.Bounder, driver.Valuer,
-// driver.Semaphorer, driver.Sharer and driver.HolderWatcher, and is safe for
-// concurrent use.
+// driver.Semaphorer, driver.Sharer, driver.MultiAcquirer and driver.HolderWatcher,
+// and is safe for concurrent use.
 type Backend struct {
 	cli     *clientv3.Client
 	own     bool // close cli in Close

@@ -204,7 +204,7 @@ func (b *Backend) mutexAttempt(ctx context.Context, req driver.Request, s *sessi
 			return g, err
 		}
 	}
-	put := clientv3.OpPut(member, memberValue(req.Owner, 1, req.Value), clientv3.WithLease(s.id))
+	put := mutexPut(member, req, s)
 	resp, hint, err := b.create(ctx, req, s, prefix, member, put)
 	if err != nil {
 		return driver.Grant{}, leaseErr(err)
@@ -290,7 +290,7 @@ func (b *Backend) placedAttempt(ctx context.Context, s *session, w *waiter, pref
 // hint it read with the write (a waiter that may resume a grant of its owner's).
 func (b *Backend) create(ctx context.Context, req driver.Request, s *session, prefix, member string, put clientv3.Op) (*clientv3.TxnResponse, firstHint, error) {
 	tail := tailKey(prefix)
-	putTail := clientv3.OpPut(tail, member, clientv3.WithLease(s.id))
+	putTail := tailPut(prefix, member, s)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(member), "=", 0)}
 	var thenOps, elseOps []clientv3.Op
 	var hint firstHint
@@ -317,8 +317,7 @@ func (b *Backend) create(ctx context.Context, req driver.Request, s *session, pr
 		// alone, and a stale limit key or tail on a lock without members makes
 		// the attempt clear them and try again.
 		thenOps = []clientv3.Op{clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(limitKey(prefix)), "=", 0).WithRange(clientv3.GetPrefixRangeEnd(prefix))},
-			[]clientv3.Op{put, putTail}, []clientv3.Op{firstOp(prefix)})}
+			[]clientv3.Cmp{freeCmp(prefix)}, []clientv3.Op{put, putTail}, []clientv3.Op{firstOp(prefix)})}
 		elseOps = []clientv3.Op{clientv3.OpGet(member), firstKeyOp(prefix)}
 	}
 	resp, err := b.cli.Txn(ctx).
@@ -327,6 +326,25 @@ func (b *Backend) create(ctx context.Context, req driver.Request, s *session, pr
 		Else(elseOps...).
 		Commit()
 	return resp, hint, err
+}
+
+// mutexPut writes the member key of a mutex request on session s's lease.
+func mutexPut(member string, req driver.Request, s *session) clientv3.Op {
+	return clientv3.OpPut(member, memberValue(req.Owner, 1, req.Value), clientv3.WithLease(s.id))
+}
+
+// tailPut makes member the lock's tail (see tailSep), on session s's lease.
+func tailPut(prefix, member string, s *session) clientv3.Op {
+	return clientv3.OpPut(tailKey(prefix), member, clientv3.WithLease(s.id))
+}
+
+// freeCmp holds when the lock has no member: it asks that of the range from the
+// limit key to the end of the members, which holds the tail too, so a stale limit
+// key or tail (see limitSep) fails it as well; the caller then clears them and
+// tries again. On an empty range etcd compares a key that does not exist (create
+// revision 0), so a free lock passes (TestFreeCmp checks it on the server).
+func freeCmp(prefix string) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(limitKey(prefix)), "=", 0).WithRange(clientv3.GetPrefixRangeEnd(prefix))
 }
 
 // created finishes an attempt whose write went through (resp): a TryLock's took the

@@ -107,7 +107,7 @@ func (b *Backend) sharedTry(ctx context.Context, s *session, prefix, member stri
 			If(clientv3.Compare(clientv3.CreateRevision(member), "=", 0),
 				clientv3.Compare(clientv3.CreateRevision(limitKey(prefix)), "=", 0),
 				clientv3.Compare(clientv3.CreateRevision(prefix), "<", g.Header.Revision+1).WithPrefix()).
-			Then(put, clientv3.OpPut(tailKey(prefix), member, clientv3.WithLease(s.id))).
+			Then(put, tailPut(prefix, member, s)).
 			Commit()
 		if err != nil {
 			return driver.Grant{}, leaseErr(err)
