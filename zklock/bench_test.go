@@ -132,3 +132,12 @@ func BenchmarkReaders(b *testing.B) {
 		drivertest.BenchReaders(b, harness(b, srv), r, 5*time.Millisecond)
 	}
 }
+
+// BenchmarkMultiKey: sets of 2, 4 and 8 free keys taken with LockAll (one multi,
+// see AcquireAll) and released, against the same keys locked one by one.
+func BenchmarkMultiKey(b *testing.B) {
+	srv := testserver.StartZooKeeper(b)
+	for _, n := range []int{2, 4, 8} {
+		drivertest.BenchMultiKey(b, harness(b, srv), n)
+	}
+}

@@ -164,6 +164,29 @@
 // if another connection of the owner id changed the value meanwhile. An attempt
 // that re-enters a grant (driver.Request.Reenter) writes its own value.
 //
+// # Several keys at once
+//
+// LockAll and TryLockAll (driver.MultiAcquirer) create a contender child under every
+// key of the set in one ZooKeeper multi, all or none, as Acquire creates one; one
+// round trip then lists every key's queue and reads each new child's stat (its czxid
+// is the token, one zxid for the whole set). If every child is the lowest of its
+// queue, the set is granted: each grant is Acquire's, renewed, released, inspected
+// and watched like any other. Otherwise one more multi deletes them all and the
+// attempt fails with ErrLocked naming the first key whose child was not the lowest
+// (a LockAll then takes the keys one by one in key order). A multi cannot make a
+// create conditional on a node having no children, so the check follows the create,
+// and this is not one invisible step: until the withdrawal, which takes a round
+// trip, others see the set's children. A key of the set that was free looks held
+// then (Inspect, Holders and holder watches may report the set's owner for that
+// moment, and a TryLock of it is refused); a Lock queued meanwhile behind such a
+// child is woken by its deletion and proceeds; a semaphore's attempt checked
+// against such a child is refused with ErrLimitMismatch, as against any mutex's
+// child. The children queue like any contender's, so each key stays exclusive and
+// its tokens rise; but the set's hold on a key begins when its child there becomes
+// the lowest, which for a key whose holder releases between the multi and the
+// listing is later than for the others. Uncontended, a set costs two round trips
+// and 1+2n requests (the multi, n listings, n stats), and its release n deletes.
+//
 // # Holder watching
 //
 // WatchHolder (driver.HolderWatcher) sets two watches on the backend's session: on
@@ -266,7 +289,8 @@ const (
 
 // Backend is the ZooKeeper backend. It implements driver.Backend, driver.Notifier,
 // driver.Bounder, driver.Inspector, driver.ForceReleaser, driver.Valuer,
-// driver.Semaphorer, driver.Sharer and driver.HolderWatcher, and is safe for
+// driver.Semaphorer, driver.Sharer, driver.HolderWatcher and
+// driver.MultiAcquirer, and is safe for
 // concurrent use. It holds
 // one ZooKeeper session; Close ends it, which deletes every node it still has.
 type Backend struct {
