@@ -118,3 +118,13 @@ func BenchmarkReaders(b *testing.B) {
 		drivertest.BenchReaders(b, harness(b, srv), r, 5*time.Millisecond)
 	}
 }
+
+// BenchmarkMultiKey: LockAll+Release of a free set of 2, 4 and 8 keys, taken in one
+// batch (one transaction and round trip: AcquireAll), beside the keys taken one by
+// one.
+func BenchmarkMultiKey(b *testing.B) {
+	srv := testserver.StartPostgres(b)
+	for _, n := range []int{2, 4, 8} {
+		drivertest.BenchMultiKey(b, harness(b, srv), n)
+	}
+}

@@ -162,6 +162,23 @@
 // own: behind a transaction-pooling proxy (PgBouncer in transaction mode) wake-ups are
 // lost, advisory locks do not hold, and waiters fall back to their retry timer.
 //
+// # Several keys at once
+//
+// dlock.Client.LockAll and TryLockAll (driver.MultiAcquirer) take a free set of
+// keys in one transaction and one round trip: a first statement locks the rows of
+// the set's keys that have one, in ascending key order (so two sets never deadlock
+// in the server); a second decides on every key as an attempt that will not wait
+// would (no live holder, no live reservation for a waiter, no live place queued,
+// and no semaphore's or read-write key's state row) and, only if all are free,
+// inserts or takes each key's row, each with its own token from the sequence, and
+// notifies the keys' watches; a third gives the inserted rows their tokens. Nobody
+// sees part of the set held. A key whose row another client inserts or locks
+// between the statements fails the transaction, which then changes nothing, and
+// the attempt runs again. A set that is not free is refused with nothing written
+// (LockAll then takes the keys one by one, waiting in each key's queue); a
+// semaphore's key in it is a limit mismatch, as for Lock, and a read-write key's
+// is reported taken (LockAll then takes it as Lock would).
+//
 // # Values and holder watches
 //
 // The value of a grant (driver.Valuer: dlock.WithValue, an election's leader

@@ -14,10 +14,12 @@ import (
 // (WithTable, identRE) and quoted (pgx.Identifier.Sanitize), {{.Seq}} the sequence's
 // name and {{.WatchChannel}} the channel as quoted SQL literals, {{.TableID}} a
 // number, {{.Permits}} the permit table's identifier (validated and quoted like
-// the table's). acquire.sql has one variant with the row lock and one without
-// ({{.Lock}}), fast_acquire.sql one with a value and one without ({{.Value}});
+// the table's), {{.Key}} an SQL expression naming the key a fragment is about (a
+// fixed string in the .sql files, see WithKey). acquire.sql has one variant with
+// the row lock and one without ({{.Lock}}), fast_acquire.sql one with a value and one without ({{.Value}});
 // hand_off.sql and sem_hand_off.sql take their condition ({{.Cond}}) from the fixed strings in
-// loadStatements, never from input.
+// loadStatements, never from input; lock_row.sql and stamp.sql have a variant for
+// an array of keys ({{.Multi}}), for acquire_all.sql.
 //
 //go:embed sql/*.sql
 var sqlFiles embed.FS
@@ -33,6 +35,15 @@ type sqlData struct {
 	Lock, Value  bool
 	Wake         bool
 	Cond         string
+	Multi        bool   // the statement is about an array of keys, $1
+	Key          string // the key's expression in fragment "notify"; "" for $1::text
+}
+
+// WithKey is d for fragment "notify" about the key that the SQL expression key
+// names (a column of a row of several keys' statement) instead of $1.
+func (d sqlData) WithKey(key string) sqlData {
+	d.Key = key
+	return d
 }
 
 // render runs the template of file name (in sql/) with d.
@@ -52,7 +63,11 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 	handOff := func(cond string) string { return render("hand_off", with(func(c *sqlData) { c.Cond = cond })) }
 	semHandOff := func(cond string) string { return render("sem_hand_off", with(func(c *sqlData) { c.Cond = cond })) }
 	return statements{
-		stamp:       render("stamp", d),
+		stamp: render("stamp", d),
+		// AcquireAll: see acquire_all.sql.
+		lockRows:    render("lock_row", with(func(c *sqlData) { c.Multi = true })),
+		acquireAll:  render("acquire_all", d),
+		stampAll:    render("stamp", with(func(c *sqlData) { c.Multi = true })),
 		fastAcquire: render("fast_acquire", d),
 		// With a value: the uncontended path without one sends no parameter for it.
 		fastAcquireValue: render("fast_acquire", with(func(c *sqlData) { c.Value = true })),

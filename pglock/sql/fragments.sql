@@ -5,12 +5,14 @@ sequence as a quoted SQL string literal), .TableID (the table's oid, a number),
 .WatchChannel (the table's holder-watch channel as a quoted SQL string literal).
 
 us: multiplies a bigint of microseconds into an interval.
-placeRange: selects the place rows p of key $1 (key || chr(2) || place number).
+placeRange: selects the place rows p of key $1 (key || chr(2) || place number); called
+with a string (template "placeRange" "k.key"), of the key that expression names.
 placeLive: holds for a live place p: unexpired, or its client still holds its
 advisory lock (a try that succeeds means no one holds it; the transaction's own
 hold ends at commit).
 notify (called with the data, template "notify" .): true, and on the way tells the
-watches of key $1 (HolderWatcher) that its holder or value may have changed. A
+watches of key $1 (HolderWatcher) that its holder or value may have changed; called
+with (.WithKey "g.key"), of the key that expression names (sqlData.WithKey). A
 client watching the key holds a shared advisory lock on the key's hash (watchID
 in watch.go) on its listening connection; only if this transaction cannot take
 that lock exclusively does it pg_notify the table's watch channel with the key,
@@ -19,6 +21,6 @@ succeeds holds the lock to commit, and a watch takes its lock only after that:
 a change that notifies no one is committed before the watch starts.
 */}}
 {{- define "us"}} * interval '1 microsecond'{{end -}}
-{{- define "placeRange"}}p.key > $1::text || chr(2) AND p.key < $1::text || chr(3){{end -}}
+{{- define "placeRange"}}{{$k := or . "$1::text"}}p.key > {{$k}} || chr(2) AND p.key < {{$k}} || chr(3){{end -}}
 {{- define "placeLive"}}(p.expires_at > now() OR NOT pg_try_advisory_xact_lock(('x' || substr(p.queue_channel[1], 7, 16))::bit(64)::bigint)){{end -}}
-{{- define "notify"}}(CASE WHEN pg_try_advisory_xact_lock(hashtextextended($1::text COLLATE "C", {{.TableID}})) THEN true ELSE pg_notify({{.WatchChannel}}, $1::text) IS NOT NULL END){{end -}}
+{{- define "notify"}}{{$k := or .Key "$1::text"}}(CASE WHEN pg_try_advisory_xact_lock(hashtextextended({{$k}} COLLATE "C", {{.TableID}})) THEN true ELSE pg_notify({{.WatchChannel}}, {{$k}}) IS NOT NULL END){{end -}}
