@@ -153,8 +153,26 @@ func releaseAll(ctx context.Context, leases []*Lease) []error {
 }
 
 // acquireAll makes the one atomic attempt at keys (sorted, at least two) for a
-// generated owner id.
-func (c *Client) acquireAll(ctx context.Context, multi driver.MultiAcquirer, keys []string, owner string, cfg *config) (*MultiLease, error) {
+// generated owner id. Each key counts as a lock call of its own for the observer.
+func (c *Client) acquireAll(ctx context.Context, multi driver.MultiAcquirer, keys []string, owner string, cfg *config) (m *MultiLease, err error) {
+	calls := make([]uint64, len(keys))
+	if c.obs != nil {
+		begun := cfg.clock.Now()
+		for i, k := range keys {
+			calls[i] = c.calls.Add(1)
+			c.event(ctx, EventRequested, calls[i], k, owner, cfg, 0, 0, nil)
+		}
+		defer func() {
+			took := cfg.clock.Now().Sub(begun)
+			for i, k := range keys {
+				if err != nil {
+					c.event(ctx, EventFailed, calls[i], k, owner, cfg, 0, took, err)
+				} else {
+					c.event(ctx, EventGranted, calls[i], k, owner, cfg, m.leases[i].Token(), took, nil)
+				}
+			}
+		}()
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -197,6 +215,7 @@ func (c *Client) acquireAll(ctx context.Context, multi driver.MultiAcquirer, key
 				ErrValidityTooShort, len(keys), now.Sub(sent).Round(time.Microsecond), cfg.validity(), cfg.ttl))
 		}
 		gs[i] = newGrant(k, owner, cfg, grs[i], sent, deadline, cut)
+		gs[i].call = calls[i]
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
