@@ -114,16 +114,16 @@ func (c *Client) lockAs(ctx context.Context, key, owner string, generated bool, 
 	}
 	call := c.calls.Add(1)
 	begun := cfg.clock.Now()
-	c.event(ctx, EventRequested, call, key, owner, cfg, 0, 0, nil)
+	c.event(ctx, EventRequested, call, 0, key, owner, cfg, 0, 0, nil)
 	l, err := c.lockSlot(ctx, key, owner, generated, cfg, wait, call)
 	took := cfg.clock.Now().Sub(begun)
 	switch {
 	case err != nil:
-		c.event(ctx, EventFailed, call, key, owner, cfg, 0, took, err)
+		c.event(ctx, EventFailed, call, 0, key, owner, cfg, 0, took, err)
 	case l.g.call != call:
-		c.event(ctx, EventReentered, call, key, owner, cfg, l.Token(), took, nil)
+		c.event(ctx, EventReentered, call, l.g.call, key, owner, cfg, l.Token(), took, nil)
 	default:
-		c.event(ctx, EventGranted, call, key, owner, cfg, l.Token(), took, nil)
+		c.event(ctx, EventGranted, call, call, key, owner, cfg, l.Token(), took, nil)
 	}
 	return l, err
 }

@@ -160,15 +160,15 @@ func (c *Client) acquireAll(ctx context.Context, multi driver.MultiAcquirer, key
 		begun := cfg.clock.Now()
 		for i, k := range keys {
 			calls[i] = c.calls.Add(1)
-			c.event(ctx, EventRequested, calls[i], k, owner, cfg, 0, 0, nil)
+			c.event(ctx, EventRequested, calls[i], 0, k, owner, cfg, 0, 0, nil)
 		}
 		defer func() {
 			took := cfg.clock.Now().Sub(begun)
 			for i, k := range keys {
 				if err != nil {
-					c.event(ctx, EventFailed, calls[i], k, owner, cfg, 0, took, err)
+					c.event(ctx, EventFailed, calls[i], 0, k, owner, cfg, 0, took, err)
 				} else {
-					c.event(ctx, EventGranted, calls[i], k, owner, cfg, m.leases[i].Token(), took, nil)
+					c.event(ctx, EventGranted, calls[i], calls[i], k, owner, cfg, m.leases[i].Token(), took, nil)
 				}
 			}
 		}()

@@ -77,11 +77,14 @@ func (k EventKind) String() string {
 // Event is one thing that happened to a lock call or a lease (see Observer).
 type Event struct {
 	Kind EventKind
-	// Call identifies the lock call that made the grant: every event of one
-	// lease (requested, granted, renewed, lost, released) has the same Call, and
-	// a re-entry has the Call of the grant it joined. Calls of one Client are
-	// numbered from 1.
-	Call uint64
+	// Call numbers the lock call (from 1, per Client) for the events of a call:
+	// requested, waited, granted, failed, reentered. Grant numbers the grant
+	// they concern: the Call that made it. A grant's own events (renewed, renew
+	// failed, lost, released) have Call == Grant; a re-entry has its own Call
+	// and the Grant it joined, whose leases are then released one by one (one
+	// released event each) until the last frees it. Grant is 0 before a grant.
+	Call  uint64
+	Grant uint64
 	// Backend is the backend package's name: "redislock", "etcdlock", "memlock", ...
 	Backend string
 	Key     string
@@ -128,14 +131,14 @@ func backendName(b driver.Backend) string {
 // event reports e, filled with the call's grant or request fields, to the
 // client's observer. Callers check c.obs first, so an unobserved client pays one
 // nil check.
-func (c *Client) event(ctx context.Context, kind EventKind, call uint64, key, owner string, cfg *config, tok Token, d time.Duration, err error) {
+func (c *Client) event(ctx context.Context, kind EventKind, call, grant uint64, key, owner string, cfg *config, tok Token, d time.Duration, err error) {
 	c.obs.Observe(ctx, Event{
-		Kind: kind, Call: call, Backend: c.name, Key: key, Owner: owner, Token: tok,
+		Kind: kind, Call: call, Grant: grant, Backend: c.name, Key: key, Owner: owner, Token: tok,
 		Shared: cfg.shared, Limit: cfg.limit, Duration: d, Err: err,
 	})
 }
 
 // grantEvent reports an event of grant g.
 func (g *grant) event(ctx context.Context, kind EventKind, d time.Duration, err error) {
-	g.c.event(ctx, kind, g.call, g.key, g.owner, g.cfg, g.token, d, err)
+	g.c.event(ctx, kind, g.call, g.call, g.key, g.owner, g.cfg, g.token, d, err)
 }

@@ -90,6 +90,9 @@ func TestObserverEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if ev := rec.all(); len(ev) != 2 || ev[1].Grant != 1 || ev[1].Call != 2 {
+		t.Fatalf("re-entry events %+v: want call 2 joining grant 1", ev)
+	}
 	wantEvents(t, rec.take(), "requested k 0 0s", "reentered k 1 0s")
 	if _, err := c.TryLock(ctx, "k"); !errors.Is(err, dlock.ErrLocked) {
 		t.Fatal(err)
@@ -133,7 +136,7 @@ func TestObserverEvents(t *testing.T) {
 	w := <-got
 	ev := rec.all()
 	wantEvents(t, rec.take(), "requested w 0 0s", "waited w 0 2s", "granted w 2 2s")
-	if ev[0].Call != ev[2].Call || ev[0].Owner != w.Owner() || ev[0].Backend != "dlock_test" {
+	if ev[0].Call != ev[2].Call || ev[2].Grant != ev[2].Call || ev[0].Grant != 0 || ev[0].Owner != w.Owner() || ev[0].Backend != "dlock_test" {
 		t.Fatalf("events of one call: %+v", ev)
 	}
 

@@ -55,7 +55,11 @@ func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wai
 	defer func() {
 		c.afterObtain(ctx, key, owner, cfg, generated, &st, g != nil)
 		if c.obs != nil && !st.waitFrom.IsZero() {
-			c.event(ctx, EventWaited, call, key, owner, cfg, 0, cfg.clock.Now().Sub(st.waitFrom), err)
+			grant := uint64(0)
+			if g != nil {
+				grant = call
+			}
+			c.event(ctx, EventWaited, call, grant, key, owner, cfg, 0, cfg.clock.Now().Sub(st.waitFrom), err)
 		}
 	}()
 	return c.attempts(ctx, key, owner, cfg, wait, generated, &st)
