@@ -112,7 +112,7 @@ func (c *Client) lockAs(ctx context.Context, key, owner string, generated bool, 
 	if c.obs == nil {
 		return c.lockSlot(ctx, key, owner, generated, cfg, wait, 0)
 	}
-	call := c.calls.Add(1)
+	call := calls.Add(1)
 	begun := cfg.clock.Now()
 	c.event(ctx, EventRequested, call, 0, key, owner, cfg, 0, 0, nil)
 	l, err := c.lockSlot(ctx, key, owner, generated, cfg, wait, call)

@@ -7,7 +7,6 @@ import (
 	mrand "math/rand/v2"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/dlockio/dlock/clock"
@@ -31,9 +30,8 @@ type Client struct {
 	sem      driver.Semaphorer    // nil unless keys can have several holders
 	shares   bool                 // the backend honours Request.Shared
 	cfg      config
-	obs      Observer      // the events' observer, or nil
-	name     string        // the backend's package name, for events
-	calls    atomic.Uint64 // lock calls numbered for events
+	obs      Observer // the events' observer, or nil
+	name     string   // the backend's package name, for events
 
 	closing chan struct{} // closed by Close
 	wg      sync.WaitGroup

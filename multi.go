@@ -155,20 +155,20 @@ func releaseAll(ctx context.Context, leases []*Lease) []error {
 // acquireAll makes the one atomic attempt at keys (sorted, at least two) for a
 // generated owner id. Each key counts as a lock call of its own for the observer.
 func (c *Client) acquireAll(ctx context.Context, multi driver.MultiAcquirer, keys []string, owner string, cfg *config) (m *MultiLease, err error) {
-	calls := make([]uint64, len(keys))
+	ids := make([]uint64, len(keys))
 	if c.obs != nil {
 		begun := cfg.clock.Now()
 		for i, k := range keys {
-			calls[i] = c.calls.Add(1)
-			c.event(ctx, EventRequested, calls[i], 0, k, owner, cfg, 0, 0, nil)
+			ids[i] = calls.Add(1)
+			c.event(ctx, EventRequested, ids[i], 0, k, owner, cfg, 0, 0, nil)
 		}
 		defer func() {
 			took := cfg.clock.Now().Sub(begun)
 			for i, k := range keys {
 				if err != nil {
-					c.event(ctx, EventFailed, calls[i], 0, k, owner, cfg, 0, took, err)
+					c.event(ctx, EventFailed, ids[i], 0, k, owner, cfg, 0, took, err)
 				} else {
-					c.event(ctx, EventGranted, calls[i], calls[i], k, owner, cfg, m.leases[i].Token(), took, nil)
+					c.event(ctx, EventGranted, ids[i], ids[i], k, owner, cfg, m.leases[i].Token(), took, nil)
 				}
 			}
 		}()
@@ -215,7 +215,7 @@ func (c *Client) acquireAll(ctx context.Context, multi driver.MultiAcquirer, key
 				ErrValidityTooShort, len(keys), now.Sub(sent).Round(time.Microsecond), cfg.validity(), cfg.ttl))
 		}
 		gs[i] = newGrant(k, owner, cfg, grs[i], sent, deadline, cut)
-		gs[i].call = calls[i]
+		gs[i].call = ids[i]
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

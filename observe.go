@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlockio/dlock/driver"
@@ -77,7 +78,7 @@ func (k EventKind) String() string {
 // Event is one thing that happened to a lock call or a lease (see Observer).
 type Event struct {
 	Kind EventKind
-	// Call numbers the lock call (from 1, per Client) for the events of a call:
+	// Call numbers the lock call (from 1, in the process) for the events of a call:
 	// requested, waited, granted, failed, reentered. Grant numbers the grant
 	// they concern: the Call that made it. A grant's own events (renewed, renew
 	// failed, lost, released) have Call == Grant; a re-entry has its own Call
@@ -98,7 +99,14 @@ type Event struct {
 	Duration time.Duration
 	// Err is the error or cause, for the kinds that have one.
 	Err error
+	// Freed, for EventReleased, says that the grant has ended: this was its last
+	// lease (or Close released it), or it had been lost.
+	Freed bool
 }
+
+// calls numbers lock calls for events, across clients, so that adapters may key
+// their state by Event.Grant.
+var calls atomic.Uint64
 
 // WithObserver makes the client report every lock call, wait, grant, renewal,
 // loss and release to o (see Observer). Without it the events cost nothing.
@@ -138,7 +146,11 @@ func (c *Client) event(ctx context.Context, kind EventKind, call, grant uint64, 
 	})
 }
 
-// grantEvent reports an event of grant g.
+// event reports an event of grant g.
 func (g *grant) event(ctx context.Context, kind EventKind, d time.Duration, err error) {
-	g.c.event(ctx, kind, g.call, g.call, g.key, g.owner, g.cfg, g.token, d, err)
+	c := g.c
+	c.obs.Observe(ctx, Event{
+		Kind: kind, Call: g.call, Grant: g.call, Backend: c.name, Key: g.key, Owner: g.owner, Token: g.token,
+		Shared: g.cfg.shared, Limit: g.cfg.limit, Duration: d, Err: err, Freed: kind == EventReleased && g.ended(),
+	})
 }

@@ -81,6 +81,7 @@ func TestObserverEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	first := rec.all()[1].Grant
 	wantEvents(t, rec.take(), "requested k 0 0s", "granted k 1 0s")
 	clk.BlockUntil(1)
 	clk.Advance(3 * time.Second)
@@ -90,8 +91,8 @@ func TestObserverEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ev := rec.all(); len(ev) != 2 || ev[1].Grant != 1 || ev[1].Call != 2 {
-		t.Fatalf("re-entry events %+v: want call 2 joining grant 1", ev)
+	if ev := rec.all(); len(ev) != 2 || ev[1].Grant != first || ev[1].Call != ev[0].Call || ev[1].Call == first {
+		t.Fatalf("re-entry events %+v: want a call of its own joining grant %d", ev, first)
 	}
 	wantEvents(t, rec.take(), "requested k 0 0s", "reentered k 1 0s")
 	if _, err := c.TryLock(ctx, "k"); !errors.Is(err, dlock.ErrLocked) {
@@ -104,6 +105,9 @@ func TestObserverEvents(t *testing.T) {
 	clk.Advance(time.Second)
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if ev := rec.all(); len(ev) != 2 || ev[0].Freed || !ev[1].Freed {
+		t.Fatalf("released events %+v: want the second to free the grant", ev)
 	}
 	wantEvents(t, rec.take(), "released k 1 3s", "released k 1 4s")
 
