@@ -110,7 +110,8 @@
 // nothing. A shared attempt on a semaphore's key (limit > 1) fails with
 // driver.ErrLimitMismatch, as does a semaphore's attempt on readers' key. Holders
 // lists readers with Info.Shared, and Inspect tells whether the oldest holder is
-// one. State an earlier version wrote (a mutex, its places, a semaphore's hash)
+// one. Queue (driver.Queuer) lists the live queued places in serving order, readers
+// marked Shared, each with its value, in one read-only script (queue.lua). State an earlier version wrote (a mutex, its places, a semaphore's hash)
 // has no shared mark and reads as exclusive.
 //
 // # Values
@@ -229,8 +230,8 @@ func init() {
 }
 
 // Backend is the Redis backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.Semaphorer and
-// driver.HolderWatcher, and is safe for concurrent use.
+// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.Semaphorer,
+// driver.Queuer and driver.HolderWatcher, and is safe for concurrent use.
 type Backend struct {
 	config
 	rdb    redis.UniversalClient

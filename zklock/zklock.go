@@ -108,7 +108,8 @@
 // Inspect reports the oldest holder, with Waiters counting the places queued behind
 // the N; Holders lists the queue and reads the holders' nodes (N reads in one round
 // trip); ForceRelease deletes the N holders' children; the holder watch watches
-// every holder's data.
+// every holder's data. Queue (driver.Queuer) lists the places behind the holders in
+// sequence order, readers marked Shared, and reads their nodes for their values.
 //
 // # Read-write locks
 //
@@ -289,7 +290,7 @@ const (
 
 // Backend is the ZooKeeper backend. It implements driver.Backend, driver.Notifier,
 // driver.Bounder, driver.Inspector, driver.ForceReleaser, driver.Valuer,
-// driver.Semaphorer, driver.Sharer, driver.HolderWatcher and
+// driver.Semaphorer, driver.Sharer, driver.Queuer, driver.HolderWatcher and
 // driver.MultiAcquirer, and is safe for
 // concurrent use. It holds
 // one ZooKeeper session; Close ends it, which deletes every node it still has.
@@ -354,6 +355,7 @@ var (
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
 	_ driver.Sharer        = (*Backend)(nil)
+	_ driver.Queuer        = (*Backend)(nil)
 )
 
 // Conn returns the ZooKeeper connection.
