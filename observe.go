@@ -108,6 +108,18 @@ type Event struct {
 // their state by Event.Grant.
 var calls atomic.Uint64
 
+// Mode names the lock call's kind for metrics and traces: "exclusive", "shared"
+// (WithShared) or "semaphore" (WithLimit above 1).
+func (e Event) Mode() string {
+	switch {
+	case e.Shared:
+		return "shared"
+	case e.Limit > 1:
+		return "semaphore"
+	}
+	return "exclusive"
+}
+
 // WithObserver makes the client report every lock call, wait, grant, renewal,
 // loss and release to o (see Observer). Without it the events cost nothing.
 func WithObserver(o Observer) Option {
