@@ -6,6 +6,7 @@ require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/dlockio/dlock v0.0.0-00010101000000-000000000000
+	github.com/dlockio/dlock/dlockprom v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/redis/go-redis/v9 v9.23.0
@@ -101,4 +102,7 @@ require (
 // The library and the command are developed together: go.work at the repository
 // root joins them, and this replacement lets the command's module be tidied and
 // built on its own (GOWORK=off) from a checkout.
-replace github.com/dlockio/dlock => ../..
+replace (
+	github.com/dlockio/dlock => ../..
+	github.com/dlockio/dlock/dlockprom => ../../dlockprom
+)
