@@ -53,6 +53,9 @@
 //   - Queuer: lists the queued places of a key (who waits, reader or writer),
 //     for dlock.Client.Waiters and dlock inspect. Without it Client.Waiters
 //     returns an error matching ErrUnsupported; locking does not use it.
+//   - Lister: lists every held key under a prefix, for dlock.Client.List and
+//     dlock list. Without it Client.List returns an error matching
+//     ErrUnsupported; locking does not use it.
 //   - HolderWatcher: tells when the holder of a key or its value may have
 //     changed, for dlock.Client.Observe. Without it Observe reads the holder
 //     again at a fixed interval (dlock.WithObserveInterval), so it learns of a
@@ -419,6 +422,17 @@ type Queuer interface {
 	// place already granted (handed over, not yet claimed) is a holder, not a
 	// queued place. No places is an empty list, not an error.
 	Queue(ctx context.Context, key string) ([]Info, error)
+}
+
+// Lister is implemented by backends that can enumerate the keys they hold.
+type Lister interface {
+	// List returns the live holders of every key that starts with prefix (every
+	// key for ""), ordered by key and, within a key, oldest grant first: one Info
+	// per holder (a semaphore's or readers' key has several), with Waiters as
+	// Inspect reports it. Expired grants are not listed; a key with queued
+	// places but no holder is not listed. It may read every lock of the
+	// backend's namespace: an administrative call, not one for a hot path.
+	List(ctx context.Context, prefix string) ([]Info, error)
 }
 
 // HolderWatcher is implemented by backends that can tell when the holder of a key

@@ -206,3 +206,47 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// dlock list shows every held key under a prefix, one line per holder, in text
+// and JSON; Redlock, which cannot list, is a usage error.
+func TestList(t *testing.T) {
+	ctx := context.Background()
+	url := "mem://list"
+	c, err := dlock.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, err := c.Lock(ctx, "orders/1", dlock.WithValue([]byte("host a")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Lock(ctx, "orders/2", dlock.WithShared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := c.Lock(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := run("list", "--backend", url, "orders/")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "KEY") ||
+		!strings.HasPrefix(lines[1], "orders/1  "+a.Owner()) || !strings.Contains(lines[1], `exclusive  "host a"`) ||
+		!strings.HasPrefix(lines[2], "orders/2  "+r.Owner()) || !strings.Contains(lines[2], "shared") {
+		t.Fatalf("list: exit %d, %q %q", code, out, errs)
+	}
+	code, out, _ = run("list", "--json", "--backend", url)
+	if code != 0 || strings.Count(out, `"key"`) != 3 || !strings.Contains(out, `"key": "other"`) {
+		t.Fatalf("list --json: exit %d, %q", code, out)
+	}
+	for _, l := range []*dlock.Lease{a, r, o} {
+		_ = l.Release(ctx)
+	}
+	if code, out, _ := run("list", "--backend", url, "orders/"); code != 0 || out != "no locks held under \"orders/\"\n" {
+		t.Fatalf("list of nothing: exit %d, %q", code, out)
+	}
+	if code, _, errs := run("list", "--backend", url, "a", "b"); code != 64 {
+		t.Fatalf("two prefixes: exit %d: %s", code, errs)
+	}
+}
