@@ -46,6 +46,7 @@ type targetEnv struct {
 	cycCalls [2]int64
 	flOps    [2]int64 // server ops, floor cycles
 	overlaps int64
+	peer     *peerDef // set for a peer (see peers.go): no floor, driver or growth
 }
 
 func openTarget(ctx context.Context, cfg Config, t Target, br *BackendResult, runID string) (*targetEnv, error) {
@@ -149,6 +150,9 @@ func (e *targetEnv) key(name string) string { return e.keys + name }
 // peers are what the dlock cycles of workload name are paired with: the floor and
 // the raw driver, each on a key of its own.
 func (e *targetEnv) peers(name string) measure.CyclePeers {
+	if e.obs == nil {
+		return measure.CyclePeers{} // a peer (peers.go) runs its own cycles alone
+	}
 	p := measure.CyclePeers{Driver: e.obs, DriverKey: e.key(name + "-driver")}
 	if e.floor != nil {
 		p.Floor, p.FloorKey = e.floor, e.key(name+"-floor")
@@ -245,6 +249,9 @@ func (e *targetEnv) hotKey(ctx context.Context, d time.Duration) error {
 }
 
 func (e *targetEnv) growth(ctx context.Context) error {
+	if e.peer != nil {
+		return nil // no queue to inspect, no server counts: not a peer's workload
+	}
 	// What an uncontended cycle costs, through dlock and on the floor.
 	const n = 50
 	{
