@@ -171,31 +171,44 @@ func (b *peerBackend) Close() error {
 	return b.c.close()
 }
 
-// openPeer connects a peer's workers to the servers of target t.
+// openPeer prepares a peer on the servers of target t and checks that its workers
+// connect. A peer holds its connections only while it runs (see connectPeer), so
+// that the peers do not take the connections the dlock backends' long waiter chains
+// need (PostgreSQL's max_connections).
 func openPeer(ctx context.Context, cfg Config, p peerDef, t Target, br *BackendResult, runID string) (*targetEnv, error) {
 	u, err := driver.ParseURL(t.URL)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	e := &targetEnv{cfg: cfg, res: br, keys: "dlock-bench." + runID + ".peer-" + strings.ReplaceAll(p.name, "/", "-") + ".", peer: &p}
+	e := &targetEnv{cfg: cfg, res: br, keys: "dlock-bench." + runID + ".peer-" + strings.ReplaceAll(p.name, "/", "-") + ".", peer: &p, peerURL: u}
+	if err := e.connectPeer(ctx); err != nil {
+		return nil, err
+	}
+	e.close()
+	return e, nil
+}
+
+// connectPeer connects each of the peer's workers (one connection, or one per
+// Redlock master, each), wrapped for the loops as a dlock.Client.
+func (e *targetEnv) connectPeer(ctx context.Context) error {
 	octx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	for range cfg.Workers {
-		c, err := p.open(octx, u)
+	for range e.cfg.Workers {
+		c, err := e.peer.open(octx, e.peerURL)
 		if err != nil {
 			e.close()
-			return nil, fmt.Errorf("bench: peer %s: %w", p.name, err)
+			return fmt.Errorf("bench: peer %s: %w", e.peer.name, err)
 		}
 		b := newPeerBackend(c)
 		e.raw = append(e.raw, b)
 		cl, err := dlock.New(b, dlock.WithTTL(time.Hour))
 		if err != nil {
 			e.close()
-			return nil, err
+			return err
 		}
 		e.cl = append(e.cl, cl)
 	}
-	return e, nil
+	return nil
 }
 
 // redisOptions reads a redis://, rediss:// or unix:// dlock URL as go-redis options:
@@ -392,7 +405,7 @@ func openEtcdMutex(ctx context.Context, u *url.URL) (peerConn, error) {
 	if err != nil {
 		return peerConn{}, err
 	}
-	s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(peerTTL/time.Second)), concurrency.WithContext(ctx))
+	s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(peerTTL/time.Second))) // kept alive until closed, not bound to ctx
 	if err != nil {
 		cli.Close()
 		return peerConn{}, err

@@ -263,13 +263,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for i, e := range envs {
 		report(0, res.Backends[i].Name, WorkWarmUp)
 		if e != nil && cfg.WarmUp > 0 {
+			e.do(ctx, e.connect)
 			e.do(ctx, func(ctx context.Context) error { return e.warmUp(ctx, cfg.WarmUp) })
+			e.disconnect()
 		}
 	}
 	per := cfg.Duration / time.Duration(cfg.Rounds)
 	for round := 1; round <= cfg.Rounds; round++ {
 		for i, e := range envs {
 			name := res.Backends[i].Name
+			if e != nil {
+				e.do(ctx, e.connect)
+			}
 			for _, w := range []struct {
 				name string
 				f    func(context.Context) error
@@ -283,6 +288,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				if e != nil && res.Backends[i].can(w.name) {
 					e.do(ctx, w.f)
 				}
+			}
+			if e != nil {
+				e.disconnect()
 			}
 		}
 		if err := ctx.Err(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"time"
 
 	"github.com/dlockio/dlock"
@@ -47,6 +48,7 @@ type targetEnv struct {
 	flOps    [2]int64 // server ops, floor cycles
 	overlaps int64
 	peer     *peerDef // set for a peer (see peers.go): no floor, driver or growth
+	peerURL  *url.URL
 }
 
 func openTarget(ctx context.Context, cfg Config, t Target, br *BackendResult, runID string) (*targetEnv, error) {
@@ -386,5 +388,21 @@ func (e *targetEnv) finish() {
 			p.Cost.ServerOps = Float(measure.Ratio(float64(g.Ops), float64(g.Handoffs)))
 		}
 		br.Growth = append(br.Growth, p)
+	}
+}
+
+// connect opens a peer's connections for its turn in a round (a dlock backend stays
+// connected for the whole run).
+func (e *targetEnv) connect(ctx context.Context) error {
+	if e.peer == nil || len(e.cl) > 0 {
+		return nil
+	}
+	return e.connectPeer(ctx)
+}
+
+// disconnect closes a peer's connections after its turn.
+func (e *targetEnv) disconnect() {
+	if e.peer != nil {
+		e.close()
 	}
 }
