@@ -204,14 +204,7 @@ func queueOf(key string, kvs []*mvccpb.KeyValue) []driver.Info {
 	if len(kvs) == 0 {
 		return nil
 	}
-	held := 0
-	if sharedOf(kvs[0].Value) {
-		for held < len(kvs) && sharedOf(kvs[held].Value) {
-			held++
-		}
-	} else {
-		held = min(limitOf(kvs[0].Value), len(kvs))
-	}
+	held := heldCount(kvs)
 	places := make([]driver.Info, 0, len(kvs)-held)
 	for _, kv := range kvs[held:] {
 		owner, value := splitMember(kv.Value)
@@ -220,4 +213,21 @@ func queueOf(key string, kvs []*mvccpb.KeyValue) []driver.Info {
 		})
 	}
 	return places
+}
+
+// heldCount returns how many of kvs, the members of a lock sorted by create
+// revision, hold it: the first member, the first N of a semaphore of N, or the
+// readers at the front.
+func heldCount(kvs []*mvccpb.KeyValue) int {
+	if len(kvs) == 0 {
+		return 0
+	}
+	if !sharedOf(kvs[0].Value) {
+		return min(limitOf(kvs[0].Value), len(kvs))
+	}
+	held := 0
+	for held < len(kvs) && sharedOf(kvs[held].Value) {
+		held++
+	}
+	return held
 }

@@ -190,6 +190,7 @@
 // queued place needs no copy of it. SetValue is one UPDATE that compares the owner
 // and the expiry and leaves the expiry alone. The value is in the row of the grant,
 // so it is exactly as durable as the grant.
+// List (driver.Lister) reads the holders and values of every key under a prefix in one statement.
 //
 // A holder watch (driver.HolderWatcher, for dlock.Client.Observe) lives on the
 // client's listening connection, the one its waiters use: while any key is watched
@@ -405,6 +406,7 @@ var (
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
 	_ driver.Sharer        = (*Backend)(nil)
+	_ driver.Lister        = (*Backend)(nil)
 )
 
 // Shares implements driver.Sharer: the backend honours Request.Shared (read-write

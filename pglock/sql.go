@@ -58,6 +58,8 @@ type statements struct {
 
 	// Semaphores (Request.Limit > 1): see semaphore.go.
 	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders string
+
+	list, listMutex string // List: see list.go
 }
 
 // literal quotes s as an SQL string literal. Table names are validated identifiers,
