@@ -57,7 +57,7 @@ type statements struct {
 	lockRows, acquireAll, stampAll string
 
 	// Semaphores (Request.Limit > 1): see semaphore.go.
-	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders string
+	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders, queue string
 }
 
 // literal quotes s as an SQL string literal. Table names are validated identifiers,

@@ -104,5 +104,6 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		semWake:     render("sem_hand_off", with(func(c *sqlData) { c.Cond, c.Wake = "false", true })),
 		semSetValue: render("sem_set_value", d),
 		holders:     render("holders", d),
+		queue:       render("queue", d),
 	}
 }
