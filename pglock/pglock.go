@@ -281,7 +281,8 @@
 // BenchmarkSemaphoreCycle). Unlike a mutex's, a
 // queued semaphore waiter's fallback retry locks the state row (a row lock, no new
 // row version). Inspect reports the oldest holder (the lowest token); Holders
-// lists them all in one statement. Clients of versions before semaphores see a
+// lists them all in one statement, and Queue (driver.Queuer) the live places in
+// serving order, readers marked, values kept, in one statement. Clients of versions before semaphores see a
 // semaphore's key as held by owner '#' until its expiry bound passes, and treat its
 // waiters as their own: upgrade them together.
 //
@@ -378,7 +379,7 @@ const DefaultLinger = time.Minute
 
 // Backend is the PostgreSQL backend. It implements driver.Backend, driver.Notifier,
 // driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.HolderWatcher,
-// driver.Semaphorer and driver.Sharer, and is safe for concurrent use.
+// driver.Semaphorer, driver.Sharer and driver.Queuer, and is safe for concurrent use.
 type Backend struct {
 	config
 	pool    *pgxpool.Pool
@@ -407,6 +408,7 @@ var (
 	_ driver.Semaphorer    = (*Backend)(nil)
 	_ driver.Sharer        = (*Backend)(nil)
 	_ driver.Lister        = (*Backend)(nil)
+	_ driver.Queuer        = (*Backend)(nil)
 )
 
 // Shares implements driver.Sharer: the backend honours Request.Shared (read-write

@@ -221,3 +221,33 @@ func (b *Backend) setValue(ctx context.Context, key, owner string, value []byte)
 	}
 	return nil
 }
+
+// Queue implements driver.Queuer: the live places of key in the order they will
+// be served, a reader's place marked Shared, each with the value of its owner's
+// attempt, in one statement (the same liveness test as the acquiring and handing
+// statements). A place already handed over is a reserved grant, no longer a place.
+func (b *Backend) Queue(ctx context.Context, key string) ([]driver.Info, error) {
+	if b.closed.Load() {
+		return nil, driver.ErrClosed
+	}
+	rows, err := b.pool.Query(ctx, b.sql.queue, key)
+	if err != nil {
+		return nil, b.ctxErr(ctx, wrap("queue", key, err))
+	}
+	places := []driver.Info{}
+	for rows.Next() {
+		var owner string
+		var shared bool
+		var left int64
+		var value []byte
+		if err := rows.Scan(&owner, &shared, &left, &value); err != nil {
+			rows.Close()
+			return nil, b.ctxErr(ctx, wrap("queue", key, err))
+		}
+		places = append(places, driver.Info{Key: key, Owner: owner, TTL: time.Duration(max(left, 0)) * time.Microsecond, Waiters: -1, Value: value, Shared: shared})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, b.ctxErr(ctx, wrap("queue", key, err))
+	}
+	return places, nil
+}

@@ -57,7 +57,7 @@ type statements struct {
 	lockRows, acquireAll, stampAll string
 
 	// Semaphores (Request.Limit > 1): see semaphore.go.
-	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders string
+	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders, queue string
 
 	list, listMutex string // List: see list.go
 }

@@ -106,5 +106,6 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		holders:     render("holders", d),
 		list:        render("list", d),
 		listMutex:   render("list", with(func(c *sqlData) { c.Permits = "" })),
+		queue:       render("queue", d),
 	}
 }

@@ -53,13 +53,13 @@ WITH cur AS (
 	                 WHEN d.absent THEN 0 ELSE nextval({{.Seq}}::regclass) END AS token
 	FROM m d
 ), place AS (
-	INSERT INTO {{.Table}} (key, owner, token, expires_at, queue_channel)
+	INSERT INTO {{.Table}} (key, owner, token, expires_at, queue_channel, value)
 	SELECT $1::text || chr(2) || lpad(nextval({{.Seq}}::regclass)::text, 20, '0'), $2::text, $6::bigint,
-		now() + $6::bigint{{template "us"}}, ARRAY[$5::text]
+		now() + $6::bigint{{template "us"}}, ARRAY[$5::text], $10::bytea
 	FROM t WHERE NOT t.granted AND NOT t.absent AND $4::boolean AND NOT t.self AND NOT t.mismatch AND NOT EXISTS (SELECT FROM me){{if not .Lock}} AND false{{end}}
 	RETURNING key
 ), renew AS (
-	UPDATE {{.Table}} p SET expires_at = now() + $6::bigint{{template "us"}}, token = $6::bigint
+	UPDATE {{.Table}} p SET expires_at = now() + $6::bigint{{template "us"}}, token = $6::bigint, value = $10::bytea
 	FROM t WHERE p.key = $7::text AND p.owner = $2::text AND NOT t.granted AND $4::boolean AND NOT t.self AND NOT t.mismatch AND $8::boolean
 	RETURNING 1
 ), dropped AS (

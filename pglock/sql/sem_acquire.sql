@@ -83,13 +83,13 @@ WITH cur AS (
 	DELETE FROM {{.Table}} p USING t WHERE p.key = $7::text AND p.owner = $2::text AND t.granted
 	RETURNING 1
 ), place AS (
-	INSERT INTO {{.Table}} (key, owner, token, expires_at, queue_channel, reserved)
+	INSERT INTO {{.Table}} (key, owner, token, expires_at, queue_channel, reserved, value)
 	SELECT $1::text || chr(2) || lpad(nextval({{.Seq}}::regclass)::text, 20, '0'), $2::text, $6::bigint,
-		now() + $6::bigint{{template "us"}}, ARRAY[$5::text], $12::boolean
+		now() + $6::bigint{{template "us"}}, ARRAY[$5::text], $12::boolean, $10::bytea
 	FROM t WHERE NOT t.granted AND NOT t.mismatch AND NOT t.self AND $4::boolean AND NOT EXISTS (SELECT FROM me)
 	RETURNING key
 ), renew AS (
-	UPDATE {{.Table}} p SET expires_at = now() + $6::bigint{{template "us"}}, token = $6::bigint
+	UPDATE {{.Table}} p SET expires_at = now() + $6::bigint{{template "us"}}, token = $6::bigint, value = $10::bytea
 	FROM t WHERE p.key = $7::text AND p.owner = $2::text AND NOT t.granted AND NOT t.mismatch AND NOT t.self AND $4::boolean AND $8::boolean
 	RETURNING 1
 ), conv AS (
