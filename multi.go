@@ -303,8 +303,25 @@ func (m *MultiLease) Context() context.Context {
 			lctx := l.Context()
 			context.AfterFunc(lctx, func() { m.ctx.cancel(context.Cause(lctx)) })
 		}
+		// AfterFunc runs its function in a goroutine of its own: a set that has
+		// ended already is cancelled now, not a moment later.
+		if err := m.Err(); err != nil {
+			m.ctx.cancel(err)
+		}
 	}
 	return m.ctx.ctx
+}
+
+// ended cancels the set's context, if it was made, with the cause of its end,
+// before Release returns (the leases' own cancellations reach it asynchronously).
+func (m *MultiLease) ended() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ctx != nil {
+		if err := m.Err(); err != nil {
+			m.ctx.cancel(err)
+		}
+	}
 }
 
 // Done is closed when the set's lease ends.
@@ -342,6 +359,7 @@ func (m *MultiLease) Release(ctx context.Context) error {
 		return ErrReleased
 	}
 	errs := releaseAll(ctx, left)
+	m.ended()
 	for i, err := range errs {
 		if errors.Is(err, ErrLeaseLost) {
 			// Lost says more than any other error: the set was not held throughout.
