@@ -90,6 +90,13 @@ func TestListGlobCharacters(t *testing.T) {
 	if got := list(""); len(got) != len(want)+2 {
 		t.Errorf("List(\"\") = %q, want %d entries", got, len(want)+2)
 	}
+	// A flushed script cache: the pipeline sends the script's source.
+	if err := rawClient(t, srv).ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := list("a"); !slices.Equal(got, want) {
+		t.Fatalf("List(\"a\") after SCRIPT FLUSH =\n  %q\nwant\n  %q", got, want)
+	}
 }
 
 // compareKey orders "KEY OWNER TOKEN" lines by key alone.
