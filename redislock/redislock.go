@@ -163,6 +163,14 @@
 // arguments and reply; Redis caches each script until SCRIPT FLUSH, and a flushed
 // script is sent again on its next use.
 //
+// # Listing
+//
+// List (driver.Lister, dlock list) walks the lock keys under a prefix with SCAN
+// (MATCH with the lock key's spelling of the prefix, its glob characters escaped)
+// and reads each key's holders with the script Holders runs, a few hundred keys
+// per pipelined round trip: mutexes, semaphores and readers alike. SCAN visits
+// every key of the database, however few match: an administrative call.
+//
 // # Safety model
 //
 // Mutual exclusion holds while the one Redis server keeps its data. Tokens are
@@ -231,7 +239,8 @@ func init() {
 
 // Backend is the Redis backend. It implements driver.Backend, driver.Notifier,
 // driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.Semaphorer,
-// driver.Queuer and driver.HolderWatcher, and is safe for concurrent use.
+// driver.Queuer, driver.Lister and driver.HolderWatcher, and is safe for
+// concurrent use.
 type Backend struct {
 	config
 	rdb    redis.UniversalClient
