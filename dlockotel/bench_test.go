@@ -19,7 +19,8 @@ import (
 // BenchmarkRedisCycle: the uncontended Lock+Release cycle on a real Redis server
 // with the adapter off and on, alternating cycle by cycle in one run so that both
 // see the same machine: with the SDK's metrics alone (a manual reader; no tracer),
-// and with its traces too (every span recorded and sent to a batching processor).
+// with its traces too (every span recorded and sent to a batching processor), and
+// with traces sampled at 1%.
 // It reports the mean cycle of each and their ratio.
 func BenchmarkRedisCycle(b *testing.B) {
 	srv := testserver.StartRedis(b)
@@ -27,10 +28,13 @@ func BenchmarkRedisCycle(b *testing.B) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
 	defer tp.Shutdown(ctx)
+	sampled := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()),
+		sdktrace.WithSampler(sdktrace.TraceIDRatioBased(0.01)))
+	defer sampled.Shutdown(ctx)
 	for _, tc := range []struct {
 		name string
 		tp   trace.TracerProvider
-	}{{"metrics", noop.NewTracerProvider()}, {"metrics+traces", tp}} {
+	}{{"metrics", noop.NewTracerProvider()}, {"metrics+traces", tp}, {"metrics+traces-1%", sampled}} {
 		b.Run(tc.name, func(b *testing.B) {
 			obs, err := dlockotel.New(dlockotel.WithTracerProvider(tc.tp), dlockotel.WithMeterProvider(mp))
 			if err != nil {

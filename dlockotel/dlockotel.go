@@ -126,18 +126,23 @@ type Observer struct {
 	active              metric.Int64UpDownCounter
 	renewals, losses    metric.Int64Counter
 
-	sets sync.Map // attrKey -> metric.MeasurementOption
+	setsMu sync.RWMutex
+	sets   map[attrKey]metric.MeasurementOption
 
 	mu     sync.Mutex
-	calls  map[uint64]trace.Span // lock calls in progress
-	leases map[uint64]trace.Span // grants held
+	live   map[uint64]struct{}   // grants held, by Event.Grant
+	calls  map[uint64]trace.Span // lock calls in progress (recording spans)
+	leases map[uint64]trace.Span // grants held (recording spans)
 }
 
 var _ dlock.Observer = (*Observer)(nil)
 
 // New returns an Observer on the global providers unless options say otherwise.
 func New(opts ...Option) (*Observer, error) {
-	o := &Observer{calls: map[uint64]trace.Span{}, leases: map[uint64]trace.Span{}}
+	o := &Observer{
+		live: map[uint64]struct{}{}, calls: map[uint64]trace.Span{}, leases: map[uint64]trace.Span{},
+		sets: map[attrKey]metric.MeasurementOption{},
+	}
 	for _, opt := range opts {
 		if opt == nil {
 			return nil, fmt.Errorf("%w: nil option", dlock.ErrInvalid)
@@ -189,8 +194,11 @@ func (o *Observer) attrs(e dlock.Event, extra attribute.KeyValue) metric.Measure
 	if o.key != nil {
 		k.key = o.key(e.Key)
 	}
-	if opt, ok := o.sets.Load(k); ok {
-		return opt.(metric.MeasurementOption)
+	o.setsMu.RLock()
+	opt, ok := o.sets[k]
+	o.setsMu.RUnlock()
+	if ok {
+		return opt
 	}
 	kv := []attribute.KeyValue{AttrBackend.String(k.backend), AttrMode.String(k.mode)}
 	if k.key != "" {
@@ -199,19 +207,28 @@ func (o *Observer) attrs(e dlock.Event, extra attribute.KeyValue) metric.Measure
 	if extra.Key != "" {
 		kv = append(kv, extra)
 	}
-	opt, _ := o.sets.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(kv...)))
-	return opt.(metric.MeasurementOption)
+	opt = metric.WithAttributeSet(attribute.NewSet(kv...))
+	o.setsMu.Lock()
+	o.sets[k] = opt
+	o.setsMu.Unlock()
+	return opt
 }
 
-// spanAttrs returns the attributes of e's spans.
-func (o *Observer) spanAttrs(e dlock.Event) trace.SpanStartEventOption {
-	kv := []attribute.KeyValue{AttrBackend.String(e.Backend), AttrMode.String(e.Mode()), AttrOwner.String(e.Owner)}
+// startSpan starts span name for e at now, with e's attributes if it records;
+// it returns nil for a span that does not record (a no-op tracer, or one sampled
+// out), which then costs nothing more.
+func (o *Observer) startSpan(ctx context.Context, name string, e dlock.Event, now time.Time) trace.Span {
+	_, span := o.tracer.Start(ctx, name, trace.WithTimestamp(now))
+	if !span.IsRecording() {
+		return nil
+	}
+	span.SetAttributes(AttrBackend.String(e.Backend), AttrMode.String(e.Mode()), AttrOwner.String(e.Owner))
 	if o.key != nil {
 		if k := o.key(e.Key); k != "" {
-			kv = append(kv, AttrKey.String(k))
+			span.SetAttributes(AttrKey.String(k))
 		}
 	}
-	return trace.WithAttributes(kv...)
+	return span
 }
 
 // Observe implements dlock.Observer.
@@ -219,10 +236,11 @@ func (o *Observer) Observe(ctx context.Context, e dlock.Event) {
 	now := time.Now()
 	switch e.Kind {
 	case dlock.EventRequested:
-		_, span := o.tracer.Start(ctx, "dlock.acquire", o.spanAttrs(e), trace.WithTimestamp(now))
-		o.mu.Lock()
-		o.calls[e.Call] = span
-		o.mu.Unlock()
+		if span := o.startSpan(ctx, "dlock.acquire", e, now); span != nil {
+			o.mu.Lock()
+			o.calls[e.Call] = span
+			o.mu.Unlock()
+		}
 	case dlock.EventWaited:
 		result := "granted"
 		if e.Err != nil {
@@ -240,7 +258,7 @@ func (o *Observer) Observe(ctx context.Context, e dlock.Event) {
 			result, name = "error", "renew_failed"
 		}
 		o.renewals.Add(ctx, 1, o.attrs(e, AttrRenewalResult.String(result)))
-		if span := o.lease(e.Grant, false); span != nil {
+		if span := o.lease(e.Grant); span != nil {
 			if e.Err != nil {
 				span.AddEvent(name, trace.WithAttributes(attribute.String("error", e.Err.Error())))
 			} else {
@@ -249,26 +267,38 @@ func (o *Observer) Observe(ctx context.Context, e dlock.Event) {
 		}
 	case dlock.EventLost:
 		o.losses.Add(ctx, 1, o.attrs(e, attribute.KeyValue{}))
-		if span := o.lease(e.Grant, true); span != nil {
-			o.active.Add(ctx, -1, o.attrs(e, attribute.KeyValue{}))
-			o.held.Record(ctx, e.Duration.Seconds(), o.attrs(e, AttrEnd.String("lost")))
-			span.AddEvent("lost", trace.WithAttributes(attribute.String("cause", e.Err.Error())))
-			span.SetStatus(codes.Error, e.Err.Error())
-			span.End(trace.WithTimestamp(now))
-		}
+		o.endLease(ctx, e, "lost", now)
 	case dlock.EventReleased:
-		if !e.Freed {
-			return
-		}
-		if span := o.lease(e.Grant, true); span != nil {
-			o.active.Add(ctx, -1, o.attrs(e, attribute.KeyValue{}))
-			o.held.Record(ctx, e.Duration.Seconds(), o.attrs(e, AttrEnd.String("released")))
-			if e.Err != nil {
-				span.SetStatus(codes.Error, e.Err.Error())
-			}
-			span.End(trace.WithTimestamp(now))
+		if e.Freed {
+			o.endLease(ctx, e, "released", now)
 		}
 	}
+}
+
+// endLease records the end of the grant of e (how: lost or released), if the
+// observer saw it begin and has not seen it end.
+func (o *Observer) endLease(ctx context.Context, e dlock.Event, how string, now time.Time) {
+	o.mu.Lock()
+	_, live := o.live[e.Grant]
+	delete(o.live, e.Grant)
+	span := o.leases[e.Grant]
+	delete(o.leases, e.Grant)
+	o.mu.Unlock()
+	if !live {
+		return
+	}
+	o.active.Add(ctx, -1, o.attrs(e, attribute.KeyValue{}))
+	o.held.Record(ctx, e.Duration.Seconds(), o.attrs(e, AttrEnd.String(how)))
+	if span == nil {
+		return
+	}
+	if how == "lost" {
+		span.AddEvent("lost", trace.WithAttributes(attribute.String("cause", e.Err.Error())))
+	}
+	if e.Err != nil {
+		span.SetStatus(codes.Error, e.Err.Error())
+	}
+	span.End(trace.WithTimestamp(now))
 }
 
 // ended records the end of a lock call: granted (a lease span starts), re-entered
@@ -296,11 +326,15 @@ func (o *Observer) ended(ctx context.Context, e dlock.Event, now time.Time) {
 		return
 	}
 	o.active.Add(ctx, 1, o.attrs(e, attribute.KeyValue{}))
-	_, span := o.tracer.Start(ctx, "dlock.lease", o.spanAttrs(e), trace.WithTimestamp(now),
-		trace.WithAttributes(AttrToken.Int64(int64(e.Token))))
 	o.mu.Lock()
-	o.leases[e.Grant] = span
+	o.live[e.Grant] = struct{}{}
 	o.mu.Unlock()
+	if span := o.startSpan(ctx, "dlock.lease", e, now); span != nil {
+		span.SetAttributes(AttrToken.Int64(int64(e.Token)))
+		o.mu.Lock()
+		o.leases[e.Grant] = span
+		o.mu.Unlock()
+	}
 }
 
 // call returns the span of lock call id, forgetting it if end is set; nil if none.
@@ -314,14 +348,9 @@ func (o *Observer) call(id uint64, end bool) trace.Span {
 	return span
 }
 
-// lease returns the span of grant id, forgetting it if end is set; nil if none
-// (the grant ended already, or began before the observer saw it).
-func (o *Observer) lease(id uint64, end bool) trace.Span {
+// lease returns the recording span of grant id, or nil.
+func (o *Observer) lease(id uint64) trace.Span {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	span := o.leases[id]
-	if end {
-		delete(o.leases, id)
-	}
-	return span
+	return o.leases[id]
 }
