@@ -33,7 +33,7 @@ func newRunCommand(e *env) *cobra.Command {
 		metrics string
 	)
 	cmd := &cobra.Command{
-		Use:   "run [flags] KEY -- COMMAND [ARGS...]\n  dlock run [flags] --key KEY --key KEY... -- COMMAND [ARGS...]",
+		Use:   "run [flags] KEY|--key KEY... -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lock",
 		Long: `Run acquires KEY, runs COMMAND while the lease renews itself, and releases the
 lock when the command and every process it left in its process group are gone. The
