@@ -118,16 +118,25 @@ func stateBounded(t *testing.T, kinds map[string]int) {
 	n := 0
 	start := time.Now()
 	for kind, k := range kinds {
-		cycleDistinct(t, b, k, kind, 200*time.Millisecond)
+		if kind == "contended" {
+			n += k
+			continue
+		}
+		cycleDistinct(t, b, k, kind, 5*time.Second)
 		n += k
 	}
+	if kinds["contended"] > 0 {
+		contend(t, srv.URL(), kinds["contended"])
+	}
 	k1, m1 := serverState(t, rdb)
+	took := time.Since(start)
 	// Each live lock has at most its lock, token and value keys; a few keys more
 	// are allowed for whatever the server keeps of its own.
 	max := int64(3*len(live) + 4)
 	k2, m2 := waitKeys(t, rdb, max)
+	waited := time.Since(start) - took
 	t.Logf("%d distinct keys locked once in %v: keys %d before, %d right after, %d once the retention passed (%v later); used_memory %d, %d, %d",
-		n, time.Since(start), k0, k1, k2, time.Since(start), m0, m1, m2)
+		n, took, k0, k1, k2, waited, m0, m1, m2)
 	// The live locks are still held, each with its token.
 	for _, req := range live {
 		if err := b.Refresh(ctx, req.Key, req.Owner, time.Minute); err != nil {
@@ -136,8 +145,44 @@ func stateBounded(t *testing.T, kinds map[string]int) {
 	}
 }
 
+// contend has three clients lock and release each of n distinct keys twice at
+// once, so that they queue and hand the keys over (queue and waiter keys).
+func contend(t *testing.T, rawURL string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for range 3 {
+		c, err := dlock.Open(ctx, rawURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		wg.Go(func() {
+			for i := range n {
+				for range 2 {
+					l, err := c.Lock(ctx, "busy:"+strconv.Itoa(i), dlock.WithTTL(5*time.Second))
+					if err != nil {
+						errs <- err
+						return
+					}
+					if err := l.Release(ctx); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
 func TestStateBounded(t *testing.T) {
-	stateBounded(t, map[string]int{"mutex": 4000, "value": 2000, "sem": 2000, "reader": 2000})
+	stateBounded(t, map[string]int{"mutex": 4000, "value": 2000, "sem": 2000, "reader": 2000, "contended": 300})
 }
 
 // TestStateBounded100k is TestStateBounded for 100,000 mutexes (about 15s).
