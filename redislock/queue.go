@@ -8,8 +8,6 @@ import (
 	"github.com/dlockio/dlock/driver"
 )
 
-var queueScript = loadScript("queue.lua")
-
 var _ driver.Queuer = (*Backend)(nil)
 
 // Queue implements driver.Queuer: one read-only script lists the key's queue,

@@ -11,11 +11,6 @@ import (
 	"github.com/dlockio/dlock/driver"
 )
 
-var (
-	semAcquireScript = loadScript("sem_acquire.lua")
-	holdersScript    = loadScript("holders.lua")
-)
-
 // semAcquire is acquire for a semaphore (req.Limit > 1) or a shared grant:
 // sem_acquire.lua, with the limit ("r" for shared) and the prefix always sent,
 // and the queue argument when queue.
