@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/url"
 	"sort"
@@ -107,6 +109,9 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		cfg.User = u.User.Username()
 		cfg.Passwd, _ = u.User.Password()
 	}
+	// The driver logs dropped connections to stderr by default; the errors that
+	// matter reach the caller.
+	cfg.Logger = log.New(io.Discard, "", 0)
 	if cfg.Timeout == 0 {
 		cfg.Timeout = driver.DefaultOpenTimeout
 	}
