@@ -340,7 +340,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 }
 
 func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant, bool, error) {
-	res, err := b.db.ExecContext(ctx, b.q.acquire, req.Key, req.Owner, micros(req.TTL),
+	res, err := b.exec(ctx, b.q.acquire, req.Key, req.Owner, micros(req.TTL),
 		req.Key, req.Owner, req.Key, req.Owner, req.Reenter)
 	if err != nil {
 		return driver.Grant{}, false, b.ctxErr(ctx, err)
@@ -386,7 +386,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	res, err := b.db.ExecContext(ctx, b.q.refresh, micros(ttl), key, owner)
+	res, err := b.exec(ctx, b.q.refresh, micros(ttl), key, owner)
 	if err != nil {
 		return b.ctxErr(ctx, err)
 	}
@@ -409,7 +409,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	res, err := b.db.ExecContext(ctx, b.q.release, key, owner)
+	res, err := b.exec(ctx, b.q.release, key, owner)
 	if err != nil {
 		return b.ctxErr(ctx, err)
 	}
@@ -448,7 +448,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	res, err := b.db.ExecContext(ctx, b.q.force, key)
+	res, err := b.exec(ctx, b.q.force, key)
 	if err != nil {
 		return b.ctxErr(ctx, err)
 	}
@@ -474,6 +474,19 @@ func (b *Backend) Close() error {
 		return b.db.Close()
 	}
 	return nil
+}
+
+// exec runs one autocommitted statement, again if InnoDB chose it as a deadlock's
+// victim (it was then rolled back whole, so running it again is safe). The reads
+// of the queue table inside the acquire statement take shared locks (REPEATABLE
+// READ), which can meet a waiter's upsert of its place.
+func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	for i := 0; ; i++ {
+		res, err := b.db.ExecContext(ctx, query, args...)
+		if err == nil || i == 8 || !isErr(err, 1213) || ctx.Err() != nil {
+			return res, err
+		}
+	}
 }
 
 func isErr(err error, number uint16) bool {

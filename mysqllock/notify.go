@@ -27,13 +27,13 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	// Remembered before the insert is sent: a withdrawal deletes the place even
 	// if the reply to the insert never came.
 	_, had := b.places.LoadOrStore(placeKey{req.Key, req.Owner}, struct{}{})
-	if _, err := b.db.ExecContext(ctx, b.q.enqueue, req.Key, req.Owner, id, micros(req.Patience)); err != nil {
+	if _, err := b.exec(ctx, b.q.enqueue, req.Key, req.Owner, id, micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
 	if had {
 		return false, nil
 	}
-	if _, err := b.db.ExecContext(ctx, b.q.mark, req.Key); err != nil {
+	if _, err := b.exec(ctx, b.q.mark, req.Key); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
 	return true, nil
@@ -44,7 +44,7 @@ func (b *Backend) dropPlace(ctx context.Context, key, owner string) error {
 	if _, ok := b.places.LoadAndDelete(placeKey{key, owner}); !ok {
 		return nil
 	}
-	_, err := b.db.ExecContext(ctx, b.q.withdraw, key, owner)
+	_, err := b.exec(ctx, b.q.withdraw, key, owner)
 	return err
 }
 
@@ -56,11 +56,14 @@ func (b *Backend) wakeNext(ctx context.Context, key string) {
 	var conn uint64
 	err := b.db.QueryRowContext(ctx, b.q.next, key).Scan(&conn)
 	if errors.Is(err, sql.ErrNoRows) {
-		_, _ = b.db.ExecContext(ctx, b.q.unmark, key, key)
+		_, _ = b.exec(ctx, b.q.unmark, key, key)
 		return
 	}
 	if err != nil {
 		return
+	}
+	if b.lst.wakeLocal(conn, key) {
+		return // the place is this client's: no KILL, and no wake-up lost
 	}
 	_, _ = b.db.ExecContext(ctx, "KILL QUERY "+strconv.FormatUint(conn, 10))
 }
@@ -135,6 +138,22 @@ func (l *listener) remove(w *waiter) {
 	l.mu.Lock()
 	delete(l.waiters, w)
 	l.mu.Unlock()
+}
+
+// wakeLocal wakes this client's waiters of key if conn is its listening
+// connection, and reports whether it was.
+func (l *listener) wakeLocal(conn uint64, key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if conn == 0 || conn != l.id {
+		return false
+	}
+	for w := range l.waiters {
+		if w.key == key {
+			w.wake()
+		}
+	}
+	return true
 }
 
 func (l *listener) wakeAll() {
