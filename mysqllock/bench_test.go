@@ -1,9 +1,7 @@
 package mysqllock_test
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
@@ -15,40 +13,11 @@ import (
 // a table of the lock table's shape, with the same driver (see floor in
 // mysqllock_test.go). Compare them in the same run only.
 
+// BenchmarkCycle: dlock's cycle, the floor's, and both paired cycle by cycle
+// ("interleaved", whose dlock/floor ratio is the number to compare).
 func BenchmarkCycle(b *testing.B) {
 	srv := testserver.StartMariaDB(b)
 	drivertest.BenchCycle(b, harness(b, srv))
-}
-
-// BenchmarkCycleInterleaved alternates one floor cycle and one dlock Lock+Release
-// cycle per iteration on the same server, so that both see the same disk and CPU
-// weather, and reports both and their ratio.
-func BenchmarkCycleInterleaved(b *testing.B) {
-	srv := testserver.StartMariaDB(b)
-	h := harness(b, srv)
-	ctx := context.Background()
-	c := h.Client(b)
-	fkey, key := drivertest.Key(b, "floor"), drivertest.Key(b, "k")
-	var tf, td time.Duration
-	for b.Loop() {
-		t0 := time.Now()
-		if err := h.Floor(ctx, fkey); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		l, err := c.Lock(ctx, key)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-		td += time.Since(t1)
-		tf += t1.Sub(t0)
-	}
-	b.ReportMetric(float64(tf.Nanoseconds())/float64(b.N), "floor-ns/cycle")
-	b.ReportMetric(float64(td.Nanoseconds())/float64(b.N), "dlock-ns/cycle")
-	b.ReportMetric(float64(td)/float64(tf), "dlock/floor")
 }
 
 // BenchmarkHandoff measures the time from a release to the waiting client's Lock
