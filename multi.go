@@ -77,7 +77,7 @@ func (c *Client) lockAll(ctx context.Context, keys []string, opts []Option, wait
 	if generated {
 		owner = c.newOwner()
 	}
-	if multi, ok := c.b.(driver.MultiAcquirer); ok && generated && len(keys) > 1 &&
+	if multi, ok := atomicSets(c.b, keys); ok && generated &&
 		max(cfg.limit, 1) == 1 && !cfg.shared && len(cfg.value) == 0 {
 		m, err := c.acquireAll(ctx, multi, keys, owner, cfg)
 		if err == nil || !wait || !errors.Is(err, ErrLocked) {
@@ -107,6 +107,19 @@ func (c *Client) lockAll(ctx context.Context, keys []string, opts []Option, wait
 		leases = append(leases, l)
 	}
 	return newMultiLease(keys, owner, leases), nil
+}
+
+// atomicSets returns b as a driver.MultiAcquirer if it can take keys (sorted,
+// distinct) in one step.
+func atomicSets(b driver.Backend, keys []string) (driver.MultiAcquirer, bool) {
+	multi, ok := b.(driver.MultiAcquirer)
+	if !ok || len(keys) < 2 {
+		return nil, false
+	}
+	if sc, ok := b.(driver.SetChecker); ok && !sc.AtomicSet(keys) {
+		return nil, false
+	}
+	return multi, true
 }
 
 // sortedKeys validates keys and returns them sorted, without duplicates, in a slice

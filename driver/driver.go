@@ -49,7 +49,8 @@
 //     set that is not free, the core takes the keys one at a time in ascending
 //     key order (deadlock-free, since every caller takes them in that order) and
 //     gives back what it took if it fails; others may then see part of the set
-//     held for a moment.
+//     held for a moment. A MultiAcquirer that can take only some sets in one
+//     step (keys of one Redis Cluster hash slot) says which by SetChecker.
 //   - Queuer: lists the queued places of a key (who waits, reader or writer),
 //     for dlock.Client.Waiters and dlock inspect. Without it Client.Waiters
 //     returns an error matching ErrUnsupported; locking does not use it.
@@ -410,6 +411,18 @@ type MultiAcquirer interface {
 	// unknown, a later Release of each key with the owner cleans it up, and the
 	// core calls it.
 	AcquireAll(ctx context.Context, reqs []Request) ([]Grant, error)
+}
+
+// SetChecker is implemented by a MultiAcquirer that can take only some sets of
+// keys in one step: in a Redis Cluster, only keys of one hash slot. The core asks
+// it before AcquireAll and takes any other set one key at a time, as it does
+// without a MultiAcquirer.
+type SetChecker interface {
+	// AtomicSet reports, without I/O, whether AcquireAll can take keys (at
+	// least two, distinct, in ascending order) in one step. For a set it
+	// rejects, AcquireAll changes nothing and returns an error matching
+	// ErrUnsupported.
+	AtomicSet(keys []string) bool
 }
 
 // Queuer is implemented by backends that keep waiters' places on the server and
