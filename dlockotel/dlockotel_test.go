@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -15,9 +16,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/clock"
 	"github.com/dlockio/dlock/dlockotel"
 	"github.com/dlockio/dlock/internal/obstest"
 	"github.com/dlockio/dlock/internal/testserver"
+	"github.com/dlockio/dlock/memlock"
 	_ "github.com/dlockio/dlock/redislock"
 )
 
@@ -37,6 +40,7 @@ func TestScriptedRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	obstest.Run(t, srv.URL(), obs)
+	obs.Flush()
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(ctx, &rm); err != nil {
@@ -130,6 +134,63 @@ func points(rm metricdata.ResourceMetrics) int {
 		}
 	}
 	return n
+}
+
+// Spans are ended in batches, each at the time its call or lease ended: by Flush,
+// by a goroutine once 256 wait, or FlushDelay after the first of a batch.
+func TestSpansEndInBatches(t *testing.T) {
+	ctx := context.Background()
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	obs, err := dlockotel.New(dlockotel.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dlock.New(memlock.NewStore(clock.Real).Backend(), dlock.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cycle := func() time.Time {
+		l, err := c.Lock(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return time.Now()
+	}
+	released := cycle()
+	obs.Flush()
+	got := spans.GetSpans()
+	if len(got) != 2 {
+		t.Fatalf("%d spans after Flush, want 2", len(got))
+	}
+	for _, sp := range got {
+		if sp.EndTime.After(released) {
+			t.Errorf("span %s ended at %v, after the release returned at %v", sp.Name, sp.EndTime, released)
+		}
+	}
+	spans.Reset()
+	eventually := func(n int, how string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); len(spans.GetSpans()) < n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d spans ended, want %d", how, len(spans.GetSpans()), n)
+			}
+		}
+	}
+	for range 128 { // 256 spans: a full batch
+		cycle()
+	}
+	eventually(256, "a full batch")
+	cycle()
+	eventually(258, "after FlushDelay")
+	obs.Flush()
+	if n := len(spans.GetSpans()); n != 258 {
+		t.Errorf("%d spans ended, want 258", n)
+	}
 }
 
 func TestNewRejects(t *testing.T) {
