@@ -52,13 +52,17 @@ func (b *Backend) Persistence() Persistence {
 	return b.persistence
 }
 
-// Verify reads the server's persistence settings, logs them, and in strict mode
-// returns ErrNotDurable if the server could lose a grant in a crash. Open calls it;
+// Verify reads the server's version and persistence settings, logs them, returns
+// an error matching driver.ErrUnsupported for a server older than Redis 7.0, and in
+// strict mode returns ErrNotDurable if the server could lose a grant in a crash. Open calls it;
 // call it yourself after New.
 func (b *Backend) Verify(ctx context.Context) error {
 	p, err := readPersistence(ctx, b.rdb)
 	if err != nil {
 		return fmt.Errorf("redislock: read persistence settings: %w", err)
+	}
+	if err := checkVersion(p.Version); err != nil {
+		return err
 	}
 	b.mu.Lock()
 	b.persistence = p

@@ -11,3 +11,6 @@ func SetTokenRetention(t testing.TB, d time.Duration) {
 	loadScripts(d)
 	t.Cleanup(func() { loadScripts(TokenRetention) })
 }
+
+// CheckVersion is checkVersion.
+var CheckVersion = checkVersion
