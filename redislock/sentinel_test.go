@@ -119,10 +119,11 @@ func TestSentinelFailoverKeepsLockWithReplicas(t *testing.T) {
 	}
 }
 
-// Without replicas, a client follows a failover after a crash of the master: new
-// locks work on the new master, with larger tokens.
+// Without replicas, a client follows a failover after a crash of the master,
+// decided by three sentinels (quorum 2): new locks work on the new master, with
+// larger tokens.
 func TestSentinelClientFollowsFailover(t *testing.T) {
-	s := testserver.StartSentinel(t, 1, 1)
+	s := testserver.StartSentinel(t, 1, 3)
 	ctx := context.Background()
 	c := openSentinelClient(t, s.URL(""))
 	l, err := c.TryLock(ctx, "before")
@@ -235,5 +236,47 @@ func TestSentinelAuth(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), "wrong") {
 			t.Errorf("the error shows the password: %v", err)
 		}
+	}
+}
+
+// rediss+sentinel:// speaks TLS to the sentinels and to the master they name,
+// checking each certificate against the host dialled, and follows a failover.
+func TestSentinelTLS(t *testing.T) {
+	files := testserver.NewTLSFiles(t)
+	s := testserver.StartSentinelTLS(t, files, 1, 1)
+	ctx := context.Background()
+	raw := s.URL("rediss+sentinel") + "?tls_ca=" + url.QueryEscape(files.CA)
+	b, err := openURL(raw)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", raw, err)
+	}
+	defer b.Close()
+	g, err := b.Acquire(ctx, driver.Request{Key: "k", Owner: "o", TTL: time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := b.Release(ctx, "k", "o"); err != nil {
+		t.Fatal(err)
+	}
+	s.Failover()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g2, err := b.Acquire(ctx, driver.Request{Key: "k", Owner: "o", TTL: time.Second})
+		if err == nil {
+			if g2.Token <= g.Token {
+				t.Fatalf("token %d after the failover is not above %d", g2.Token, g.Token)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Acquire after the failover: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if b, err := openURL(s.URL("rediss+sentinel") + "?dial_timeout=1s"); err == nil {
+		b.Close()
+		t.Fatal("Open without the CA succeeded")
+	} else if !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("Open without the CA = %v, want a certificate error", err)
 	}
 }

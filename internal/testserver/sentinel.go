@@ -26,7 +26,9 @@ type Sentinel struct {
 	Sentinels []*Redis // the sentinel processes
 	Down      []*Redis // data nodes KillMaster killed
 
-	t TB
+	t        TB
+	tls      *TLSFiles
+	tlsPorts map[*Redis]int // each process's TLS port, with StartSentinelTLS
 }
 
 // SentinelDownAfter is the sentinels' down-after-milliseconds: how long a master
@@ -39,13 +41,28 @@ const SentinelDownAfter = 2 * time.Second
 // sentinel knows every replica, and (with several sentinels) every other sentinel.
 func StartSentinel(t TB, replicas, sentinels int) *Sentinel {
 	t.Helper()
+	return startSentinel(t, nil, replicas, sentinels)
+}
+
+// StartSentinelTLS is StartSentinel with every process also listening for TLS
+// (clients need not present a certificate), replicas replicating and sentinels
+// monitoring over TLS: the sentinels name the master by its TLS port. The plain
+// ports stay open for readiness checks and test inspection (Addr); URL with the
+// scheme rediss+sentinel lists the sentinels' TLS ports.
+func StartSentinelTLS(t TB, f TLSFiles, replicas, sentinels int) *Sentinel {
+	t.Helper()
+	return startSentinel(t, &f, replicas, sentinels)
+}
+
+func startSentinel(t TB, f *TLSFiles, replicas, sentinels int) *Sentinel {
+	t.Helper()
 	if sentinels < 1 {
 		t.Fatalf("StartSentinel: %d sentinels", sentinels)
 	}
-	s := &Sentinel{Name: SentinelMaster, t: t}
-	s.Master = StartRedis(t)
+	s := &Sentinel{Name: SentinelMaster, t: t, tls: f, tlsPorts: make(map[*Redis]int)}
+	s.Master = s.startData()
 	for range replicas {
-		s.Replicas = append(s.Replicas, StartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(s.Master.Port)))
+		s.Replicas = append(s.Replicas, s.startData("--replicaof", "127.0.0.1", strconv.Itoa(s.port(s.Master))))
 	}
 	s.waitReplication(s.Master, replicas)
 	path := Require(t, "redis", "redis-server", "install it with: apt-get install -y redis-server")
@@ -55,6 +72,26 @@ func StartSentinel(t TB, replicas, sentinels int) *Sentinel {
 	}
 	s.waitSentinels(replicas)
 	return s
+}
+
+// startData starts a data node, with a TLS port under StartSentinelTLS.
+func (s *Sentinel) startData(extra ...string) *Redis {
+	s.t.Helper()
+	if s.tls == nil {
+		return StartRedis(s.t, extra...)
+	}
+	n, port := StartRedisTLS(s.t, *s.tls, append([]string{"--tls-replication", "yes"}, extra...)...)
+	s.tlsPorts[n] = port
+	return n
+}
+
+// port returns the port the sentinels and replicas know n by: its TLS port under
+// StartSentinelTLS.
+func (s *Sentinel) port(n *Redis) int {
+	if p, ok := s.tlsPorts[n]; ok {
+		return p
+	}
+	return n.Port
 }
 
 func (s *Sentinel) startSentinel(path string, quorum int) *Redis {
@@ -71,7 +108,13 @@ func (s *Sentinel) startSentinel(path string, quorum int) *Redis {
 			"sentinel down-after-milliseconds %[3]s %[6]d\n"+
 			"sentinel failover-timeout %[3]s 10000\n"+
 			"sentinel parallel-syncs %[3]s 1\n",
-			port, dir, s.Name, s.Master.Port, quorum, SentinelDownAfter.Milliseconds())
+			port, dir, s.Name, s.port(s.Master), quorum, SentinelDownAfter.Milliseconds())
+		tlsPort := 0
+		if f := s.tls; f != nil {
+			tlsPort = FreePort(t)
+			text += fmt.Sprintf("tls-port %d\ntls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"+
+				"tls-auth-clients no\ntls-replication yes\n", tlsPort, f.Cert, f.Key, f.CA)
+		}
 		if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +122,11 @@ func (s *Sentinel) startSentinel(path string, quorum int) *Redis {
 		p := &Process{Name: "sentinel-" + strconv.Itoa(port), Dir: dir, t: t, path: path, args: []string{cfg, "--sentinel"}, ready: ready}
 		if last = p.Restart(); last == nil {
 			t.Cleanup(func() { p.Kill() })
-			return &Redis{Process: p, Port: port}
+			r := &Redis{Process: p, Port: port}
+			if tlsPort != 0 {
+				s.tlsPorts[r] = tlsPort
+			}
+			return r
 		}
 	}
 	t.Fatalf("start redis-server --sentinel: %v", last)
@@ -95,14 +142,32 @@ func (s *Sentinel) Hosts() string {
 	return strings.Join(addrs, ",")
 }
 
+// TLSHosts returns the sentinels' host:TLS-port list, comma-separated, under
+// StartSentinelTLS.
+func (s *Sentinel) TLSHosts() string {
+	addrs := make([]string, len(s.Sentinels))
+	for i, n := range s.Sentinels {
+		addrs[i] = "127.0.0.1:" + strconv.Itoa(s.port(n))
+	}
+	return strings.Join(addrs, ",")
+}
+
 // URL returns scheme://sentinels/NAME, the scheme "redis+sentinel" when scheme is
-// empty; add a query as needed.
+// empty; add a query as needed. With the scheme rediss+sentinel it lists the
+// sentinels' TLS ports.
 func (s *Sentinel) URL(scheme string) string {
 	if scheme == "" {
 		scheme = "redis+sentinel"
 	}
+	if scheme == "rediss+sentinel" {
+		return scheme + "://" + s.TLSHosts() + "/" + s.Name
+	}
 	return scheme + "://" + s.Hosts() + "/" + s.Name
 }
+
+// AnnouncedAddr returns the address the sentinels and replicas know n by: its
+// TLS port under StartSentinelTLS, else Addr.
+func (s *Sentinel) AnnouncedAddr(n *Redis) string { return "127.0.0.1:" + strconv.Itoa(s.port(n)) }
 
 // Failover makes the first sentinel fail the master over to a replica (SENTINEL
 // FAILOVER: the old master is demoted and becomes a replica of the new one), waits
@@ -172,7 +237,7 @@ func (s *Sentinel) waitNewMaster() *Redis {
 			switch {
 			case err != nil:
 				last = err
-			case a == old.Addr():
+			case a == s.AnnouncedAddr(old):
 				last = fmt.Errorf("sentinel %s still reports the old master %s", sn.Addr(), a)
 			case addr != "" && a != addr:
 				last = fmt.Errorf("sentinels disagree: %s and %s", addr, a)
@@ -184,7 +249,7 @@ func (s *Sentinel) waitNewMaster() *Redis {
 		}
 		var master *Redis
 		for _, n := range nodes {
-			if n.Addr() == addr {
+			if s.AnnouncedAddr(n) == addr {
 				master = n
 			}
 		}
@@ -214,7 +279,7 @@ func (s *Sentinel) waitNewMaster() *Redis {
 		// will, so that a test need not wait.
 		for _, n := range replicas {
 			if ri, err := respInfo(n.Addr(), "replication"); err == nil && ri["role"] == "master" {
-				if _, err := respDo(n.Addr(), "REPLICAOF", "127.0.0.1", strconv.Itoa(master.Port)); err != nil {
+				if _, err := respDo(n.Addr(), "REPLICAOF", "127.0.0.1", strconv.Itoa(s.port(master))); err != nil {
 					t.Fatalf("REPLICAOF on the old master %s: %v", n.Addr(), err)
 				}
 			}
@@ -255,7 +320,7 @@ func (s *Sentinel) waitReplication(master *Redis, n int) {
 				if err != nil {
 					return err
 				}
-				if ri["master_port"] != strconv.Itoa(master.Port) || ri["master_link_status"] != "up" {
+				if ri["master_port"] != strconv.Itoa(s.port(master)) || ri["master_link_status"] != "up" {
 					return fmt.Errorf("replica %s: master_port %s, link %s", r.Addr(), ri["master_port"], ri["master_link_status"])
 				}
 			}
