@@ -31,12 +31,15 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts ...Option) (*Backe
 	return b, nil
 }
 
-// Open returns a backend for a redis://, rediss:// or unix:// URL; see the package
-// documentation for its parameters. Options given here apply after the URL's. It
-// checks that the server answers and runs Verify before returning.
+// Open returns a backend for a redis://, rediss://, unix://, redis+sentinel:// or
+// rediss+sentinel:// URL; see the package documentation for its parameters. Options
+// given here apply after the URL's. It checks that the server answers and runs
+// Verify before returning.
 func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
-	if u.Scheme != Scheme && u.Scheme != SchemeTLS && u.Scheme != SchemeUnix {
-		return nil, invalid("scheme %q is not %s, %s or %s", u.Scheme, Scheme, SchemeTLS, SchemeUnix)
+	switch u.Scheme {
+	case Scheme, SchemeTLS, SchemeUnix, SchemeSentinel, SchemeSentinelTLS:
+	default:
+		return nil, invalid("scheme %q is not %s, %s, %s, %s or %s", u.Scheme, Scheme, SchemeTLS, SchemeUnix, SchemeSentinel, SchemeSentinelTLS)
 	}
 	p, err := driver.ParseParams(u)
 	if err != nil {
@@ -46,18 +49,31 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	opt, err := redisOptions(u, p)
-	if err != nil {
-		return nil, err
+	var rdb *redis.Client
+	if sentinelScheme(u.Scheme) {
+		fo, err := failoverOptions(u, p)
+		if err != nil {
+			return nil, err
+		}
+		if err := p.Unknown(); err != nil {
+			return nil, fmt.Errorf("redislock: %w", err)
+		}
+		fo.ContextTimeoutEnabled = true
+		rdb = redis.NewFailoverClient(fo)
+	} else {
+		opt, err := redisOptions(u, p)
+		if err != nil {
+			return nil, err
+		}
+		if opt.TLSConfig, err = readTLS(u, p); err != nil {
+			return nil, err
+		}
+		if err := p.Unknown(); err != nil {
+			return nil, fmt.Errorf("redislock: %w", err)
+		}
+		opt.ContextTimeoutEnabled = true
+		rdb = redis.NewClient(opt)
 	}
-	if opt.TLSConfig, err = readTLS(u, p); err != nil {
-		return nil, err
-	}
-	if err := p.Unknown(); err != nil {
-		return nil, fmt.Errorf("redislock: %w", err)
-	}
-	opt.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(opt)
 	b, err := New(ctx, rdb, append(urlOpts, opts...)...)
 	if err != nil {
 		rdb.Close()
@@ -81,23 +97,24 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 }
 
 // readTLS returns the TLS configuration of u, or nil for none: driver.ReadTLS's
-// rule, with TLS on by itself for rediss:// (where tls=false is an error) and not
-// available on a unix socket. skip_verify, a go-redis parameter ReadTLS has no
-// counterpart of, stays for the users who rely on it: it turns off the
-// certificate check and needs TLS on.
+// rule, with TLS on by itself for rediss:// and rediss+sentinel:// (where
+// tls=false is an error) and not available on a unix socket. skip_verify, a
+// go-redis parameter ReadTLS has no counterpart of, stays for the users who rely
+// on it: it turns off the certificate check and needs TLS on.
 func readTLS(u *url.URL, p *driver.Params) (*tls.Config, error) {
-	if u.Scheme == SchemeTLS {
+	tlsScheme := u.Scheme == SchemeTLS || u.Scheme == SchemeSentinelTLS
+	if tlsScheme {
 		if on, err := p.Bool("tls", true); err != nil {
 			return nil, err
 		} else if !on {
-			return nil, invalid("tls=false with the %s:// scheme", SchemeTLS)
+			return nil, invalid("tls=false with the %s:// scheme", u.Scheme)
 		}
 	}
 	cfg, err := driver.ReadTLS(p)
 	if err != nil {
 		return nil, fmt.Errorf("redislock: %w", err)
 	}
-	if cfg == nil && u.Scheme == SchemeTLS {
+	if cfg == nil && tlsScheme {
 		cfg, _ = driver.TLSConfig(nil) // nothing to read: cannot fail
 	}
 	skip, err := p.Bool("skip_verify", false)
@@ -106,13 +123,16 @@ func readTLS(u *url.URL, p *driver.Params) (*tls.Config, error) {
 	}
 	switch {
 	case cfg == nil && p.Has("skip_verify"):
-		return nil, invalid("skip_verify needs TLS (the %s:// scheme or tls=true)", SchemeTLS)
+		return nil, invalid("skip_verify needs TLS (the %s:// or %s:// scheme, or tls=true)", SchemeTLS, SchemeSentinelTLS)
 	case cfg == nil:
 		return nil, nil
 	case u.Scheme == SchemeUnix:
 		return nil, invalid("TLS parameters with a %s:// socket", SchemeUnix)
 	}
-	if cfg.ServerName == "" {
+	if cfg.ServerName == "" && !sentinelScheme(u.Scheme) {
+		// A sentinel URL names several hosts, and the master's address comes from
+		// the sentinels: crypto/tls then checks each connection against the host
+		// it dials.
 		cfg.ServerName = u.Hostname()
 	}
 	cfg.InsecureSkipVerify = skip

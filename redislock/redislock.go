@@ -1,9 +1,11 @@
 // Package redislock is the dlock backend for a single Redis instance (URL schemes
-// redis://, rediss:// and unix://), on go-redis v9.
+// redis://, rediss:// and unix://) or a Sentinel-managed master (redis+sentinel://,
+// rediss+sentinel://), on go-redis v9.
 //
 //	redis://[[user]:password@]host[:port][/db]?prefix=dlock&ttl=10s
 //	rediss://host:6380/0?tls_ca=/etc/ca.pem&tls_cert=c.pem&tls_key=k.pem
 //	unix:///run/redis.sock?db=0
+//	redis+sentinel://[[user]:password@]s1:26379,s2,s3/MASTERNAME?db=0&replicas=1
 //
 // Parameters: prefix (key namespace, default "dlock"); replicas and replica_timeout
 // (see WithReplicas; default timeout 50ms); strict (see WithStrict); tls, tls_ca,
@@ -19,6 +21,24 @@
 // repeated or malformed parameters are an error, as is db= beside a database in the
 // path. A refused password is an error matching
 // driver.ErrAuth.
+//
+// # Sentinel
+//
+// A redis+sentinel:// URL lists the sentinels (port 26379 when none is given) and
+// names the master as its path; rediss+sentinel:// speaks TLS to the sentinels and
+// to the data nodes (each connection's certificate is checked against the host it
+// dials, unless tls_server_name is given). The URL's userinfo is for the data
+// nodes; sentinel_username and sentinel_password authenticate to the sentinels.
+// The parameters are those of redis:// (the database as db=N only, since the path
+// is the master name). Open builds a go-redis FailoverClient, which asks the
+// sentinels for the master and follows a failover. The safety model is that of one
+// server replicating asynchronously: a failover to a replica that had not received
+// a grant lets a second holder in, and only fencing tokens (which keep rising, see
+// below) protect the resource then. With replicas=N every acquire and refresh is
+// acknowledged by N replicas (see WithReplicas) before it counts, so a failover to
+// one of those replicas keeps the grant (TestSentinelFailoverKeepsLockWithReplicas);
+// Sentinel does not promise to promote such a replica, so that narrows the window
+// rather than closing it.
 //
 // # Algorithm
 //
@@ -252,16 +272,19 @@ import (
 	"github.com/dlockio/dlock/driver"
 )
 
-// The URL schemes of the backend: Scheme for TCP, SchemeTLS for TCP with TLS, and
-// SchemeUnix for a unix socket.
+// The URL schemes of the backend: Scheme for TCP, SchemeTLS for TCP with TLS,
+// SchemeUnix for a unix socket, and SchemeSentinel and SchemeSentinelTLS for a
+// master found through Redis Sentinel (TLS to the sentinels and the data nodes).
 const (
-	Scheme     = "redis"
-	SchemeTLS  = "rediss"
-	SchemeUnix = "unix"
+	Scheme            = "redis"
+	SchemeTLS         = "rediss"
+	SchemeUnix        = "unix"
+	SchemeSentinel    = "redis+sentinel"
+	SchemeSentinelTLS = "rediss+sentinel"
 )
 
 func init() {
-	for _, s := range []string{Scheme, SchemeTLS, SchemeUnix} {
+	for _, s := range []string{Scheme, SchemeTLS, SchemeUnix, SchemeSentinel, SchemeSentinelTLS} {
 		driver.Register(s, func(ctx context.Context, u *url.URL) (driver.Backend, error) {
 			return Open(ctx, u)
 		})
