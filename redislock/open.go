@@ -26,15 +26,22 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts ...Option) (*Backe
 			return nil, err
 		}
 	}
+	if err := b.setCluster(rdb); err != nil {
+		return nil, err
+	}
 	b.wakeCh = wakeChannel(b.prefix, driver.RandomHex(wakeIDBytes))
 	b.hot.init()
 	return b, nil
 }
 
-// Open returns a backend for a redis://, rediss:// or unix:// URL; see the package
+// Open returns a backend for a redis://, rediss://, unix://, redis+cluster:// or
+// rediss+cluster:// URL; see the package
 // documentation for its parameters. Options given here apply after the URL's. It
 // checks that the server answers and runs Verify before returning.
 func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
+	if isClusterScheme(u.Scheme) {
+		return openCluster(ctx, u, opts)
+	}
 	if u.Scheme != Scheme && u.Scheme != SchemeTLS && u.Scheme != SchemeUnix {
 		return nil, invalid("scheme %q is not %s, %s or %s", u.Scheme, Scheme, SchemeTLS, SchemeUnix)
 	}
