@@ -268,6 +268,79 @@ func TestClusterFailover(t *testing.T) {
 	}
 }
 
+// The client's one subscription survives the loss of the node it listens on: a
+// waiter is still woken by the release, not by its lock's TTL.
+func TestClusterSubscriptionSurvivesNodeLoss(t *testing.T) {
+	cl := testserver.StartRedisCluster(t, 3, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	holder, err := dlock.Open(ctx, cl.URL(""), dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	waiter, err := dlock.Open(ctx, cl.URL(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	wb := waiter.Backend().(*redislock.Backend)
+	// Find a lock name whose slot is on another master than the subscription's
+	// (go-redis subscribes on the master of the first channel's slot), so that
+	// the lock keeps its master.
+	sub := cl.Slot(wb.WakeChannel())
+	subMaster, _ := cl.Master(sub)
+	var key string
+	for i := 0; key == ""; i++ {
+		k := "k" + strconv.Itoa(i)
+		if m, _ := cl.Master(cl.Slot(wb.LockKey(k))); m != subMaster {
+			key = k
+		}
+	}
+	// One wait, to subscribe, before the node goes.
+	l, err := holder.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	if _, err := waiter.Lock(wctx, key); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock of a held key: %v", err)
+	}
+	wcancel()
+	sm := redis.NewClient(&redis.Options{Addr: subMaster.Addr()})
+	n, err := sm.PubSubNumSub(ctx, wb.WakeChannel()).Result()
+	sm.Close()
+	if err != nil || n[wb.WakeChannel()] != 1 {
+		t.Fatalf("PUBSUB NUMSUB on %s: %v, %v; want the subscription there", subMaster.Addr(), n, err)
+	}
+	killed, _ := cl.KillMaster(wb.WakeChannel())
+	if killed != subMaster {
+		t.Fatalf("killed %s, the subscription is on %s", killed.Addr(), subMaster.Addr())
+	}
+	got := make(chan error, 1)
+	go func() {
+		l2, err := waiter.Lock(ctx, key)
+		if err == nil {
+			err = l2.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(500 * time.Millisecond) // the waiter queues
+	start := time.Now()
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("waiter woken %v after the release", time.Since(start))
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter was not woken within 15s of the release (the lock's TTL is a minute)")
+	}
+}
+
 // A resharding moves a held lock's slot to another master: the client follows
 // the MOVED redirection, with and without WAIT (which runs on the new master);
 // the lock is still held and its keys moved together.
@@ -344,6 +417,10 @@ func TestClusterURL(t *testing.T) {
 			}
 			t.Errorf("Open(%s) = %v, want ErrInvalid", raw, err)
 		}
+	}
+	// strict checks every master (none has appendfsync always here).
+	if _, err := openURL(cl.URL("strict=true")); !errors.Is(err, redislock.ErrNotDurable) {
+		t.Errorf("strict=true on a cluster without AOF: %v, want ErrNotDurable", err)
 	}
 	if _, err := openURL("rediss+cluster://" + seeds + "/?tls=false"); !errors.Is(err, driver.ErrInvalid) {
 		t.Errorf("rediss+cluster with tls=false: %v", err)

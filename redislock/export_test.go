@@ -11,3 +11,6 @@ func SetTokenRetention(t testing.TB, d time.Duration) {
 	loadScripts(d)
 	t.Cleanup(func() { loadScripts(TokenRetention) })
 }
+
+// WakeChannel returns the client's wake-up channel.
+func (b *Backend) WakeChannel() string { return b.wakeCh }

@@ -88,8 +88,14 @@ func (c *RedisCluster) client(node *Redis) *redis.Client {
 // waitFor waits until ok holds on every node.
 func (c *RedisCluster) waitFor(ctx context.Context, what string, ok func(*redis.Client) bool) {
 	c.t.Helper()
-	cls := make([]*redis.Client, len(c.Nodes))
-	for i, n := range c.Nodes {
+	c.waitOn(ctx, c.Nodes, what, ok)
+}
+
+// waitOn waits until ok holds on each of nodes.
+func (c *RedisCluster) waitOn(ctx context.Context, nodes []*Redis, what string, ok func(*redis.Client) bool) {
+	c.t.Helper()
+	cls := make([]*redis.Client, len(nodes))
+	for i, n := range nodes {
 		cls[i] = redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
 		defer cls[i].Close()
 	}
@@ -220,7 +226,7 @@ func (c *RedisCluster) URL(query string) string {
 // Slot returns the hash slot of key, as the cluster computes it.
 func (c *RedisCluster) Slot(key string) int {
 	c.t.Helper()
-	n, err := c.client(c.Nodes[0]).ClusterKeySlot(context.Background(), key).Result()
+	n, err := c.client(c.live()).ClusterKeySlot(context.Background(), key).Result()
 	if err != nil {
 		c.t.Fatalf("CLUSTER KEYSLOT: %v", err)
 	}
@@ -231,11 +237,22 @@ func (c *RedisCluster) Slot(key string) int {
 func (c *RedisCluster) Master(slot int) (*Redis, string) {
 	c.t.Helper()
 	ctx := context.Background()
-	if addr, id := slotOwner(ctx, c.client(c.Nodes[0]), slot); id != "" {
+	if addr, id := slotOwner(ctx, c.client(c.live()), slot); id != "" {
 		return c.node(addr), id
 	}
 	c.t.Fatalf("no master for slot %d", slot)
 	return nil, ""
+}
+
+// live returns a node that answers PING.
+func (c *RedisCluster) live() *Redis {
+	for _, n := range c.Nodes {
+		if redisPing(n.Port) == nil {
+			return n
+		}
+	}
+	c.t.Fatalf("no cluster node answers")
+	return nil
 }
 
 func (c *RedisCluster) node(addr string) *Redis {
@@ -282,6 +299,40 @@ func (c *RedisCluster) Failover(key string) *Redis {
 	})
 	c.waitOK(ctx)
 	return replica
+}
+
+// KillMaster kills (SIGKILL) the master that owns the slot of key and waits
+// until the other nodes have failed over to its replica (after the
+// cluster-node-timeout of 2s) and report cluster_state:ok; it returns the
+// killed node and the new master. The killed node stays down.
+func (c *RedisCluster) KillMaster(key string) (killed, promoted *Redis) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	slot := c.Slot(key)
+	old, _ := c.Master(slot)
+	var rest []*Redis
+	for _, n := range c.Nodes {
+		if n != old {
+			rest = append(rest, n)
+		}
+	}
+	old.Kill()
+	var addr string
+	c.waitOn(ctx, rest, "a replica to take over the killed master's slot", func(cl *redis.Client) bool {
+		info, err := cl.ClusterInfo(ctx).Result()
+		if err != nil || !strings.Contains(info, "cluster_state:ok") {
+			return false
+		}
+		a, _ := slotOwner(ctx, cl, slot)
+		if a == "" || a == old.Addr() || addr != "" && a != addr {
+			addr = ""
+			return false
+		}
+		addr = a
+		return true
+	})
+	return old, c.node(addr)
 }
 
 // MoveSlot moves the slot of key, with its keys, from its master to another
