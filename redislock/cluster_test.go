@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net/url"
 	"strconv"
 	"strings"
@@ -169,6 +170,30 @@ func TestClusterSets(t *testing.T) {
 		want := cl.Slot(b.LockKey(set[0])) == cl.Slot(b.LockKey(set[1]))
 		if got := b.AtomicSet(set); got != want {
 			t.Errorf("AtomicSet(%q) = %v, the cluster says %v", set, got, want)
+		}
+	}
+	// Random names of the bytes that matter to hash tags.
+	r := rand.New(rand.NewPCG(1, 2))
+	name := func() string {
+		var sb strings.Builder
+		for range 1 + r.IntN(6) {
+			sb.WriteByte("{}:ab"[r.IntN(5)])
+		}
+		return sb.String()
+	}
+	rdb := clusterClient(t, cl)
+	for range 300 {
+		set := []string{name(), name()}
+		s0, err0 := rdb.ClusterKeySlot(ctx, b.LockKey(set[0])).Result()
+		s1, err1 := rdb.ClusterKeySlot(ctx, b.LockKey(set[1])).Result()
+		if err0 != nil || err1 != nil {
+			t.Fatal(err0, err1)
+		}
+		if got := b.AtomicSet(set); got != (s0 == s1) {
+			t.Fatalf("AtomicSet(%q) = %v, the cluster says slots %d and %d", set, got, s0, s1)
+		}
+		if got := b.AtomicSet([]string{set[0], set[0] + "x"}); got != strings.Contains(set[0], "}") {
+			t.Fatalf("AtomicSet(%q, %q) = %v", set[0], set[0]+"x", got)
 		}
 	}
 	_, err := b.AcquireAll(ctx, []driver.Request{{Key: "a", Owner: "o", TTL: time.Second}, {Key: "b", Owner: "o", TTL: time.Second}})
@@ -424,5 +449,20 @@ func TestClusterURL(t *testing.T) {
 	}
 	if _, err := openURL("rediss+cluster://" + seeds + "/?tls=false"); !errors.Is(err, driver.ErrInvalid) {
 		t.Errorf("rediss+cluster with tls=false: %v", err)
+	}
+}
+
+// BenchmarkClusterCycle: BenchmarkCycle on a cluster of three masters.
+func BenchmarkClusterCycle(b *testing.B) {
+	cl := testserver.StartRedisCluster(b, 3, 0)
+	drivertest.BenchCycle(b, clusterHarness(b, cl))
+}
+
+// BenchmarkClusterMultiKey: BenchmarkMultiKey on a cluster of three masters (the
+// suite's sets share a hash tag: one script call each).
+func BenchmarkClusterMultiKey(b *testing.B) {
+	cl := testserver.StartRedisCluster(b, 3, 0)
+	for _, n := range []int{2, 8} {
+		drivertest.BenchMultiKey(b, clusterHarness(b, cl), n)
 	}
 }

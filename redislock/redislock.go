@@ -340,8 +340,8 @@ var (
 func (b *Backend) Client() redis.UniversalClient { return b.rdb }
 
 // LockKey returns the Redis key that holds the lock named key: the prefix, ":lock",
-// the byte 0x1f and the key (see the key layout in names.go: no two prefix and key
-// pairs share a key). It is a string for a mutex and a hash for a semaphore.
+// the byte 0x1f and the key, which on Redis Cluster is spelt "{=" key "}" (see the
+// key layout in names.go: no two prefix and key pairs share a key). It is a string for a mutex and a hash for a semaphore.
 func (b *Backend) LockKey(key string) string { return lockKey(b.prefix, b.part(key)) }
 
 // TokenKey returns the Redis key that holds the last fencing token issued for the
