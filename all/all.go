@@ -9,7 +9,7 @@ import (
 	_ "github.com/dlockio/dlock/memlock"   // mem://
 	_ "github.com/dlockio/dlock/mysqllock" // mysql://, mariadb://
 	_ "github.com/dlockio/dlock/pglock"    // postgres://, postgresql://
-	_ "github.com/dlockio/dlock/redislock" // redis://, rediss://, unix://, redis+sentinel://, rediss+sentinel://
+	_ "github.com/dlockio/dlock/redislock" // redis://, rediss://, unix://, redis+sentinel://, rediss+sentinel://, redis+cluster://, rediss+cluster://
 	_ "github.com/dlockio/dlock/redlock"   // redlock://
 	_ "github.com/dlockio/dlock/zklock"    // zk://
 )

@@ -57,7 +57,7 @@ func (b *Backend) Persistence() Persistence {
 // strict mode returns ErrNotDurable if the server could lose a grant in a crash. Open calls it;
 // call it yourself after New.
 func (b *Backend) Verify(ctx context.Context) error {
-	p, err := readPersistence(ctx, b.rdb)
+	p, err := b.readPersistence(ctx)
 	if err != nil {
 		return fmt.Errorf("redislock: read persistence settings: %w", err)
 	}
@@ -109,7 +109,8 @@ func readPersistence(ctx context.Context, rdb redis.UniversalClient) (Persistenc
 }
 
 // runScript runs a write script and, with WithReplicas, WAIT on the same
-// connection in the same round trip. It returns the script's reply and whether the
+// connection in the same round trip (in a cluster: on the master of the keys'
+// slot, again after a redirection). It returns the script's reply and whether the
 // replicas acknowledged.
 func (b *Backend) runScript(ctx context.Context, s *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
 	if b.replicas == 0 {
@@ -119,7 +120,13 @@ func (b *Backend) runScript(ctx context.Context, s *redis.Script, keys []string,
 	for attempt := 0; ; attempt++ {
 		var cmd *redis.Cmd
 		var wait *redis.Cmd
-		_, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		node, err := b.scriptNode(ctx, keys[0])
+		if err != nil {
+			cmd = redis.NewCmd(ctx)
+			cmd.SetErr(err)
+			return cmd, err
+		}
+		_, err = node.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if attempt == 0 {
 				cmd = s.EvalSha(ctx, p, keys, args...)
 			} else {
@@ -134,6 +141,9 @@ func (b *Backend) runScript(ctx context.Context, s *redis.Script, keys []string,
 		})
 		if err != nil && attempt == 0 && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 			continue // the script cache was flushed: send the source once
+		}
+		if b.redirected(ctx, cmd.Err(), attempt) {
+			continue // the slot moved: the script did not run
 		}
 		if cmd.Err() != nil {
 			return cmd, cmd.Err()

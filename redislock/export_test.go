@@ -14,3 +14,6 @@ func SetTokenRetention(t testing.TB, d time.Duration) {
 
 // CheckVersion is checkVersion.
 var CheckVersion = checkVersion
+
+// WakeChannel returns the client's wake-up channel.
+func (b *Backend) WakeChannel() string { return b.wakeCh }

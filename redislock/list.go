@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,15 +35,13 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]driver.Info, error
 		return nil, driver.ErrClosed
 	}
 	base := lockKey(b.prefix, "")
+	if b.cluster {
+		base += clusterOpen // every lock name is wrapped (cluster.go)
+	}
 	match := globEscape(base+prefix) + "*"
 	seen := map[string]struct{}{}
 	var keys []string
-	var cursor uint64
-	for {
-		ks, next, err := b.rdb.Scan(ctx, cursor, match, listScanCount).Result()
-		if err != nil {
-			return nil, wrap("list", prefix, err)
-		}
+	err := b.scan(ctx, match, func(ks []string) {
 		for _, k := range ks {
 			key := k[len(base):]
 			// A token or value key: the lock key and a 0x1f suffix (no lock
@@ -50,14 +49,20 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]driver.Info, error
 			if strings.Contains(key, ownerSep) {
 				continue
 			}
+			if b.cluster {
+				var ok bool
+				if key, ok = strings.CutSuffix(key, clusterClose); !ok {
+					continue
+				}
+			}
 			if _, ok := seen[key]; !ok { // SCAN may return a key twice
 				seen[key] = struct{}{}
 				keys = append(keys, key)
 			}
 		}
-		if cursor = next; cursor == 0 {
-			break
-		}
+	})
+	if err != nil {
+		return nil, wrap("list", prefix, err)
 	}
 	slices.Sort(keys)
 	var infos []driver.Info
@@ -75,6 +80,35 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]driver.Info, error
 		}
 	}
 	return infos, nil
+}
+
+// scan calls found with the keys SCAN MATCH match returns, on the server or, in
+// a cluster, on every master (one at a time: found need not be safe for
+// concurrent use).
+func (b *Backend) scan(ctx context.Context, match string, found func([]string)) error {
+	walk := func(ctx context.Context, c redis.Cmdable) error {
+		var cursor uint64
+		for {
+			ks, next, err := c.Scan(ctx, cursor, match, listScanCount).Result()
+			if err != nil {
+				return err
+			}
+			found(ks)
+			if cursor = next; cursor == 0 {
+				return nil
+			}
+		}
+	}
+	cc, ok := b.rdb.(*redis.ClusterClient)
+	if !ok {
+		return walk(ctx, b.rdb)
+	}
+	var mu sync.Mutex
+	return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return walk(ctx, m)
+	})
 }
 
 // holdersOf runs holders.lua on each of keys in one pipeline and returns the

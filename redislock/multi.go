@@ -27,6 +27,15 @@ func (b *Backend) AcquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 		return nil, nil
 	}
 	owner, ttl := reqs[0].Owner, reqs[0].TTL
+	if b.cluster {
+		names := make([]string, len(reqs))
+		for i, r := range reqs {
+			names[i] = r.Key
+		}
+		if !b.AtomicSet(names) {
+			return nil, fmt.Errorf("redislock: acquire %q and %d more keys: %w: keys in several Redis Cluster hash slots", reqs[0].Key, len(reqs)-1, driver.ErrUnsupported)
+		}
+	}
 	keys := make([]string, len(reqs))
 	for i, r := range reqs {
 		if r.Owner != owner || r.TTL != ttl || r.Wait || r.Reenter || len(r.Value) > 0 || r.Limit > 1 || r.Shared {

@@ -26,20 +26,27 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts ...Option) (*Backe
 			return nil, err
 		}
 	}
+	if err := b.setCluster(rdb); err != nil {
+		return nil, err
+	}
 	b.wakeCh = wakeChannel(b.prefix, driver.RandomHex(wakeIDBytes))
 	b.hot.init()
 	return b, nil
 }
 
-// Open returns a backend for a redis://, rediss://, unix://, redis+sentinel:// or
-// rediss+sentinel:// URL; see the package documentation for its parameters. Options
-// given here apply after the URL's. It checks that the server answers and runs
-// Verify before returning.
+// Open returns a backend for a redis://, rediss://, unix://, redis+sentinel://,
+// rediss+sentinel://, redis+cluster:// or rediss+cluster:// URL; see the package
+// documentation for its parameters. Options given here apply after the URL's. It
+// checks that the server answers and runs Verify before returning.
 func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
+	if isClusterScheme(u.Scheme) {
+		return openCluster(ctx, u, opts)
+	}
 	switch u.Scheme {
 	case Scheme, SchemeTLS, SchemeUnix, SchemeSentinel, SchemeSentinelTLS:
 	default:
-		return nil, invalid("scheme %q is not %s, %s, %s, %s or %s", u.Scheme, Scheme, SchemeTLS, SchemeUnix, SchemeSentinel, SchemeSentinelTLS)
+		return nil, invalid("scheme %q is not %s, %s, %s, %s, %s, %s or %s", u.Scheme, Scheme, SchemeTLS, SchemeUnix,
+			SchemeSentinel, SchemeSentinelTLS, SchemeCluster, SchemeClusterTLS)
 	}
 	p, err := driver.ParseParams(u)
 	if err != nil {

@@ -23,6 +23,7 @@ type config struct {
 	replicaTimeout time.Duration
 	strict         bool
 	logger         *slog.Logger
+	cluster        bool // Redis Cluster key layout (cluster.go): set by New for a *redis.ClusterClient
 }
 
 func defaultConfig() config {

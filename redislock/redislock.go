@@ -1,11 +1,13 @@
 // Package redislock is the dlock backend for a single Redis instance (URL schemes
-// redis://, rediss:// and unix://) or a Sentinel-managed master (redis+sentinel://,
-// rediss+sentinel://), on go-redis v9.
+// redis://, rediss:// and unix://), a Sentinel-managed master (redis+sentinel://,
+// rediss+sentinel://) and Redis Cluster (redis+cluster://, rediss+cluster://), on
+// go-redis v9.
 //
 //	redis://[[user]:password@]host[:port][/db]?prefix=dlock&ttl=10s
 //	rediss://host:6380/0?tls_ca=/etc/ca.pem&tls_cert=c.pem&tls_key=k.pem
 //	unix:///run/redis.sock?db=0
 //	redis+sentinel://[[user]:password@]s1:26379,s2,s3/MASTERNAME?db=0&replicas=1
+//	redis+cluster://[[user]:password@]host1:7000,host2:7001,host3:7002/?replicas=1
 //
 // Parameters: prefix (key namespace, default "dlock"); replicas and replica_timeout
 // (see WithReplicas; default timeout 50ms); strict (see WithStrict); tls, tls_ca,
@@ -39,6 +41,26 @@
 // one of those replicas keeps the grant (TestSentinelFailoverKeepsLockWithReplicas);
 // Sentinel does not promise to promote such a replica, so that narrows the window
 // rather than closing it.
+//
+// # Redis Cluster
+//
+// A cluster URL lists seed nodes (host:port, port 6379 if left out; go-redis
+// learns the rest) and takes the parameters above except db (a cluster has one
+// database: db= or a path is an error); rediss+cluster:// is rediss:// for every
+// node. New takes a *redis.ClusterClient as well. In a cluster every name of a
+// lock K is spelt with "{=K}" where a single server has K (see the key layout in
+// names.go), so all of K's keys share a hash slot whatever K holds, and every
+// script runs on the one master that owns it; the prefix may then not contain '{'
+// or '}'. go-redis follows MOVED and ASK redirections. WAIT (replicas=N) runs on
+// the master that owns the lock's slot, on the connection that ran the script,
+// and counts that master's replicas; a redirection there is followed by a reload
+// of the slot map and another attempt. strict and Verify check every master, and
+// Persistence reports the least durable. List scans every master. Mutual exclusion
+// holds while the slot's master keeps its data: a failover to a replica that had
+// not received a grant lets a second client in, as on a single server, unless
+// replicas=N made each grant wait for N of that master's replicas (then a
+// failover to one of them keeps it, as TestClusterFailover shows); fencing tokens
+// keep rising across it either way.
 //
 // # Algorithm
 //
@@ -176,8 +198,11 @@
 // script alone, so nobody sees part of the set held; a set with a taken key
 // changes nothing (TryLockAll then fails naming that key, and LockAll waits for the
 // keys one at a time, in key order).
-// The set's lock keys are all passed to the one script, which suits a single
-// instance: on Redis Cluster they would have to share a hash slot.
+// The set's lock keys are all passed to the one script. On Redis Cluster that
+// works only for keys of one hash slot: AtomicSet (driver.SetChecker) tells the
+// core which sets those are (keys with a common part up to their first '}', as
+// "{order1}:a" and "{order1}:b"); the core takes any other set one key at a time,
+// and AcquireAll refuses it with driver.ErrUnsupported, changing nothing.
 //
 // The scripts are files under scripts/, each with a header naming its keys,
 // arguments and reply; Redis caches each script until SCRIPT FLUSH, and a flushed
@@ -189,7 +214,8 @@
 // (MATCH with the lock key's spelling of the prefix, its glob characters escaped)
 // and reads each key's holders with the script Holders runs, a few hundred keys
 // per pipelined round trip: mutexes, semaphores and readers alike. SCAN visits
-// every key of the database, however few match: an administrative call.
+// every key of the database, however few match (of every master, on Redis
+// Cluster): an administrative call.
 //
 // # Bounded state
 //
@@ -337,16 +363,16 @@ var (
 func (b *Backend) Client() redis.UniversalClient { return b.rdb }
 
 // LockKey returns the Redis key that holds the lock named key: the prefix, ":lock",
-// the byte 0x1f and the key (see the key layout in names.go: no two prefix and key
-// pairs share a key). It is a string for a mutex and a hash for a semaphore.
-func (b *Backend) LockKey(key string) string { return lockKey(b.prefix, key) }
+// the byte 0x1f and the key, which on Redis Cluster is spelt "{=" key "}" (see the
+// key layout in names.go: no two prefix and key pairs share a key). It is a string for a mutex and a hash for a semaphore.
+func (b *Backend) LockKey(key string) string { return lockKey(b.prefix, b.part(key)) }
 
 // TokenKey returns the Redis key that holds the last fencing token issued for the
 // lock named key: its lock key followed by the byte 0x1f and "token" (the scripts
 // derive it from the lock key; no lock name or prefix may hold a control byte).
 // It expires TokenRetention after the lease of its last grant (see Bounded state
 // in the package documentation).
-func (b *Backend) TokenKey(key string) string { return lockKey(b.prefix, key) + tokenSuffix }
+func (b *Backend) TokenKey(key string) string { return b.LockKey(key) + tokenSuffix }
 
 // keys returns the keys a script on the lock named key is given: its lock key.
 func (b *Backend) keys(key string) []string { return []string{b.LockKey(key)} }

@@ -130,6 +130,9 @@ func (b *Backend) dispatch(payload string) bool {
 	if err1 != nil || err2 != nil || err3 != nil {
 		return false
 	}
+	if key, ok = b.unpart(key); !ok {
+		return false
+	}
 	w := b.waiter(key, owner)
 	if w == nil {
 		return false
