@@ -95,6 +95,15 @@
 // release, one read and a KILL by the releaser, one read by the woken listener, and
 // the waiter's acquire and the deletion of its place.
 //
+// # Listing
+//
+// Queue (driver.Queuer, dlock.Client.Waiters) reads the live places of a key in line
+// order, without the place of a waiter that was just granted the key and has not
+// deleted its place yet. List (driver.Lister, dlock.Client.List) reads the live rows
+// whose key starts with a prefix in one query, a range scan of the primary key, with
+// each key's count of live places. Both are reads for administrators, not for a hot
+// path.
+//
 // # Safety model
 //
 // Mutual exclusion holds on one server (or a primary whose failover promotes a
@@ -159,8 +168,8 @@ func init() {
 const DefaultTable = "dlock_locks"
 
 // Backend is the MySQL/MariaDB backend. It implements driver.Backend,
-// driver.Notifier, driver.Inspector and driver.ForceReleaser, and is safe for
-// concurrent use.
+// driver.Notifier, driver.Inspector, driver.ForceReleaser, driver.Queuer and
+// driver.Lister, and is safe for concurrent use.
 type Backend struct {
 	config
 	db     *sql.DB
@@ -180,6 +189,7 @@ var (
 type statements struct {
 	acquire, heldTTL, owned, refresh, release, inspect, force string
 	enqueue, mark, withdraw, next, unmark, firsts             string
+	queue, list                                               string
 }
 
 // released is the expiry of a released row: long past.
@@ -220,6 +230,11 @@ func newStatements(table string) statements {
 			" AND l.expires_at <= " + now + " AND NOT EXISTS (SELECT 1 FROM " + qt + " a WHERE a.lock_key = q.lock_key AND a.expires_at > " + now + " AND a.id < q.id)",
 		unmark: "UPDATE " + t + " SET queued = 0 WHERE lock_key = ? AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + ")",
 		force:  "UPDATE " + t + " SET owner = '', expires_at = '" + released + "', queued = LAST_INSERT_ID(queued) WHERE lock_key = ? AND expires_at > " + now,
+		queue: "SELECT q.owner, TIMESTAMPDIFF(MICROSECOND, " + now + ", q.expires_at) FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now +
+			" AND NOT EXISTS (SELECT 1 FROM " + t + " l WHERE l.lock_key = q.lock_key AND l.owner = q.owner AND l.expires_at > " + now + ") ORDER BY q.id",
+		list: "SELECT lock_key, owner, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
+			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + ") FROM " + t +
+			" l WHERE lock_key >= ? AND LEFT(lock_key, ?) = ? AND expires_at > " + now + " ORDER BY lock_key",
 	}
 }
 
