@@ -26,12 +26,12 @@ func (b *Backend) Queue(ctx context.Context, key string) ([]driver.Info, error) 
 	defer rows.Close()
 	places := []driver.Info{}
 	for rows.Next() {
-		var owner []byte
+		var owner, val []byte
 		var us int64
-		if err := rows.Scan(&owner, &us); err != nil {
+		if err := rows.Scan(&owner, &val, &us); err != nil {
 			return nil, b.ctxErr(ctx, err)
 		}
-		places = append(places, driver.Info{Key: key, Owner: string(owner), TTL: time.Duration(us) * time.Microsecond, Waiters: -1})
+		places = append(places, driver.Info{Key: key, Owner: string(owner), TTL: time.Duration(us) * time.Microsecond, Waiters: -1, Value: val})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, b.ctxErr(ctx, err)
@@ -53,14 +53,14 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]driver.Info, error
 	defer rows.Close()
 	var out []driver.Info
 	for rows.Next() {
-		var key, owner []byte
+		var key, owner, val []byte
 		var tok uint64
 		var us int64
 		var waiters int
-		if err := rows.Scan(&key, &owner, &tok, &us, &waiters); err != nil {
+		if err := rows.Scan(&key, &owner, &val, &tok, &us, &waiters); err != nil {
 			return nil, b.ctxErr(ctx, err)
 		}
-		out = append(out, driver.Info{Key: string(key), Owner: string(owner), Token: tok, TTL: time.Duration(us) * time.Microsecond, Waiters: waiters})
+		out = append(out, driver.Info{Key: string(key), Owner: string(owner), Token: tok, TTL: time.Duration(us) * time.Microsecond, Waiters: waiters, Value: val})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, b.ctxErr(ctx, err)

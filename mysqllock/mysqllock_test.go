@@ -126,6 +126,7 @@ func TestMariaDB(t *testing.T) {
 	t.Run("NoCreatePrivilege", func(t *testing.T) { testNoCreatePrivilege(t, srv) })
 	t.Run("Open", func(t *testing.T) { testDlockOpen(t, srv) })
 	t.Run("ListPrefixBytes", func(t *testing.T) { testListPrefixBytes(t, srv) })
+	t.Run("ValueColumnAdded", func(t *testing.T) { testValueColumnAdded(t, srv) })
 }
 
 func testURLParameters(t *testing.T, srv *testserver.MariaDB) {
