@@ -98,6 +98,14 @@
 // release, one read and a KILL by the releaser, one read by the woken listener, and
 // the waiter's acquire and the deletion of its place.
 //
+// # Several keys at once
+//
+// AcquireAll (driver.MultiAcquirer, dlock.Client.LockAll and the like) runs the
+// acquire statement of every key in one transaction, in ascending key order, and
+// commits only if every key was granted: a refused key rolls back the others (their
+// tokens too), so no one ever sees part of a set held. A transaction chosen as a
+// deadlock's victim is run again, at most 8 times.
+//
 // # Values and listing
 //
 // A grant's value (dlock.WithValue, Proclaim; driver.Valuer) is written by the
@@ -177,7 +185,8 @@ const DefaultTable = "dlock_locks"
 
 // Backend is the MySQL/MariaDB backend. It implements driver.Backend,
 // driver.Notifier, driver.Inspector, driver.ForceReleaser, driver.Valuer,
-// driver.Queuer and driver.Lister, and is safe for concurrent use.
+// driver.MultiAcquirer, driver.Queuer and driver.Lister, and is safe for concurrent
+// use.
 type Backend struct {
 	config
 	db     *sql.DB
