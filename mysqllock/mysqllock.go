@@ -22,11 +22,13 @@
 // the server serialises on the table's metadata lock, so that many clients starting
 // at once create them once; a client without the CREATE privilege works on tables an
 // administrator made, and is refused with an error matching driver.ErrAuth when
-// they are missing):
+// they are missing). Tables made before the value columns existed get them at
+// Open (ALTER TABLE ... ADD COLUMN, which needs the ALTER privilege once):
 //
 //	CREATE TABLE dlock_locks (
 //	    lock_key   VARBINARY(512) NOT NULL PRIMARY KEY,
 //	    owner      VARBINARY(128) NOT NULL,  -- holder, empty when released
+//	    value      VARBINARY(4096) NULL,     -- the grant's value (driver.Valuer)
 //	    token      BIGINT UNSIGNED NOT NULL, -- fencing token of the last grant
 //	    expires_at DATETIME(6) NOT NULL,     -- server clock, UTC: UTC_TIMESTAMP(6) + TTL
 //	    queued     TINYINT NOT NULL DEFAULT 0 -- places may be queued
@@ -35,6 +37,7 @@
 //	    id         BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, -- line order
 //	    lock_key   VARBINARY(512) NOT NULL,
 //	    owner      VARBINARY(128) NOT NULL,  -- the waiter
+//	    value      VARBINARY(4096) NULL,     -- the value its grant will have
 //	    conn       BIGINT UNSIGNED NOT NULL, -- its client's listening connection
 //	    expires_at DATETIME(6) NOT NULL,     -- the place lapses: now + patience
 //	    UNIQUE KEY place (lock_key, owner), KEY conn (conn)
@@ -94,6 +97,28 @@
 // pool's other connections are shared, at most max_conns in all). A handoff is the
 // release, one read and a KILL by the releaser, one read by the woken listener, and
 // the waiter's acquire and the deletion of its place.
+//
+// # Several keys at once
+//
+// AcquireAll (driver.MultiAcquirer, dlock.Client.LockAll and the like) runs the
+// acquire statement of every key in one transaction, in ascending key order, and
+// commits only if every key was granted: a refused key rolls back the others (their
+// tokens too), so no one ever sees part of a set held. A transaction chosen as a
+// deadlock's victim is run again, at most 8 times.
+//
+// # Values and listing
+//
+// A grant's value (dlock.WithValue, Proclaim; driver.Valuer) is written by the
+// granting statement itself, replaced by a re-entry or SetValue (one UPDATE comparing
+// the owner), and cleared by the release; a waiter's place holds the value its grant
+// will have.
+//
+// Queue (driver.Queuer, dlock.Client.Waiters) reads the live places of a key in line
+// order, without the place of a waiter that was just granted the key and has not
+// deleted its place yet. List (driver.Lister, dlock.Client.List) reads the live rows
+// whose key starts with a prefix in one query, a range scan of the primary key, with
+// each key's count of live places. Both are reads for administrators, not for a hot
+// path.
 //
 // # Safety model
 //
@@ -159,8 +184,9 @@ func init() {
 const DefaultTable = "dlock_locks"
 
 // Backend is the MySQL/MariaDB backend. It implements driver.Backend,
-// driver.Notifier, driver.Inspector and driver.ForceReleaser, and is safe for
-// concurrent use.
+// driver.Notifier, driver.Inspector, driver.ForceReleaser, driver.Valuer,
+// driver.MultiAcquirer, driver.Queuer and driver.Lister, and is safe for concurrent
+// use.
 type Backend struct {
 	config
 	db     *sql.DB
@@ -175,11 +201,13 @@ var (
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Notifier      = (*Backend)(nil)
+	_ driver.Valuer        = (*Backend)(nil)
 )
 
 type statements struct {
 	acquire, heldTTL, owned, refresh, release, inspect, force string
 	enqueue, mark, withdraw, next, unmark, firsts             string
+	queue, list, setValue                                     string
 }
 
 // released is the expiry of a released row: long past.
@@ -190,7 +218,7 @@ func newStatements(table string) statements {
 	qt := "`" + table + queueSuffix + "`"
 	const now = "UTC_TIMESTAMP(6)"
 	return statements{
-		acquire: "INSERT INTO " + t + " (lock_key, owner, token, expires_at) VALUES (?, ?, " +
+		acquire: "INSERT INTO " + t + " (lock_key, owner, value, token, expires_at) VALUES (?, ?, ?, " +
 			"LAST_INSERT_ID(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000)), " + now + " + INTERVAL ? MICROSECOND) " +
 			"ON DUPLICATE KEY UPDATE " +
 			// @dlock_free: the row is free (released or expired) and no live
@@ -201,25 +229,34 @@ func newStatements(table string) statements {
 			// owner is assigned before expires_at, which still holds the old
 			// expiry when its own condition is read (assignments run left to right).
 			"owner = IF(@dlock_free, VALUES(owner), owner), " +
-			"expires_at = IF(@dlock_free OR (? AND owner = VALUES(owner) AND expires_at > " + now + "), VALUES(expires_at), expires_at)",
+			// @dlock_set: granted, or re-entered (Reenter, the caller's own live
+			// row): the value and the expiry are the request's.
+			"value = IF(@dlock_set := (@dlock_free OR (? AND owner = VALUES(owner) AND expires_at > " + now + ")), VALUES(value), value), " +
+			"expires_at = IF(@dlock_set, VALUES(expires_at), expires_at)",
 		heldTTL: "SELECT TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at) FROM " + t + " WHERE lock_key = ? AND expires_at > " + now,
 		owned:   "SELECT token FROM " + t + " WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
 		refresh: "UPDATE " + t + " SET expires_at = " + now + " + INTERVAL ? MICROSECOND WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
 		// The release hands back whether places were queued (queued, through
 		// LAST_INSERT_ID), so that only a contended release looks for a waiter.
-		release: "UPDATE " + t + " SET owner = '', expires_at = '" + released + "', queued = LAST_INSERT_ID(queued) WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
-		inspect: "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
+		release: "UPDATE " + t + " SET owner = '', value = NULL, expires_at = '" + released + "', queued = LAST_INSERT_ID(queued) WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
+		inspect: "SELECT owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
 			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + ") FROM " + t + " l WHERE lock_key = ? AND expires_at > " + now,
-		enqueue: "INSERT INTO " + qt + " (lock_key, owner, conn, expires_at) VALUES (?, ?, ?, " + now + " + INTERVAL ? MICROSECOND) " +
-			"ON DUPLICATE KEY UPDATE conn = VALUES(conn), expires_at = VALUES(expires_at)",
+		enqueue: "INSERT INTO " + qt + " (lock_key, owner, value, conn, expires_at) VALUES (?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND) " +
+			"ON DUPLICATE KEY UPDATE value = VALUES(value), conn = VALUES(conn), expires_at = VALUES(expires_at)",
 		mark:     "UPDATE " + t + " SET queued = 1 WHERE lock_key = ? AND queued = 0",
 		withdraw: "DELETE FROM " + qt + " WHERE lock_key = ? AND owner = ?",
 		next: "SELECT q.conn FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key WHERE q.lock_key = ? AND q.expires_at > " + now +
 			" AND l.expires_at <= " + now + " ORDER BY q.id LIMIT 1",
 		firsts: "SELECT q.lock_key FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key WHERE q.conn = ? AND q.expires_at > " + now +
 			" AND l.expires_at <= " + now + " AND NOT EXISTS (SELECT 1 FROM " + qt + " a WHERE a.lock_key = q.lock_key AND a.expires_at > " + now + " AND a.id < q.id)",
-		unmark: "UPDATE " + t + " SET queued = 0 WHERE lock_key = ? AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + ")",
-		force:  "UPDATE " + t + " SET owner = '', expires_at = '" + released + "', queued = LAST_INSERT_ID(queued) WHERE lock_key = ? AND expires_at > " + now,
+		unmark:   "UPDATE " + t + " SET queued = 0 WHERE lock_key = ? AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + ")",
+		force:    "UPDATE " + t + " SET owner = '', value = NULL, expires_at = '" + released + "', queued = LAST_INSERT_ID(queued) WHERE lock_key = ? AND expires_at > " + now,
+		setValue: "UPDATE " + t + " SET value = ? WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
+		queue: "SELECT q.owner, q.value, TIMESTAMPDIFF(MICROSECOND, " + now + ", q.expires_at) FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now +
+			" AND NOT EXISTS (SELECT 1 FROM " + t + " l WHERE l.lock_key = q.lock_key AND l.owner = q.owner AND l.expires_at > " + now + ") ORDER BY q.id",
+		list: "SELECT lock_key, owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
+			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + ") FROM " + t +
+			" l WHERE lock_key >= ? AND LEFT(lock_key, ?) = ? AND expires_at > " + now + " ORDER BY lock_key",
 	}
 }
 
@@ -245,13 +282,19 @@ func newBackend(ctx context.Context, db *sql.DB, opts []Option) (*Backend, error
 // first so that a user without the CREATE privilege can use tables made for it.
 func (b *Backend) ensureSchema(ctx context.Context) error {
 	t, qt := "`"+b.table+"`", "`"+b.table+queueSuffix+"`"
-	_, err1 := b.db.ExecContext(ctx, "SELECT lock_key, owner, token, expires_at, queued FROM "+t+" LIMIT 0")
-	_, err2 := b.db.ExecContext(ctx, "SELECT id, lock_key, owner, conn, expires_at FROM "+qt+" LIMIT 0")
+	_, err1 := b.db.ExecContext(ctx, "SELECT lock_key, owner, value, token, expires_at, queued FROM "+t+" LIMIT 0")
+	_, err2 := b.db.ExecContext(ctx, "SELECT id, lock_key, owner, value, conn, expires_at FROM "+qt+" LIMIT 0")
 	if err1 == nil && err2 == nil {
 		return nil
 	}
-	for _, err := range []error{err1, err2} {
-		if err != nil && !isErr(err, 1146) { // ER_NO_SUCH_TABLE
+	for i, err := range []error{err1, err2} {
+		if err != nil && isErr(err, 1054) { // ER_BAD_FIELD_ERROR: tables made before values
+			name := []string{t, qt}[i]
+			_, err = b.db.ExecContext(ctx, "ALTER TABLE "+name+" ADD COLUMN value VARBINARY(4096) NULL")
+			if err != nil && !isErr(err, 1060) { // ER_DUP_FIELDNAME: added meanwhile
+				return fmt.Errorf("add the value column to %s: %w", name, err)
+			}
+		} else if err != nil && !isErr(err, 1146) { // ER_NO_SUCH_TABLE
 			return fmt.Errorf("read table %s: %w", b.table, err)
 		}
 	}
@@ -259,6 +302,7 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 		"CREATE TABLE IF NOT EXISTS " + t + " (" +
 			"lock_key VARBINARY(512) NOT NULL PRIMARY KEY, " +
 			"owner VARBINARY(128) NOT NULL, " +
+			"value VARBINARY(4096) NULL, " +
 			"token BIGINT UNSIGNED NOT NULL, " +
 			"expires_at DATETIME(6) NOT NULL, " +
 			"queued TINYINT NOT NULL DEFAULT 0" +
@@ -267,6 +311,7 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 			"id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, " +
 			"lock_key VARBINARY(512) NOT NULL, " +
 			"owner VARBINARY(128) NOT NULL, " +
+			"value VARBINARY(4096) NULL, " +
 			"conn BIGINT UNSIGNED NOT NULL, " +
 			"expires_at DATETIME(6) NOT NULL, " +
 			"UNIQUE KEY place (lock_key, owner), KEY conn (conn)" +
@@ -340,7 +385,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 }
 
 func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant, bool, error) {
-	res, err := b.exec(ctx, b.q.acquire, req.Key, req.Owner, micros(req.TTL),
+	res, err := b.exec(ctx, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
 		req.Key, req.Owner, req.Key, req.Owner, req.Reenter)
 	if err != nil {
 		return driver.Grant{}, false, b.ctxErr(ctx, err)
@@ -429,18 +474,49 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	if b.closed.Load() {
 		return driver.Info{}, driver.ErrClosed
 	}
-	var owner []byte
+	var owner, val []byte
 	var tok uint64
 	var us int64
 	var waiters int
-	err := b.db.QueryRowContext(ctx, b.q.inspect, key).Scan(&owner, &tok, &us, &waiters)
+	err := b.db.QueryRowContext(ctx, b.q.inspect, key).Scan(&owner, &val, &tok, &us, &waiters)
 	if errors.Is(err, sql.ErrNoRows) {
 		return driver.Info{}, driver.ErrNotHeld
 	}
 	if err != nil {
 		return driver.Info{}, b.ctxErr(ctx, err)
 	}
-	return driver.Info{Key: key, Owner: string(owner), Token: tok, TTL: time.Duration(us) * time.Microsecond, Waiters: waiters}, nil
+	return driver.Info{Key: key, Owner: string(owner), Token: tok, TTL: time.Duration(us) * time.Microsecond, Waiters: waiters, Value: val}, nil
+}
+
+// SetValue implements driver.Valuer: one UPDATE comparing the owner and the expiry.
+func (b *Backend) SetValue(ctx context.Context, key, owner string, v []byte) error {
+	if b.closed.Load() {
+		return driver.ErrClosed
+	}
+	res, err := b.exec(ctx, b.q.setValue, value(v), key, owner)
+	if err != nil {
+		return b.ctxErr(ctx, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return b.ctxErr(ctx, err)
+	} else if n == 1 {
+		return nil
+	}
+	// Zero rows: not held, or the same value written again.
+	var tok uint64
+	err = b.db.QueryRowContext(ctx, b.q.owned, key, owner).Scan(&tok)
+	if errors.Is(err, sql.ErrNoRows) {
+		return driver.ErrNotHeld
+	}
+	return b.ctxErr(ctx, err)
+}
+
+// value is the column value of a grant's value: NULL for none.
+func value(v []byte) any {
+	if len(v) == 0 {
+		return nil
+	}
+	return v
 }
 
 // ForceRelease implements driver.ForceReleaser.

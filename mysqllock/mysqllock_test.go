@@ -125,6 +125,8 @@ func TestMariaDB(t *testing.T) {
 	t.Run("ConcurrentSchemaCreation", func(t *testing.T) { testConcurrentSchemaCreation(t, srv) })
 	t.Run("NoCreatePrivilege", func(t *testing.T) { testNoCreatePrivilege(t, srv) })
 	t.Run("Open", func(t *testing.T) { testDlockOpen(t, srv) })
+	t.Run("ListPrefixBytes", func(t *testing.T) { testListPrefixBytes(t, srv) })
+	t.Run("ValueColumnAdded", func(t *testing.T) { testValueColumnAdded(t, srv) })
 }
 
 func testURLParameters(t *testing.T, srv *testserver.MariaDB) {

@@ -27,7 +27,7 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	// Remembered before the insert is sent: a withdrawal deletes the place even
 	// if the reply to the insert never came.
 	_, had := b.places.LoadOrStore(placeKey{req.Key, req.Owner}, struct{}{})
-	if _, err := b.exec(ctx, b.q.enqueue, req.Key, req.Owner, id, micros(req.Patience)); err != nil {
+	if _, err := b.exec(ctx, b.q.enqueue, req.Key, req.Owner, value(req.Value), id, micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
 	if had {

@@ -56,7 +56,7 @@ For every backend, in interleaved rounds (round 1 runs every backend, then round
              cycle by cycle with the backend's floor (the least a correct lock does
              on that engine with its own client: SET NX PX and a compare-and-delete
              for Redis, create and delete for ZooKeeper, insert and delete for
-             PostgreSQL), and the ratio of the medians;
+             PostgreSQL and MySQL), and the ratio of the medians;
   many keys  --workers clients over --keys keys, a random key per acquisition;
   hot key    --workers clients on one key: acquisitions/s, handoff latency (from a
              Release to the next holder's Lock returning), fairness (min/max
@@ -69,15 +69,16 @@ For every backend, in interleaved rounds (round 1 runs every backend, then round
 the backend of each store, in this process, on the same servers, through the same
 loops and in the same rounds: go-redsync/redsync (one pool on Redis, one per master
 on Redlock), bsm/redislock, etcd's concurrency.Mutex, go-zookeeper's Lock,
-PostgreSQL's pg_advisory_lock and a row lock polled every 10 ms. They are shown as
+PostgreSQL's pg_advisory_lock and a row lock polled every 10 ms, and MySQL's
+GET_LOCK and a row polled every 10 ms. They are shown as
 peers, and every dlock backend gets its ratio to the best peer of its store next to
 its fairness. Peers have no fencing and no server counts: the waiters workload is
 not theirs.
 
 A backend without a floor shows n/a for the ratios. Give backends with --backend
 (repeatable; NAME=URL names one); --start-servers starts local servers itself
-(redis-server, 5 Redis masters for redlock, an embedded etcd, and ZooKeeper and
-PostgreSQL when their Debian packages are installed) on free 127.0.0.1 ports and
+(redis-server, 5 Redis masters for redlock, an embedded etcd, and ZooKeeper,
+PostgreSQL and MariaDB when their Debian packages are installed) on free 127.0.0.1 ports and
 stops them at the end. Without either, it measures the in-process mem:// backend,
 so the command always works. The in-process backend is measured whenever
 --start-servers is given, as the reference for the core's own cost.
@@ -259,7 +260,7 @@ dlock-bench.<run id>.*, and every lock is released at the end.`,
 	}
 	f := cmd.Flags()
 	f.StringArrayVar(&backends, "backend", nil, "measure the backend at `[NAME=]URL` (repeatable), e.g. redis://127.0.0.1:6379/0")
-	f.BoolVar(&startServers, "start-servers", false, "start local servers (redis, redlock, etcd, and zk, postgres if installed) and measure them")
+	f.BoolVar(&startServers, "start-servers", false, "start local servers (redis, redlock, etcd, and zk, postgres, mariadb if installed) and measure them")
 	f.StringVar(&servers, "servers", "", "with --start-servers, start only these (comma-separated `LIST` of "+strings.Join(bench.ServerKinds, ",")+")")
 	f.DurationVar(&duration, "duration", bench.DefaultDuration, "measuring `TIME` of each workload on each backend, split over the rounds")
 	f.IntVar(&workers, "workers", bench.DefaultWorkers, "clients (each its own connection) of the many-keys and hot-key workloads")

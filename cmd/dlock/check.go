@@ -96,7 +96,7 @@ promises safety; "detected" is a violation the setup is known to allow; "not
 observed" is a known-unsafe cell whose violation did not show up in this run.
 
 --matrix runs every setup with every fault that applies to it, unfenced and
-fenced (56 cells), and writes the table to --doc (docs/safety.md in the
+fenced (64 cells), and writes the table to --doc (docs/safety.md in the
 repository); with --duration 8s a cell takes about 12 seconds.
 
 --acquisitions and --injections give each cell a target instead of a fixed length:
@@ -111,8 +111,8 @@ injections in every cell whose setup promises safety) are checked by
 stronger test for a safe cell: the store counts every stale write instead of
 refusing it).
 
-Setups need their servers installed (redis-server; zookeeper and postgresql
-Debian packages; etcd is embedded); so do resources. "dlock check --list" lists
+Setups need their servers installed (redis-server; zookeeper, postgresql and
+mariadb-server Debian packages; etcd is embedded); so do resources. "dlock check --list" lists
 setups, faults and resources.`,
 		Example: `  dlock check --setup redis --fault kill
   dlock check --setup redis --fault pause-after-check --fencing off --duration 20s

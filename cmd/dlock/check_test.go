@@ -46,7 +46,7 @@ func TestCheckList(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
-	for _, want := range []string{"redis-aof", "redlock", "etcd", "zk", "postgres", "pause-after-check", "failover", "clock", "resources", "pgfence", "redisfence", "etcdfence"} {
+	for _, want := range []string{"redis-aof", "redlock", "etcd", "zk", "postgres", "mariadb", "pause-after-check", "failover", "clock", "resources", "pgfence", "redisfence", "etcdfence"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("--list does not mention %q", want)
 		}
@@ -80,6 +80,37 @@ func TestCheckRedisKill(t *testing.T) {
 			if st, err := os.Stat(filepath.Join(out, name+ext)); err != nil || st.Size() == 0 {
 				t.Errorf("%s%s: %v", name, ext, err)
 			}
+		}
+	}
+}
+
+// The MariaDB setup keeps PostgreSQL's promises: kill -9 of the server (restarted
+// at once, InnoDB's redo log flushed at every commit) loses no lease and no token, so
+// both cells are safe (P1, P3 and P4 all 0, "as expected").
+func TestCheckMariaDBKill(t *testing.T) {
+	testserver.Require(t, "mariadb", "mariadbd", testserver.MariaDBInstallHint)
+	t.Setenv("DLOCK_TEST_MAIN", "1") // the workers are this test binary running Main
+	out := t.TempDir()
+	code, stdout, stderr := run("check", "--setup", "mariadb", "--fault", "kill", "--fault", "clock", "--duration", "5s",
+		"--ttl", "500ms", "--interval", "1500ms", "--keys", "1", "--out", out, "--seed", "7")
+	if code != exitOK {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	rows := strings.Split(strings.TrimSpace(stdout), "\n")
+	if len(rows) != 6 {
+		t.Fatalf("want a header and 4 rows, got:\n%s", stdout)
+	}
+	for i, want := range []string{"| mariadb | kill | no |", "| mariadb | kill | yes |", "| mariadb | clock | no |", "| mariadb | clock | yes |"} {
+		row := rows[2+i]
+		if !strings.HasPrefix(row, want) {
+			t.Errorf("row %q: want %q ...", row, want)
+		}
+	}
+	// kill: safe in both modes; clock: the fenced cell is safe, the unfenced one may
+	// show the stale write (detected) or not.
+	for _, i := range []int{2, 3, 5} {
+		if !strings.HasSuffix(rows[i], "| as expected |") && !strings.HasSuffix(rows[i], "| detected |") {
+			t.Errorf("row %q: want as expected or detected", rows[i])
 		}
 	}
 }

@@ -2,6 +2,9 @@ package bench
 
 import (
 	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +21,7 @@ import (
 	"github.com/go-redsync/redsync/v4"
 	redsyncredis "github.com/go-redsync/redsync/v4/redis"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/go-sql-driver/mysql"
 	"github.com/go-zookeeper/zk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -28,6 +32,7 @@ import (
 
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/storeops/mysqlops"
 )
 
 // Peers are the lock libraries dlock is measured beside (Config.Peers): each runs in
@@ -57,7 +62,7 @@ type peerConn struct {
 // peerDef describes a peer of a store.
 type peerDef struct {
 	name  string
-	store string // redis, redlock, etcd, zk, postgres
+	store string // redis, redlock, etcd, zk, postgres, mysql
 	note  string
 	// cannot lists the workloads the peer cannot run (shown as such, not as 0).
 	cannot []string
@@ -72,6 +77,7 @@ const (
 	StoreEtcd     = "etcd"
 	StoreZK       = "zk"
 	StorePostgres = "postgres"
+	StoreMySQL    = "mysql"
 )
 
 // storeOf names the store a backend URL runs on, empty for one without peers (mem).
@@ -87,11 +93,13 @@ func storeOf(rawURL string) string {
 		return StoreZK
 	case "postgres", "postgresql":
 		return StorePostgres
+	case "mysql", "mariadb":
+		return StoreMySQL
 	}
 	return ""
 }
 
-// peerRowPoll is how often the PostgreSQL row-lock peer tries again.
+// peerRowPoll is how often the PostgreSQL and MySQL row-lock peers try again.
 const peerRowPoll = 10 * time.Millisecond
 
 // peerRowTable is the row-lock peer's table, its own.
@@ -110,6 +118,8 @@ var peerDefs = []peerDef{
 	{name: "zk-lock", store: StoreZK, note: "github.com/go-zookeeper/zk Lock (sequential ephemeral node, watch on the predecessor)", open: openZKLock},
 	{name: "pg-advisory", store: StorePostgres, note: "pg_advisory_lock / pg_advisory_unlock with pgx on one connection per worker, blocking in the server (a session lock, not a lease)", open: openPgAdvisory},
 	{name: "pg-row-poll", store: StorePostgres, note: "a row of its own table: INSERT ... ON CONFLICT DO NOTHING, polled every 10 ms, DELETE to release", open: openPgRow},
+	{name: "mysql-get-lock", store: StoreMySQL, note: "GET_LOCK / RELEASE_LOCK with go-sql-driver/mysql on one connection per worker, blocking in the server (a session lock, not a lease)", open: openMySQLGetLock},
+	{name: "mysql-row-poll", store: StoreMySQL, note: "a row of its own table: INSERT IGNORE, polled every 10 ms, DELETE to release", open: openMySQLRow},
 }
 
 // peersOf returns the peers of the store of a backend URL.
@@ -555,5 +565,119 @@ func openPgRow(ctx context.Context, u *url.URL) (peerConn, error) {
 			}, nil
 		},
 		close: func() error { return conn.Close(context.Background()) },
+	}, nil
+}
+
+// mysqlConn opens one connection, with go-sql-driver/mysql, to the database of a
+// mysql:// dlock URL, without dlock's own parameters.
+func mysqlConn(ctx context.Context, u *url.URL) (*sql.DB, *sql.Conn, error) {
+	dsn, err := mysqlops.DSN(u)
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	db.SetMaxOpenConns(1)
+	c, err := db.Conn(ctx)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return db, c, nil
+}
+
+func closeMySQL(db *sql.DB, c *sql.Conn) func() error {
+	return func() error {
+		_ = c.Close()
+		return db.Close()
+	}
+}
+
+// mysqlLockName is a GET_LOCK name for key: MySQL takes at most 64 characters.
+func mysqlLockName(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return "dlock-bench-" + hex.EncodeToString(h[:16])
+}
+
+func openMySQLGetLock(ctx context.Context, u *url.URL) (peerConn, error) {
+	db, conn, err := mysqlConn(ctx, u)
+	if err != nil {
+		return peerConn{}, err
+	}
+	return peerConn{
+		acquire: func(ctx context.Context, key string) (func(context.Context) error, error) {
+			name := mysqlLockName(key)
+			for {
+				// GET_LOCK waits in the server, 1 if granted, 0 on its timeout
+				// (an hour; asked again then).
+				var got sql.NullInt64
+				if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 3600)`, name).Scan(&got); err != nil {
+					return nil, err
+				}
+				if got.Valid && got.Int64 == 1 {
+					break
+				}
+			}
+			return func(ctx context.Context) error {
+				var ok sql.NullInt64
+				if err := conn.QueryRowContext(ctx, `SELECT RELEASE_LOCK(?)`, name).Scan(&ok); err != nil {
+					return err
+				}
+				if !ok.Valid || ok.Int64 != 1 {
+					return driver.ErrNotHeld
+				}
+				return nil
+			}, nil
+		},
+		close: closeMySQL(db, conn),
+	}, nil
+}
+
+func openMySQLRow(ctx context.Context, u *url.URL) (peerConn, error) {
+	db, conn, err := mysqlConn(ctx, u)
+	if err != nil {
+		return peerConn{}, err
+	}
+	// CREATE TABLE IF NOT EXISTS is safe when peers start at once.
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+peerRowTable+` (lock_key VARBINARY(512) NOT NULL PRIMARY KEY) ENGINE=InnoDB`); err != nil {
+		_ = closeMySQL(db, conn)()
+		return peerConn{}, err
+	}
+	return peerConn{
+		acquire: func(ctx context.Context, key string) (func(context.Context) error, error) {
+			for {
+				res, err := conn.ExecContext(ctx, `INSERT IGNORE INTO `+peerRowTable+` (lock_key) VALUES (?)`, key)
+				var me *mysql.MySQLError
+				if errors.As(err, &me) && me.Number == 1213 { // deadlock victim: try again
+					err = nil
+				} else if err == nil {
+					if n, _ := res.RowsAffected(); n == 1 {
+						break
+					}
+				}
+				if err != nil {
+					return nil, err
+				}
+				t := time.NewTimer(peerRowPoll)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return nil, ctx.Err()
+				}
+			}
+			return func(ctx context.Context) error {
+				res, err := conn.ExecContext(ctx, `DELETE FROM `+peerRowTable+` WHERE lock_key = ?`, key)
+				if err == nil {
+					if n, _ := res.RowsAffected(); n != 1 {
+						err = driver.ErrNotHeld
+					}
+				}
+				return err
+			}, nil
+		},
+		close: closeMySQL(db, conn),
 	}, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	_ "github.com/dlockio/dlock/etcdlock"
 	"github.com/dlockio/dlock/internal/testserver"
+	_ "github.com/dlockio/dlock/mysqllock"
 	_ "github.com/dlockio/dlock/pglock"
 	_ "github.com/dlockio/dlock/redlock"
 	_ "github.com/dlockio/dlock/zklock"
@@ -21,8 +22,9 @@ func TestRunPeers(t *testing.T) {
 	etcd := testserver.StartEtcd(t)
 	zk := testserver.StartZooKeeper(t)
 	pg := testserver.StartPostgres(t)
+	my := testserver.StartMariaDB(t)
 	cfg := short(Target{URL: redis.URL()}, Target{URL: testserver.RedlockURL(nodes, "node_timeout=1s")},
-		Target{URL: etcd.URL("dlock")}, Target{URL: zk.URL("/dlock")}, Target{URL: pg.URL()})
+		Target{URL: etcd.URL("dlock")}, Target{URL: zk.URL("/dlock")}, Target{URL: pg.URL()}, Target{URL: my.URL()})
 	cfg.Duration, cfg.Waiters, cfg.Peers = 400*time.Millisecond, []int{1}, true
 	res, err := Run(ctxT(t), cfg)
 	if err != nil {
@@ -57,7 +59,7 @@ func TestRunPeers(t *testing.T) {
 		t.Errorf("peers %v, want all %d", names, len(peerDefs))
 	}
 	md := mdString(t, res)
-	for _, want := range []string{"### Beside the peers", "| redsync-5 (peer) |", "| pg-row-poll (peer) |", "hot key / best peer"} {
+	for _, want := range []string{"### Beside the peers", "| redsync-5 (peer) |", "| pg-row-poll (peer) |", "| mysql-row-poll (peer) |", "| mysql-get-lock (peer) |", "hot key / best peer"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}

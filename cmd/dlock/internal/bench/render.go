@@ -229,7 +229,7 @@ func (r *Result) writePeers(b *strings.Builder, ok []*BackendResult) {
 	b.WriteString("\n### Beside the peers\n\n")
 	fmt.Fprintf(b, "Peers are the lock libraries users run on the same stores, measured in this process on the same servers, through the same loops, in the same rounds. They have no fencing tokens, no handoff hooks and no server-operation counts, and are left out of the cost tables. Hot key: %d workers; fairness as above (the worst round). Ratios are dlock's over the best peer of its store: p50 below 1 and acquisitions/s above 1 are dlock ahead.\n\n", s.Workers)
 	var rows [][]string
-	for _, store := range []string{StoreRedis, StoreRedlock, StoreEtcd, StoreZK, StorePostgres} {
+	for _, store := range []string{StoreRedis, StoreRedlock, StoreEtcd, StoreZK, StorePostgres, StoreMySQL} {
 		for _, br := range ok {
 			if br.Store != store {
 				continue

@@ -16,10 +16,11 @@ const (
 	ServerEtcd     = "etcd"     // one etcd member, a process of its own
 	ServerZK       = "zk"       // one ZooKeeper server (Debian package zookeeper)
 	ServerPostgres = "postgres" // one PostgreSQL cluster (Debian package postgresql)
+	ServerMariaDB  = "mariadb"  // one MariaDB server (Debian package mariadb-server)
 )
 
 // ServerKinds lists the kinds StartServers knows, in the order it starts them.
-var ServerKinds = []string{ServerRedis, ServerRedlock, ServerEtcd, ServerZK, ServerPostgres}
+var ServerKinds = []string{ServerRedis, ServerRedlock, ServerEtcd, ServerZK, ServerPostgres, ServerMariaDB}
 
 // PostgresMaxConnections is the max_connections of a started PostgreSQL.
 const PostgresMaxConnections = 300
@@ -40,7 +41,7 @@ type Servers struct {
 // StartServers starts a local server for every kind in kinds (nil means all of
 // ServerKinds) that is installed, the way the tests do: on free 127.0.0.1 ports, in a
 // temporary directory, with no persistence for Redis and ZooKeeper and PostgreSQL's
-// default settings (fsync on). A kind that is not installed or fails to start is
+// and MariaDB's default durability (fsync on, a redo log flush at every commit). A kind that is not installed or fails to start is
 // listed in Skipped and the others still start. Stop stops them all; they are also
 // killed if this process dies. Servers inherit this process's CPU affinity (see Pin).
 func StartServers(kinds []string) (*Servers, error) {
@@ -91,6 +92,11 @@ func start(tb testserver.TB, kind string) Target {
 		// hundred or so that pglock's clients reach with 256 waiters.
 		p := testserver.StartPostgres(tb, "-c", "max_connections="+strconv.Itoa(PostgresMaxConnections))
 		return Target{Name: "postgres", URL: p.URL(), Note: fmt.Sprintf("PostgreSQL started by dlock bench, default settings (fsync on) but max_connections=%d", PostgresMaxConnections)}
+	case ServerMariaDB:
+		// mariadbd's max_connections is 400 as testserver starts it: room for the
+		// peers' connections beside mysqllock's pools and listeners.
+		m := testserver.StartMariaDB(tb)
+		return Target{Name: "mariadb", URL: m.URL(), Note: "MariaDB started by dlock bench, default durability (innodb_flush_log_at_trx_commit=1), max_connections=400"}
 	}
 	panic("unknown kind " + kind)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/dlockio/dlock/internal/measure"
 	"github.com/dlockio/dlock/internal/storeops"
 	_ "github.com/dlockio/dlock/internal/storeops/etcdops" // the floors and counts of every store
+	_ "github.com/dlockio/dlock/internal/storeops/mysqlops"
 	_ "github.com/dlockio/dlock/internal/storeops/pgops"
 	_ "github.com/dlockio/dlock/internal/storeops/redisops"
 	_ "github.com/dlockio/dlock/internal/storeops/zkops"

@@ -36,8 +36,8 @@ func (c Cell) Name() string {
 
 // Matrix lists the cells of dlock check --matrix, unfenced and fenced: every setup
 // without faults, with its server fault, and with a holder paused right after its
-// lease check; and on one Redis and on PostgreSQL the client-side faults (a random
-// pause, a partition, a clock jump).
+// lease check; and on one Redis the client-side faults (a random pause, a
+// partition, a clock jump), on PostgreSQL and MariaDB the clock jump.
 func Matrix() []Cell {
 	var pairs [][2]string
 	for _, s := range Setups() {
@@ -51,7 +51,7 @@ func Matrix() []Cell {
 		}
 	}
 	pairs = append(pairs, [2]string{"redis", FaultPause}, [2]string{"redis", FaultPartition},
-		[2]string{"redis", FaultClock}, [2]string{"postgres", FaultClock})
+		[2]string{"redis", FaultClock}, [2]string{"postgres", FaultClock}, [2]string{"mariadb", FaultClock})
 	var cells []Cell
 	for _, p := range pairs {
 		for _, fenced := range []bool{false, true} {

@@ -105,7 +105,7 @@ func addFault(f *fault) { faults[f.name] = f }
 
 func init() {
 	addFault(&fault{name: FaultNone, doc: "no fault: the baseline"})
-	addFault(&fault{name: FaultKill, doc: "kill -9 the server and restart it at once", setups: []string{"redis", "redis-aof", "postgres"}, inject: injectKill})
+	addFault(&fault{name: FaultKill, doc: "kill -9 the server and restart it at once", setups: []string{"redis", "redis-aof", "postgres", "mariadb"}, inject: injectKill})
 	addFault(&fault{name: FaultFailover, doc: "cut the replication stream so the replica lags, let a worker lock on the master meanwhile, kill -9 the master, promote the lagging replica, point clients at it; the old master returns as a replica", setups: []string{"redis-replica", "redis-async"}, inject: injectFailover})
 	addFault(&fault{name: FaultLeader, doc: "kill -9 the leader of the etcd cluster or ZooKeeper ensemble; restart it after 2 TTL", setups: []string{"etcd", "zk"}, recovers: true, inject: injectLeader})
 	addFault(&fault{name: FaultDrop, doc: "cut one worker off 2 of the 5 Redlock nodes, so its grants hold a bare majority; once it holds one, a node of its 3 drops every lock key early, as if its clock jumped forward", setups: []string{"redlock"}, inject: injectDrop})
@@ -179,6 +179,13 @@ func injectKill(_ context.Context, r *run) error {
 			err = tg.pg.Restart()
 		}
 		r.event(history.Heal, FaultKill, "postgres", "restarted")
+		return err
+	}
+	if tg.mariadb != nil {
+		r.event(history.Fault, FaultKill, "mariadb", "kill -9 mariadbd")
+		tg.mariadb.Kill()
+		err := tg.mariadb.Restart()
+		r.event(history.Heal, FaultKill, "mariadb", "restarted")
 		return err
 	}
 	if p := r.holder(context.Background()); p != nil {

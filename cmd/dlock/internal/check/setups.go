@@ -104,6 +104,16 @@ func init() {
 				return v.String()
 			}}
 		}})
+	addSetup(&setup{name: "mariadb", describe: "MariaDB (the mysql:// backend), default settings (innodb_flush_log_at_trx_commit=1)", proxied: true, hold: fullTTL, roundTTL: asIs,
+		start: func(tb testserver.TB, _ time.Duration) *target {
+			m := testserver.StartMariaDB(tb)
+			u, _ := url.Parse(m.URL()) // a URL testserver built
+			return &target{upstream: m.Addr(), mariadb: m, url: func(addr string) string {
+				v := *u
+				v.Host = addr
+				return v.String()
+			}}
+		}})
 }
 
 func redisURL(query string) func(addr string) string {
@@ -157,6 +167,7 @@ type target struct {
 	etcd           *testserver.EtcdCluster
 	zk             *testserver.ZooKeeperEnsemble
 	pg             *testserver.Postgres
+	mariadb        *testserver.MariaDB
 
 	toxiproxy   *toxiproxy.ApiServer
 	proxies     []*toxiproxy.Proxy   // one per worker, in worker order

@@ -201,6 +201,25 @@ func (w *worker) stop() {
 	w.stopWait()
 }
 
+// openRetrying opens the backend, again for up to 30 s if it fails for another
+// reason than a bad URL or refused credentials: a worker may start while the first
+// fault has the server down (a backend whose Open reads or creates its tables, such
+// as MariaDB's, fails then), and a service would try again too.
+func openRetrying(ctx context.Context, open driver.Opener, u *url.URL) (driver.Backend, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, err := open(ctx, u)
+		if err == nil || errors.Is(err, driver.ErrInvalid) || errors.Is(err, driver.ErrAuth) || time.Now().After(deadline) {
+			return b, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 func (w *worker) run(ctx context.Context, in io.Reader) error {
 	u, err := url.Parse(w.cfg.URL)
 	if err != nil {
@@ -210,7 +229,7 @@ func (w *worker) run(ctx context.Context, in io.Reader) error {
 	if !ok {
 		return fmt.Errorf("unknown backend scheme %q", u.Scheme)
 	}
-	b, err := open(ctx, u)
+	b, err := openRetrying(ctx, open, u)
 	if err != nil {
 		return err
 	}

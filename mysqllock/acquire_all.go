@@ -1,0 +1,68 @@
+package mysqllock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+var _ driver.MultiAcquirer = (*Backend)(nil)
+
+// AcquireAll implements driver.MultiAcquirer: one transaction runs the acquire
+// statement of every key, in the ascending order the core passes them (so that two
+// sets never wait on each other's rows in opposite orders), and commits only if
+// every key was granted; the first refused key rolls the whole transaction back,
+// tokens included. A transaction InnoDB chose as a deadlock's victim was rolled
+// back whole and is run again.
+func (b *Backend) AcquireAll(ctx context.Context, reqs []driver.Request) ([]driver.Grant, error) {
+	if b.closed.Load() {
+		return nil, driver.ErrClosed
+	}
+	for i := 0; ; i++ {
+		gs, err := b.acquireAll(ctx, reqs)
+		if err == nil || i == 8 || !isErr(err, 1213) || ctx.Err() != nil {
+			return gs, err
+		}
+	}
+}
+
+func (b *Backend) acquireAll(ctx context.Context, reqs []driver.Request) ([]driver.Grant, error) {
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, b.ctxErr(ctx, err)
+	}
+	gs := make([]driver.Grant, len(reqs))
+	for i, req := range reqs {
+		res, err := tx.ExecContext(ctx, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
+			req.Key, req.Owner, req.Key, req.Owner, false)
+		var n, tok int64
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		if err == nil && (n == 1 || n == 2) {
+			tok, err = res.LastInsertId()
+		}
+		if err != nil {
+			_ = tx.Rollback()
+			if isErr(err, 1213) {
+				return nil, err // run again by AcquireAll
+			}
+			return nil, b.ctxErr(ctx, fmt.Errorf("acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))
+		}
+		if n != 1 && n != 2 {
+			if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+				return nil, b.ctxErr(ctx, err)
+			}
+			return nil, fmt.Errorf("mysqllock: %q: %w", req.Key, b.held(ctx, req.Key))
+		}
+		gs[i] = driver.Grant{Token: uint64(tok)}
+	}
+	if err := tx.Commit(); err != nil {
+		// The outcome is unknown: the core releases every key with the owner.
+		return nil, b.ctxErr(ctx, fmt.Errorf("commit acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))
+	}
+	return gs, nil
+}
