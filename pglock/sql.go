@@ -58,6 +58,9 @@ type statements struct {
 
 	// Semaphores (Request.Limit > 1): see semaphore.go.
 	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders, queue string
+
+	// Readers' fast grant and release (read-write keys): see read_acquire.sql.
+	readLock, readAcquire, readRelease, readLast, readTryLock, readWake string
 }
 
 // literal quotes s as an SQL string literal. Table names are validated identifiers,

@@ -34,6 +34,7 @@ type sqlData struct {
 	WatchChannel string
 	Lock, Value  bool
 	Wake         bool
+	Guard        bool // with Wake: only in a transaction read_release marked (read_wake)
 	Cond         string
 	Multi        bool   // the statement is about an array of keys, $1
 	Key          string // the key's expression in fragment "notify"; "" for $1::text
@@ -105,5 +106,11 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		semSetValue: render("sem_set_value", d),
 		holders:     render("holders", d),
 		queue:       render("queue", d),
+		readLock:    render("read_lock", d),
+		readAcquire: render("read_acquire", d),
+		readRelease: render("read_release", d),
+		readLast:    render("read_last", d),
+		readTryLock: render("read_try_lock", d),
+		readWake:    render("sem_hand_off", with(func(c *sqlData) { c.Cond, c.Wake, c.Guard = "false", true, true })),
 	}
 }
