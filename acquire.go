@@ -107,8 +107,29 @@ func (c *Client) callConfig(key string, opts []Option) (*config, error) {
 }
 
 // lockAs is lock for a valid key and an owner id; generated says the id was made for
-// this call alone.
+// this call alone. It reports the call's events to the client's observer.
 func (c *Client) lockAs(ctx context.Context, key, owner string, generated bool, cfg *config, wait bool) (*Lease, error) {
+	if c.obs == nil {
+		return c.lockSlot(ctx, key, owner, generated, cfg, wait, 0)
+	}
+	call := calls.Add(1)
+	begun := cfg.clock.Now()
+	c.event(ctx, EventRequested, call, 0, key, owner, cfg, 0, 0, nil)
+	l, err := c.lockSlot(ctx, key, owner, generated, cfg, wait, call)
+	took := cfg.clock.Now().Sub(begun)
+	switch {
+	case err != nil:
+		c.event(ctx, EventFailed, call, 0, key, owner, cfg, 0, took, err)
+	case l.g.call != call:
+		c.event(ctx, EventReentered, call, l.g.call, key, owner, cfg, l.Token(), took, nil)
+	default:
+		c.event(ctx, EventGranted, call, call, key, owner, cfg, l.Token(), took, nil)
+	}
+	return l, err
+}
+
+// lockSlot is lockAs without the call's events; call numbers the grant it makes.
+func (c *Client) lockSlot(ctx context.Context, key, owner string, generated bool, cfg *config, wait bool, call uint64) (*Lease, error) {
 	sk := slotKey{key, owner}
 
 	c.mu.Lock()
@@ -163,7 +184,10 @@ func (c *Client) lockAs(ctx context.Context, key, owner string, generated bool, 
 	c.wg.Add(1)
 	c.mu.Unlock()
 
-	g, now, err := c.obtain(ctx, key, owner, cfg, wait, generated)
+	g, now, err := c.obtain(ctx, key, owner, cfg, wait, generated, call)
+	if g != nil {
+		g.call = call
+	}
 
 	c.mu.Lock()
 	l, err := c.settleLocked(sk, s, g, now, err)

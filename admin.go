@@ -101,6 +101,36 @@ func (c *Client) Holders(ctx context.Context, key string) (limit int, holders []
 	return limit, holders, nil
 }
 
+// List returns the holders of every key that starts with prefix ("" for every
+// key), ordered by key and, within a key, oldest grant first: one Info per holder,
+// with its owner id, token, TTL left, value, Shared, and Waiters as Inspect reports
+// them. On a backend that cannot enumerate its locks (see driver.Lister) it returns
+// an error matching ErrUnsupported. It may read every lock the backend keeps: use
+// it to look, not on a hot path.
+func (c *Client) List(ctx context.Context, prefix string) ([]Info, error) {
+	if prefix != "" {
+		if err := driver.ValidateKey(prefix); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.adminCheck("list"); err != nil {
+		return nil, err
+	}
+	ls, ok := c.b.(driver.Lister)
+	if !ok {
+		return nil, unsupported("list locks", prefix)
+	}
+	dl, err := ls.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	infos := make([]Info, len(dl))
+	for i, di := range dl {
+		infos[i] = infoOf(di)
+	}
+	return infos, nil
+}
+
 // Waiters lists the queued places of key in the order they will be served: each
 // with its owner id, Shared for a reader's place, its value if any, and TTL, how
 // long the place lives if its owner stops asking (0 if the backend does not know).

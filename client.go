@@ -30,6 +30,8 @@ type Client struct {
 	sem      driver.Semaphorer    // nil unless keys can have several holders
 	shares   bool                 // the backend honours Request.Shared
 	cfg      config
+	obs      Observer // the events' observer, or nil
+	name     string   // the backend's package name, for events
 
 	closing chan struct{} // closed by Close
 	wg      sync.WaitGroup
@@ -57,6 +59,7 @@ func New(b driver.Backend, opts ...Option) (*Client, error) {
 	c.valuer, _ = b.(driver.Valuer)
 	c.watcher, _ = b.(driver.HolderWatcher)
 	c.sem, _ = b.(driver.Semaphorer)
+	c.obs, c.name = cfg.observer, backendName(b)
 	if s, ok := b.(driver.Sharer); ok {
 		c.shares = s.Shares()
 	}
@@ -227,9 +230,14 @@ func (c *Client) Close() error {
 	var errs []error
 	for _, g := range live {
 		g.stopRenewal()
+		var err error
 		if !g.ended() {
-			if err := c.b.Release(ctx, g.key, g.owner); err != nil && !errors.Is(err, ErrNotHeld) {
-				errs = append(errs, fmt.Errorf("dlock: release %q on close: %w", g.key, err))
+			if err = c.b.Release(ctx, g.key, g.owner); err != nil && !errors.Is(err, ErrNotHeld) {
+				err = fmt.Errorf("dlock: release %q on close: %w", g.key, err)
+				errs = append(errs, err)
+			}
+			if c.obs != nil {
+				g.event(ctx, EventReleased, g.cfg.clock.Now().Sub(g.since), err)
 			}
 		}
 		g.end(fmt.Errorf("%w: client closed", ErrReleased))

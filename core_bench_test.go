@@ -23,22 +23,33 @@ func (b *nopBackend) Release(context.Context, string, string) error             
 func (b *nopBackend) Close() error                                                 { return nil }
 
 // BenchmarkCoreCycle measures the core's own cost of an uncontended Lock+Release:
-// owner id, bookkeeping, renewal scheduling and lease, without any server.
+// owner id, bookkeeping, renewal scheduling and lease, without any server; with no
+// observer, and with one that does nothing (what the events themselves cost).
 func BenchmarkCoreCycle(b *testing.B) {
-	c, err := dlock.New(&nopBackend{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		l, err := c.Lock(ctx, "key")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
+	for _, tc := range []struct {
+		name string
+		opts []dlock.Option
+	}{
+		{"observer=none", nil},
+		{"observer=nop", []dlock.Option{dlock.WithObserver(dlock.ObserverFunc(func(context.Context, dlock.Event) {}))}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c, err := dlock.New(&nopBackend{}, tc.opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				l, err := c.Lock(ctx, "key")
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := l.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -23,7 +23,9 @@ import (
 type grant struct {
 	key, owner string
 	token      Token
-	cfg        *config // the client's, or the lock call's own
+	cfg        *config   // the client's, or the lock call's own
+	call       uint64    // the lock call that made it, for events
+	since      time.Time // when it was granted, on the client's clock, for events
 
 	cause atomic.Pointer[error] // why the grant ended; nil while it lasts
 
@@ -164,6 +166,7 @@ func (g *grant) context() context.Context {
 // now is the client clock's time. Called with Client.mu held.
 func (g *grant) start(c *Client, now time.Time) {
 	g.c = c
+	g.since = now
 	c.ren.schedule(g, g.dueAt(g.renewAt, now), now)
 	if g.lost != nil {
 		g.mu.Lock()
@@ -259,6 +262,9 @@ func (g *grant) tick() {
 		g.deadline, g.cut = g.c.bound(g.key, g.owner, sent.Add(g.cfg.validity()), now)
 		g.c.ren.schedule(g, g.dueAt(now.Add(g.cfg.renewEvery()), now), now)
 		g.mu.Unlock()
+		if g.c.obs != nil {
+			g.event(context.Background(), EventRenewed, now.Sub(sent), nil)
+		}
 	case errors.Is(err, ErrNotHeld):
 		g.mu.Unlock()
 		g.lose(fmt.Errorf("%w: renewal refused: %w", ErrLeaseLost, err))
@@ -268,6 +274,9 @@ func (g *grant) tick() {
 		g.c.ren.schedule(g, now.Add(retry), now)
 		g.mu.Unlock()
 		g.cfg.logger.Debug("dlock: renewal failed, retrying", "key", g.key, "err", err, "retry_in", retry)
+		if g.c.obs != nil {
+			g.event(context.Background(), EventRenewFailed, now.Sub(sent), err)
+		}
 	}
 }
 
@@ -286,6 +295,9 @@ func (g *grant) lose(cause error) {
 	c.mu.Unlock()
 	g.cfg.logger.Warn("dlock: lease lost", "key", g.key, "token", uint64(g.token), "cause", cause)
 	g.end(cause)
+	if c.obs != nil {
+		g.event(context.Background(), EventLost, g.cfg.clock.Now().Sub(g.since), cause)
+	}
 }
 
 // newLease returns a new handle on g. Called with Client.mu held.
@@ -373,6 +385,14 @@ func (l *Lease) Err() error {
 // (renewal stops); if the server could not be told, the error says so and the
 // server frees the grant after its TTL.
 func (l *Lease) Release(ctx context.Context) error {
+	err := l.release(ctx)
+	if g := l.g; g.c.obs != nil && err != ErrReleased && l.done() {
+		g.event(ctx, EventReleased, g.cfg.clock.Now().Sub(g.since), err)
+	}
+	return err
+}
+
+func (l *Lease) release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.released { // written only by finish, under mu

@@ -77,7 +77,7 @@ func (c *Client) lockAll(ctx context.Context, keys []string, opts []Option, wait
 	if generated {
 		owner = c.newOwner()
 	}
-	if multi, ok := c.b.(driver.MultiAcquirer); ok && generated && len(keys) > 1 &&
+	if multi, ok := atomicSets(c.b, keys); ok && generated &&
 		max(cfg.limit, 1) == 1 && !cfg.shared && len(cfg.value) == 0 {
 		m, err := c.acquireAll(ctx, multi, keys, owner, cfg)
 		if err == nil || !wait || !errors.Is(err, ErrLocked) {
@@ -107,6 +107,19 @@ func (c *Client) lockAll(ctx context.Context, keys []string, opts []Option, wait
 		leases = append(leases, l)
 	}
 	return newMultiLease(keys, owner, leases), nil
+}
+
+// atomicSets returns b as a driver.MultiAcquirer if it can take keys (sorted,
+// distinct) in one step.
+func atomicSets(b driver.Backend, keys []string) (driver.MultiAcquirer, bool) {
+	multi, ok := b.(driver.MultiAcquirer)
+	if !ok || len(keys) < 2 {
+		return nil, false
+	}
+	if sc, ok := b.(driver.SetChecker); ok && !sc.AtomicSet(keys) {
+		return nil, false
+	}
+	return multi, true
 }
 
 // sortedKeys validates keys and returns them sorted, without duplicates, in a slice
@@ -153,8 +166,26 @@ func releaseAll(ctx context.Context, leases []*Lease) []error {
 }
 
 // acquireAll makes the one atomic attempt at keys (sorted, at least two) for a
-// generated owner id.
-func (c *Client) acquireAll(ctx context.Context, multi driver.MultiAcquirer, keys []string, owner string, cfg *config) (*MultiLease, error) {
+// generated owner id. Each key counts as a lock call of its own for the observer.
+func (c *Client) acquireAll(ctx context.Context, multi driver.MultiAcquirer, keys []string, owner string, cfg *config) (m *MultiLease, err error) {
+	ids := make([]uint64, len(keys))
+	if c.obs != nil {
+		begun := cfg.clock.Now()
+		for i, k := range keys {
+			ids[i] = calls.Add(1)
+			c.event(ctx, EventRequested, ids[i], 0, k, owner, cfg, 0, 0, nil)
+		}
+		defer func() {
+			took := cfg.clock.Now().Sub(begun)
+			for i, k := range keys {
+				if err != nil {
+					c.event(ctx, EventFailed, ids[i], 0, k, owner, cfg, 0, took, err)
+				} else {
+					c.event(ctx, EventGranted, ids[i], ids[i], k, owner, cfg, m.leases[i].Token(), took, nil)
+				}
+			}
+		}()
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -197,6 +228,7 @@ func (c *Client) acquireAll(ctx context.Context, multi driver.MultiAcquirer, key
 				ErrValidityTooShort, len(keys), now.Sub(sent).Round(time.Microsecond), cfg.validity(), cfg.ttl))
 		}
 		gs[i] = newGrant(k, owner, cfg, grs[i], sent, deadline, cut)
+		gs[i].call = ids[i]
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -284,8 +316,25 @@ func (m *MultiLease) Context() context.Context {
 			lctx := l.Context()
 			context.AfterFunc(lctx, func() { m.ctx.cancel(context.Cause(lctx)) })
 		}
+		// AfterFunc runs its function in a goroutine of its own: a set that has
+		// ended already is cancelled now, not a moment later.
+		if err := m.Err(); err != nil {
+			m.ctx.cancel(err)
+		}
 	}
 	return m.ctx.ctx
+}
+
+// ended cancels the set's context, if it was made, with the cause of its end,
+// before Release returns (the leases' own cancellations reach it asynchronously).
+func (m *MultiLease) ended() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ctx != nil {
+		if err := m.Err(); err != nil {
+			m.ctx.cancel(err)
+		}
+	}
 }
 
 // Done is closed when the set's lease ends.
@@ -323,6 +372,7 @@ func (m *MultiLease) Release(ctx context.Context) error {
 		return ErrReleased
 	}
 	errs := releaseAll(ctx, left)
+	m.ended()
 	for i, err := range errs {
 		if errors.Is(err, ErrLeaseLost) {
 			// Lost says more than any other error: the set was not held throughout.

@@ -80,6 +80,69 @@ func TestLockAllPaths(t *testing.T) {
 	}
 }
 
+// slotted is countingMulti that can take a set in one step only if every key
+// starts with the same byte, like a Redis Cluster with keys of one hash slot.
+type slotted struct{ countingMulti }
+
+func (b *slotted) AtomicSet(keys []string) bool {
+	for _, k := range keys {
+		if k[0] != keys[0][0] {
+			return false
+		}
+	}
+	return true
+}
+
+func (b *slotted) AcquireAll(ctx context.Context, reqs []driver.Request) ([]driver.Grant, error) {
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = r.Key
+	}
+	if !b.AtomicSet(keys) {
+		return nil, fmt.Errorf("keys in two slots: %w", driver.ErrUnsupported)
+	}
+	return b.countingMulti.AcquireAll(ctx, reqs)
+}
+
+// A driver.SetChecker decides which sets are taken in one step: the others are
+// taken key by key, without an AcquireAll call.
+func TestLockAllSetChecker(t *testing.T) {
+	ctx := context.Background()
+	store := memlock.NewStore(clock.Real)
+	b := &slotted{countingMulti{Backend: store.Backend()}}
+	c, err := dlock.New(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tc := range []struct {
+		keys     []string
+		all, one int64
+	}{
+		{[]string{"x1", "x2", "x3"}, 1, 0},
+		{[]string{"x1", "y1"}, 0, 2},
+	} {
+		b.all.Store(0)
+		b.one.Store(0)
+		for _, try := range []bool{false, true} {
+			lock := c.LockAll
+			if try {
+				lock = c.TryLockAll
+			}
+			m, err := lock(ctx, tc.keys)
+			if err != nil || b.all.Load() != tc.all || b.one.Load() != tc.one {
+				t.Fatalf("LockAll(%q) (try %v): %v; %d AcquireAll and %d Acquire calls, want %d and %d",
+					tc.keys, try, err, b.all.Load(), b.one.Load(), tc.all, tc.one)
+			}
+			if err := m.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			b.all.Store(0)
+			b.one.Store(0)
+		}
+	}
+}
+
 func TestLockAllInvalid(t *testing.T) {
 	ctx := context.Background()
 	c, err := dlock.New(memlock.NewStore(clock.Real).Backend())

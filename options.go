@@ -43,6 +43,7 @@ type config struct {
 	limit      int // holders admitted at once; 0 is 1
 	shared     bool
 	observe    time.Duration // Observe's polling interval
+	observer   Observer
 	logger     *slog.Logger
 	clock      clock.Clock
 	perLock    bool

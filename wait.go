@@ -50,9 +50,18 @@ func waitEnded(ctx context.Context, last error) error {
 
 // obtain runs the attempt loop against the backend. It returns the grant and the
 // client clock's time when it was granted.
-func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wait, generated bool) (g *grant, now time.Time, err error) {
+func (c *Client) obtain(ctx context.Context, key, owner string, cfg *config, wait, generated bool, call uint64) (g *grant, now time.Time, err error) {
 	var st obtainState
-	defer func() { c.afterObtain(ctx, key, owner, cfg, generated, &st, g != nil) }()
+	defer func() {
+		c.afterObtain(ctx, key, owner, cfg, generated, &st, g != nil)
+		if c.obs != nil && !st.waitFrom.IsZero() {
+			grant := uint64(0)
+			if g != nil {
+				grant = call
+			}
+			c.event(ctx, EventWaited, call, grant, key, owner, cfg, 0, cfg.clock.Now().Sub(st.waitFrom), err)
+		}
+	}()
 	return c.attempts(ctx, key, owner, cfg, wait, generated, &st)
 }
 
@@ -65,6 +74,9 @@ type obtainState struct {
 	// release sent earlier could reach the server after a later attempt's grant
 	// and delete it.
 	mayHold bool
+	// waitFrom is when the call first paused because the key was held (for the
+	// observer's EventWaited); zero if it never did.
+	waitFrom time.Time
 }
 
 // afterObtain withdraws the wait, if one was registered, and gives back a key that
@@ -292,6 +304,9 @@ func (l *attemptLoop) refused(ctx context.Context, err error) error {
 // error if ctx ends or the client closes first.
 func (l *attemptLoop) pause(ctx context.Context, err error) error {
 	cfg := l.cfg
+	if l.st.waitFrom.IsZero() {
+		l.st.waitFrom = cfg.clock.Now()
+	}
 	var held *driver.HeldError
 	isHeld := errors.As(err, &held)
 	if isHeld && held.Queued && cfg.onQueued != nil {

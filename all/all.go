@@ -7,6 +7,7 @@ package all
 import (
 	_ "github.com/dlockio/dlock/etcdlock"  // etcd://
 	_ "github.com/dlockio/dlock/memlock"   // mem://
+	_ "github.com/dlockio/dlock/mysqllock" // mysql://, mariadb://
 	_ "github.com/dlockio/dlock/pglock"    // postgres://, postgresql://
 	_ "github.com/dlockio/dlock/redislock" // redis://, rediss://, unix://
 	_ "github.com/dlockio/dlock/redlock"   // redlock://

@@ -49,10 +49,14 @@
 //     set that is not free, the core takes the keys one at a time in ascending
 //     key order (deadlock-free, since every caller takes them in that order) and
 //     gives back what it took if it fails; others may then see part of the set
-//     held for a moment.
+//     held for a moment. A MultiAcquirer that can take only some sets in one
+//     step (keys of one Redis Cluster hash slot) says which by SetChecker.
 //   - Queuer: lists the queued places of a key (who waits, reader or writer),
 //     for dlock.Client.Waiters and dlock inspect. Without it Client.Waiters
 //     returns an error matching ErrUnsupported; locking does not use it.
+//   - Lister: lists every held key under a prefix, for dlock.Client.List and
+//     dlock list. Without it Client.List returns an error matching
+//     ErrUnsupported; locking does not use it.
 //   - HolderWatcher: tells when the holder of a key or its value may have
 //     changed, for dlock.Client.Observe. Without it Observe reads the holder
 //     again at a fixed interval (dlock.WithObserveInterval), so it learns of a
@@ -409,6 +413,18 @@ type MultiAcquirer interface {
 	AcquireAll(ctx context.Context, reqs []Request) ([]Grant, error)
 }
 
+// SetChecker is implemented by a MultiAcquirer that can take only some sets of
+// keys in one step: in a Redis Cluster, only keys of one hash slot. The core asks
+// it before AcquireAll and takes any other set one key at a time, as it does
+// without a MultiAcquirer.
+type SetChecker interface {
+	// AtomicSet reports, without I/O, whether AcquireAll can take keys (at
+	// least two, distinct, in ascending order) in one step. For a set it
+	// rejects, AcquireAll changes nothing and returns an error matching
+	// ErrUnsupported.
+	AtomicSet(keys []string) bool
+}
+
 // Queuer is implemented by backends that keep waiters' places on the server and
 // can list them.
 type Queuer interface {
@@ -419,6 +435,17 @@ type Queuer interface {
 	// place already granted (handed over, not yet claimed) is a holder, not a
 	// queued place. No places is an empty list, not an error.
 	Queue(ctx context.Context, key string) ([]Info, error)
+}
+
+// Lister is implemented by backends that can enumerate the keys they hold.
+type Lister interface {
+	// List returns the live holders of every key that starts with prefix (every
+	// key for ""), ordered by key and, within a key, oldest grant first: one Info
+	// per holder (a semaphore's or readers' key has several), with Waiters as
+	// Inspect reports it. Expired grants are not listed; a key with queued
+	// places but no holder is not listed. It may read every lock of the
+	// backend's namespace: an administrative call, not one for a hot path.
+	List(ctx context.Context, prefix string) ([]Info, error)
 }
 
 // HolderWatcher is implemented by backends that can tell when the holder of a key

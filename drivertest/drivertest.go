@@ -144,6 +144,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("RWNoStarvation", h.testRWNoStarvation)
 	t.Run("RWExclusion", h.testRWExclusion)
 	t.Run("Queue", h.testQueue)
+	t.Run("List", h.testList)
 	t.Run("AcquireAll", h.testAcquireAll)
 	t.Run("MultiKey", h.testMultiKey)
 	t.Run("MultiKeyNoDeadlock", h.testMultiKeyNoDeadlock)

@@ -168,5 +168,43 @@ func BenchReaders(b *testing.B, h Harness, readers int, hold time.Duration) {
 		}
 		rate := lockLoop(b, cs, Key(b, "k"), []dlock.Option{shared}, func() { time.Sleep(hold) })
 		b.ReportMetric(rate, "reads/s")
+		if h.Floor != nil {
+			floor := floorLoop(b, h.Floor, readers, b.N, hold)
+			b.ReportMetric(floor, "floor-reads/s")
+			b.ReportMetric(rate/floor, "reads/floor")
+		}
 	})
+}
+
+// floorLoop runs n floor cycles, each followed by a pause of hold, on workers
+// goroutines that each use a key of its own (so they never contend), and returns
+// the cycles per second: how far the server lets that many clients' writes run
+// in parallel with no lock between them, the bound of readers' throughput on a
+// backend whose grant and release each write.
+func floorLoop(b *testing.B, floor func(context.Context, string) error, workers, n int, hold time.Duration) float64 {
+	ctx := context.Background()
+	var left atomic.Int64
+	left.Store(int64(n))
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range workers {
+		key := Key(b, fmt.Sprint("floor", i))
+		wg.Go(func() {
+			for left.Add(-1) >= 0 {
+				if err := floor(ctx, key); err != nil {
+					errs <- err
+					return
+				}
+				time.Sleep(hold)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return float64(n) / elapsed.Seconds()
 }

@@ -268,6 +268,11 @@ func waitQueued(t *testing.T, ctx context.Context, c *dlock.Client, key string, 
 		if err == nil && info.Waiters >= n {
 			return
 		}
+		if err == nil && info.Waiters < 0 {
+			// The backend cannot count waiters: give the waiter time to queue.
+			time.Sleep(100 * time.Millisecond)
+			return
+		}
 		select {
 		case <-ctx.Done():
 			t.Fatalf("waiter %d never queued (last Inspect: %+v, %v)", n, info, err)

@@ -64,6 +64,9 @@
 // (the first N of a semaphore, see Semaphores; the readers that hold, see
 // Read-write locks). Inspect reads the first member (keys
 // only, then its value), the number behind it, and its lease's remaining TTL.
+// Queue (driver.Queuer) reads every member with its value, sorted, in one read,
+// and lists the members behind the holders.
+// List (driver.Lister) reads every lock range under a key prefix in one range read.
 // Requests that fail because etcd is between leaders are retried within the request
 // timeout (every write here is idempotent). A Release whose context has already
 // ended sends nothing and leaves the grant as it is (see Backend.Release).
@@ -326,8 +329,8 @@ var ErrSessionLost = errors.New("etcdlock: session lease lost")
 
 // Backend is the etcd backend. It implements driver.Backend, driver.Notifier,
 // driver.Inspector, driver.ForceReleaser, driver.Bounder, driver.Valuer,
-// driver.Semaphorer, driver.Sharer, driver.MultiAcquirer and driver.HolderWatcher,
-// and is safe for concurrent use.
+// driver.Semaphorer, driver.Sharer, driver.MultiAcquirer, driver.HolderWatcher,
+// driver.Queuer and driver.Lister, and is safe for concurrent use.
 type Backend struct {
 	cli     *clientv3.Client
 	own     bool // close cli in Close
@@ -360,6 +363,7 @@ var (
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
+	_ driver.Queuer        = (*Backend)(nil)
 )
 
 // Client returns the etcd client.

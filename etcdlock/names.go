@@ -72,7 +72,26 @@ func limitKey(lockPrefix string) string {
 	return strings.TrimSuffix(lockPrefix, memberSep) + limitSep
 }
 
-var keyEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
+var (
+	keyEscaper   = strings.NewReplacer("%", "%25", "/", "%2F")
+	keyUnescaper = strings.NewReplacer("%2F", "/", "%25", "%")
+)
+
+// lockKeyOf returns the lock key whose range holds name, a key under the prefix
+// range "prefix/", or false if name is not a member key of a lock under prefix
+// itself (the tail and limit keys, the backend's 0x00 keys, the keys of a nested
+// prefix such as prefix/sub/...).
+func lockKeyOf(prefix, name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, prefix+"/")
+	if !ok {
+		return "", false
+	}
+	e, _, ok := strings.Cut(rest, memberSep)
+	if !ok || strings.ContainsAny(e, "/\x00") {
+		return "", false
+	}
+	return keyUnescaper.Replace(e), true
+}
 
 // lockPrefix returns the start of the member keys of the lock named key under
 // prefix (see Lock ranges above).

@@ -173,3 +173,61 @@ func (b *Backend) queued(ctx context.Context, req driver.Request, s *session, w 
 	}
 	return driver.Grant{}, &driver.HeldError{Ahead: ahead, Queued: true}
 }
+
+// Queue implements driver.Queuer: the members of the lock that do not hold, in
+// create-revision order (the order they are served in), a reader's marked Shared,
+// each with its owner and value. One read of every member with its value, sorted
+// by create revision; the holders are decided from it as Holders decides them (the
+// first member, the first N of a semaphore of N, or the readers at the front). A
+// place lives as long as its session lease, which its client keeps alive whether
+// or not its owner attempts again, so TTL is 0 (unknown). A member whose lease
+// lapsed is gone from etcd, as it is for the acquire logic.
+func (b *Backend) Queue(ctx context.Context, key string) ([]driver.Info, error) {
+	ctx, cancel := b.opCtx(ctx)
+	defer cancel()
+	prefix := b.LockPrefix(key)
+	var g *clientv3.GetResponse
+	err := b.retry(ctx, func(ctx context.Context) (err error) {
+		g, err = b.cli.Get(ctx, prefix, clientv3.WithPrefix(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		return err
+	})
+	if err != nil {
+		return nil, wrap("queue", key, err)
+	}
+	return queueOf(key, g.Kvs), nil
+}
+
+// queueOf returns the places among kvs, the members of the lock of key sorted by
+// create revision: those after the holders.
+func queueOf(key string, kvs []*mvccpb.KeyValue) []driver.Info {
+	if len(kvs) == 0 {
+		return nil
+	}
+	held := heldCount(kvs)
+	places := make([]driver.Info, 0, len(kvs)-held)
+	for _, kv := range kvs[held:] {
+		owner, value := splitMember(kv.Value)
+		places = append(places, driver.Info{
+			Key: key, Owner: owner, Waiters: -1, Value: value, Shared: sharedOf(kv.Value),
+		})
+	}
+	return places
+}
+
+// heldCount returns how many of kvs, the members of a lock sorted by create
+// revision, hold it: the first member, the first N of a semaphore of N, or the
+// readers at the front.
+func heldCount(kvs []*mvccpb.KeyValue) int {
+	if len(kvs) == 0 {
+		return 0
+	}
+	if !sharedOf(kvs[0].Value) {
+		return min(limitOf(kvs[0].Value), len(kvs))
+	}
+	held := 0
+	for held < len(kvs) && sharedOf(kvs[held].Value) {
+		held++
+	}
+	return held
+}

@@ -288,21 +288,29 @@ func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, 
 	if len(kvs) == 0 {
 		return 0, nil, nil
 	}
-	waiters := int(max(count-int64(len(kvs)), 0))
-	ttls := map[int64]time.Duration{}
-	infos := make([]driver.Info, 0, len(kvs))
+	infos, err := b.holderInfos(ctx, key, kvs, int(max(count-int64(len(kvs)), 0)), map[int64]time.Duration{}, nil)
+	if err != nil {
+		return 0, nil, wrap("holders", key, err)
+	}
+	return limit, infos, nil
+}
+
+// holderInfos appends to infos one Info per member in kvs, the holders of key
+// oldest first, each with waiters and its lease's remaining TTL (ttls caches the
+// leases asked about).
+func (b *Backend) holderInfos(ctx context.Context, key string, kvs []*mvccpb.KeyValue, waiters int, ttls map[int64]time.Duration, infos []driver.Info) ([]driver.Info, error) {
 	for _, kv := range kvs {
 		owner, value := splitMember(kv.Value)
 		ttl, err := b.leaseTTL(ctx, kv.Lease, ttls)
 		if err != nil {
-			return 0, nil, wrap("holders", key, err)
+			return nil, err
 		}
 		infos = append(infos, driver.Info{
 			Key: key, Owner: owner, Token: uint64(kv.CreateRevision),
 			TTL: ttl, Waiters: waiters, Value: value, Shared: sharedOf(kv.Value),
 		})
 	}
-	return limit, infos, nil
+	return infos, nil
 }
 
 // leaseTTL returns the remaining TTL of lease id (0 for none), asking etcd once per

@@ -363,3 +363,79 @@ func TestSemaphoreWaiterGivesUp(t *testing.T) {
 		t.Fatalf("the waiter got the freed permit %v after the release", d)
 	}
 }
+
+// Queue lists the members behind the N holders of a semaphore, and behind the
+// readers at the front of a read-write lock (a reader behind a writer waits).
+func TestQueueSemaphoreAndReaders(t *testing.T) {
+	srv := testserver.StartEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli := rawClient(t, srv.Endpoint())
+	b := open(t, srv.URL("dlock"))
+	defer b.Close()
+	key := drivertest.Key(t, "sem")
+	for _, o := range []string{"a", "b"} {
+		if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: o, TTL: 10 * time.Second, Limit: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if q, err := b.Queue(ctx, key); err != nil || len(q) != 0 {
+		t.Fatalf("Queue of a full semaphore without waiters = %+v, %v", q, err)
+	}
+	w1 := lockAsync(ctx, client(t, srv), key, dlock.WithLimit(2), dlock.WithValue([]byte("x")))
+	waitMembers(t, cli, b, key, 3)
+	w2 := lockAsync(ctx, client(t, srv), key, dlock.WithLimit(2), dlock.WithValue([]byte("y")))
+	waitMembers(t, cli, b, key, 4)
+	q, err := b.Queue(ctx, key)
+	if err != nil || len(q) != 2 || string(q[0].Value) != "x" || string(q[1].Value) != "y" || q[0].Shared || q[0].Waiters != -1 || q[0].Token != 0 {
+		t.Fatalf("Queue of a semaphore = %+v, %v; want x, y", q, err)
+	}
+	if err := b.Release(ctx, key, "a"); err != nil {
+		t.Fatal(err)
+	}
+	r := <-w1
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if q, err := b.Queue(ctx, key); err != nil || len(q) != 1 || string(q[0].Value) != "y" {
+		t.Fatalf("Queue after a release = %+v, %v; want y", q, err)
+	}
+	r.l.Release(ctx)
+	if r = <-w2; r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.l.Release(ctx)
+	b.Release(ctx, key, "b")
+
+	rw := drivertest.Key(t, "rw")
+	for _, o := range []string{"r1", "r2"} {
+		if _, err := b.Acquire(ctx, driver.Request{Key: rw, Owner: o, TTL: 10 * time.Second, Shared: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ww := lockAsync(ctx, client(t, srv), rw, dlock.WithValue([]byte("w")))
+	waitMembers(t, cli, b, rw, 3)
+	wr := lockAsync(ctx, client(t, srv), rw, dlock.WithShared(), dlock.WithValue([]byte("r")))
+	waitMembers(t, cli, b, rw, 4)
+	q, err = b.Queue(ctx, rw)
+	if err != nil || len(q) != 2 || string(q[0].Value) != "w" || q[0].Shared || string(q[1].Value) != "r" || !q[1].Shared {
+		t.Fatalf("Queue behind readers = %+v, %v; want writer w, reader r", q, err)
+	}
+	b.Release(ctx, rw, "r1")
+	b.Release(ctx, rw, "r2")
+	r = <-ww
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if q, err := b.Queue(ctx, rw); err != nil || len(q) != 1 || !q[0].Shared {
+		t.Fatalf("Queue behind a writer = %+v, %v; want reader r", q, err)
+	}
+	r.l.Release(ctx)
+	if r = <-wr; r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.l.Release(ctx)
+	if q, err := b.Queue(ctx, rw); err != nil || len(q) != 0 {
+		t.Fatalf("Queue of a free key = %+v, %v", q, err)
+	}
+}

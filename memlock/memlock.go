@@ -32,6 +32,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -286,6 +288,7 @@ var (
 	_ driver.Sharer        = (*Backend)(nil)
 	_ driver.MultiAcquirer = (*Backend)(nil)
 	_ driver.Queuer        = (*Backend)(nil)
+	_ driver.Lister        = (*Backend)(nil)
 )
 
 // Store returns the backend's store.
@@ -538,6 +541,32 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 
 func (s *Store) infoLocked(key string, e *entry, now time.Time) driver.Info {
 	return driver.Info{Key: key, Owner: e.owner, Token: e.token, TTL: e.expires.Sub(now), Waiters: len(s.queues[key]), Value: clone(e.value), Shared: e.shared}
+}
+
+// List implements driver.Lister.
+func (b *Backend) List(ctx context.Context, prefix string) ([]driver.Info, error) {
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	var keys []string
+	for k := range s.locks {
+		if strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	var infos []driver.Info
+	for _, k := range keys {
+		s.pruneLocked(k, now)
+		for _, e := range s.liveLocked(k, now) {
+			infos = append(infos, s.infoLocked(k, e, now))
+		}
+	}
+	return infos, nil
 }
 
 // Queue implements driver.Queuer.

@@ -84,11 +84,13 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			return w.attempt(ctx, req) // tracked, so that Stop can withdraw what it leaves
 		}
 	}
-	return b.acquire(ctx, req)
+	return b.acquire(ctx, req, 0)
 }
 
-// acquire is one attempt of Acquire.
-func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+// acquire is one attempt of Acquire. seq, when positive, is the number of a tracked
+// wait's attempt (see waiter.number): a place it writes records it with the TTL, so
+// that a release can grant the key to that place directly.
+func (b *Backend) acquire(ctx context.Context, req driver.Request, seq int64) (driver.Grant, error) {
 	if req.Limit > 1 || req.Shared {
 		return b.semAcquire(ctx, req)
 	}
@@ -144,7 +146,7 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request) (driver.Grant
 		var ahead int64
 		var newPlace string
 		err := retry(ctx, func() error {
-			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter, value))
+			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter, value, seq))
 			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead, &newPlace, &limit)
 			if err == nil && granted && wrote && token != nil && *token == 0 {
 				err = br.QueryRow().Scan(token) // the row was inserted: its token

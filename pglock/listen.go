@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,8 +54,11 @@ type listener struct {
 	watchDirty     bool                   // the connection must catch up with watched (syncWatches)
 
 	// withdraw gives up owner's place in key's queue and passes on a reservation
-	// made for it (Backend.withdraw).
-	withdraw func(ctx context.Context, key, owner string) error
+	// made for it, or a grant handed to its place (Backend.withdraw).
+	withdraw func(ctx context.Context, key, owner, handed string) error
+
+	seq    atomic.Int64           // numbers waiting attempts (waiter.number)
+	behind map[driver.Holder]bool // grants handed over with places queued behind them
 }
 
 // attemptTimeout bounds a waiting attempt that runs on after its caller gave up, and
@@ -67,7 +71,7 @@ const (
 func newListener(cfg *pgx.ConnConfig, channel string, linger time.Duration) *listener {
 	l := &listener{cfg: cfg, channel: channel, linger: linger,
 		kick: make(chan struct{}, 1), changed: make(chan struct{}), waiters: make(map[driver.Holder]*waiter), places: make(map[driver.Holder]string),
-		watched: make(map[string]*watchedKey)}
+		behind: make(map[driver.Holder]bool), watched: make(map[string]*watchedKey)}
 	l.closeCtx, l.closeCancel = context.WithCancel(context.Background())
 	return l
 }
@@ -167,7 +171,8 @@ func (l *listener) wakeAllLocked() {
 
 // dispatch is the connection's notification handler; it runs on the listener's
 // goroutine while it reads from the connection. The payload is "owner key" on the
-// client's channel, the key on the watch channel.
+// client's channel, followed for a direct handoff (see hand_off.sql) by chr(1) and
+// "token number TTL place-number more"; the key on the watch channel.
 func (l *listener) dispatch(_ *pgconn.PgConn, n *pgconn.Notification) {
 	if n.Channel != l.channel {
 		if n.Channel == watchChannel(l.tableID) {
@@ -181,19 +186,76 @@ func (l *listener) dispatch(_ *pgconn.PgConn, n *pgconn.Notification) {
 	if !ok {
 		return
 	}
+	key, tail, direct := strings.Cut(key, "\x01")
+	var h *handoff
+	if direct {
+		h = parseHandoff(key, tail)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if w := l.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
+		if h != nil {
+			w.handedLocked(h)
+		}
 		w.wake()
 		return
+	}
+	handed := ""
+	if h != nil {
+		handed = h.place
 	}
 	// No wait of this client is registered for it: a waiter that gave up, whose
 	// withdrawal failed or crossed this release. Pass the free lock on now rather
 	// than when the place lapses. (A waiter registers before its first waiting
 	// attempt, so a live one is never passed over; if it has taken the lock
 	// meanwhile, the lock is no longer reserved and the withdrawal changes nothing.)
-	l.background(func(ctx context.Context) { _ = l.withdraw(ctx, key, owner) })
+	l.background(func(ctx context.Context) { _ = l.withdraw(ctx, key, owner, handed) })
 }
+
+// handoff is a grant a release made directly to a place of this client's.
+type handoff struct {
+	token uint64
+	seq   int64  // the number of the attempt that wrote the place
+	ttl   int64  // µs
+	place string // the place (its row's key)
+	more  bool   // places were queued behind it
+	sent  int64  // when attempt seq was sent, at the latest (see mono); 0 if unknown
+}
+
+// parseHandoff parses the tail of a direct handoff's notification for key, or
+// returns nil.
+func parseHandoff(key, tail string) *handoff {
+	f := strings.Fields(tail)
+	if len(f) != 5 {
+		return nil
+	}
+	tok, err1 := strconv.ParseUint(f[0], 10, 64)
+	seq, err2 := strconv.ParseInt(f[1], 10, 64)
+	ttl, err3 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || tok == 0 || seq <= 0 || ttl <= 0 {
+		return nil
+	}
+	return &handoff{token: tok, seq: seq, ttl: ttl, place: key + "\x02" + f[3], more: f[4] == "1"}
+}
+
+// queuedBehind reports, once, whether owner's grant of key was handed over with
+// places queued behind it (its release then goes straight to the handoff).
+func (l *listener) queuedBehind(key, owner string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := driver.Holder{Key: key, Owner: owner}
+	yes := l.behind[k]
+	if yes {
+		delete(l.behind, k)
+	}
+	return yes
+}
+
+// epoch is the origin of mono.
+var epoch = time.Now()
+
+// mono reads the monotonic clock, in nanoseconds since epoch.
+func mono() int64 { return int64(time.Since(epoch)) }
 
 // lookup returns the registered wait of owner for key, or nil.
 func (l *listener) lookup(key, owner string) *waiter {
@@ -421,6 +483,50 @@ type waiter struct {
 	inflight  chan struct{} // closed when the attempt in flight ends; nil if none
 	stopped   bool          // Stop was called
 	abandoned bool          // Stop gave up on the attempt in flight: it withdraws itself
+	first     int64         // the number of this wait's first attempt; 0 before it
+	firstSent int64         // and when it was sent (see mono)
+	seqs      [4]int64      // the latest attempts' numbers, by number modulo 4,
+	sents     [4]int64      // and when each was sent (see mono)
+	handed    *handoff      // a grant handed to this wait, not yet returned by attempt
+	handedTo  string        // the place of a grant handed to this wait (Stop passes it on)
+}
+
+// number numbers a new attempt of w, sent now. Called with l.mu held.
+func (w *waiter) numberLocked() int64 {
+	seq := w.l.seq.Add(1)
+	if w.first == 0 {
+		w.first, w.firstSent = seq, mono()
+	}
+	i := seq % int64(len(w.seqs))
+	w.seqs[i], w.sents[i] = seq, mono()
+	return seq
+}
+
+// sentLocked returns when attempt seq of w was sent at the latest: its own time if
+// it is one of the latest, else the time of the latest earlier attempt known (the
+// attempts are numbered in the order they are sent); 0 if seq is not this wait's.
+func (w *waiter) sentLocked(seq int64) int64 {
+	if w.first == 0 || seq < w.first {
+		return 0
+	}
+	best, at := int64(0), int64(0)
+	for i, s := range w.seqs {
+		if s != 0 && s <= seq && s > best {
+			best, at = s, w.sents[i]
+		}
+	}
+	if best == 0 {
+		return w.firstSent
+	}
+	return at
+}
+
+// handedLocked records a grant a release handed to w's place.
+func (w *waiter) handedLocked(h *handoff) {
+	if h.sent = w.sentLocked(h.seq); h.sent == 0 {
+		return // not this wait's place: its next attempt asks the server
+	}
+	w.handed, w.handedTo = h, h.place
 }
 
 func (w *waiter) C() <-chan struct{} { return w.c }
@@ -456,8 +562,25 @@ func (w *waiter) attempt(ctx context.Context, req driver.Request) (driver.Grant,
 		l.mu.Unlock()
 		return driver.Grant{}, driver.ErrClosed
 	}
+	if h := w.handed; h != nil {
+		// The key was handed to our place: return that grant, without a statement.
+		w.handed = nil
+		if h.ttl == micros(req.TTL) && req.Limit <= 1 && !req.Shared {
+			k := driver.Holder{Key: w.key, Owner: w.owner}
+			delete(l.places, k) // gone: the next attempt of this owner takes no mark
+			if h.more {
+				if len(l.behind) > 4096 {
+					clear(l.behind) // grants that expired unreleased: only a hint
+				}
+				l.behind[k] = true
+			}
+			l.mu.Unlock()
+			return driver.Grant{Token: h.token, Age: time.Duration(max(mono()-h.sent, 1))}, nil
+		}
+	}
 	done := make(chan struct{})
 	w.inflight, w.sent = done, true // a place may exist from the moment it is sent
+	seq := w.numberLocked()
 	l.wg.Add(1)
 	l.mu.Unlock()
 	var g driver.Grant
@@ -465,7 +588,7 @@ func (w *waiter) attempt(ctx context.Context, req driver.Request) (driver.Grant,
 	go func() {
 		defer l.wg.Done()
 		actx, cancel := context.WithTimeout(l.closeCtx, attemptTimeout)
-		g, err = w.b.acquire(actx, req)
+		g, err = w.b.acquire(actx, req, seq)
 		cancel()
 		l.mu.Lock()
 		w.inflight = nil
@@ -473,7 +596,8 @@ func (w *waiter) attempt(ctx context.Context, req driver.Request) (driver.Grant,
 			w.sent = false // granted: the statement dropped the place
 		}
 		if w.abandoned && err != nil {
-			l.background(func(ctx context.Context) { _ = l.withdraw(ctx, w.key, w.owner) })
+			handed := w.handedTo
+			l.background(func(ctx context.Context) { _ = l.withdraw(ctx, w.key, w.owner, handed) })
 		}
 		l.mu.Unlock()
 		close(done)
@@ -515,10 +639,11 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		}
 	}
 	l.mu.Lock()
-	queued := w.sent || l.places[driver.Holder{Key: w.key, Owner: w.owner}] != ""
+	handed := w.handedTo
+	queued := w.sent || handed != "" || l.places[driver.Holder{Key: w.key, Owner: w.owner}] != ""
 	l.mu.Unlock()
 	if !queued {
 		return nil
 	}
-	return w.b.withdraw(ctx, w.key, w.owner)
+	return w.b.withdraw(ctx, w.key, w.owner, handed)
 }

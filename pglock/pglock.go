@@ -118,12 +118,23 @@
 // Release first tries a plain DELETE of the caller's row, unmarked (no place queued).
 // Otherwise it locks the row and, in a second statement of the same transaction
 // (whose snapshot then holds every place added before the lock), hands the lock on:
-// it reserves the free lock for the first live place (for that waiter's patience),
+// it grants the key to the first live place directly (driver.Waiter's direct
+// handoff): the row becomes that waiter's grant, with a new token drawn from the
+// sequence after the row lock, its expiry now() + the TTL its place recorded (on
+// the server's clock), the place's value, and a handed mark naming the place; it
 // deletes that place and the lapsed ones before it, and calls pg_notify on that
-// waiter's client's channel, inside the same transaction, so the wake-up is sent
-// only if the release commits; with no live place, it deletes the row. The first
-// place is found through the primary key index: a handoff costs two writes (the
-// release and the waiter's taking of its reservation) and one notification to one
+// waiter's client's channel with the token and the number of the attempt that
+// wrote the place, inside the same transaction, so the wake-up is sent only if
+// the release commits. The waiter's next attempt returns that grant without a
+// statement, its Grant.Age counted from when that attempt was sent (the grant
+// started after the place was written). A waiting attempt of the same place that
+// finds the mark (its notification was lost) claims the grant as a re-entry
+// would; a waiter that gives up passes a grant handed to its place on, as it does
+// a reservation. (A place written by a client of an earlier version, which records
+// no TTL, is only reserved for its patience, and the waiter's attempt takes it.)
+// With no live place, it deletes the row. The first
+// place is found through the primary key index: a handoff costs one write (the
+// release) and one notification to one
 // client, O(log N) whatever the number N of waiters; no one barges in ahead of the
 // queue (waiting is FIFO), and an uncontended release sends no NOTIFY (which
 // serialises committing transactions on a cluster-wide lock). Each Client keeps one
@@ -151,7 +162,9 @@
 // holder's TTL runs out.
 //
 // Costs: an uncontended cycle is one INSERT and one DELETE, like the plainest table
-// lock. A handoff is two writes and one NOTIFY whatever the number of waiters; the
+// lock. A handoff is one write and one NOTIFY whatever the number of waiters (a
+// holder handed the key with places behind it releases with the handoff statement
+// at once, one round trip); the
 // NOTIFY travels to one client only, but PostgreSQL (15) signals every listening
 // session of the database to look at it, so each client that is waiting adds a little
 // server work to every handoff. Queueing is one write per waiter. Waiters' fallback
@@ -190,6 +203,7 @@
 // queued place needs no copy of it. SetValue is one UPDATE that compares the owner
 // and the expiry and leaves the expiry alone. The value is in the row of the grant,
 // so it is exactly as durable as the grant.
+// List (driver.Lister) reads the holders and values of every key under a prefix in one statement.
 //
 // A holder watch (driver.HolderWatcher, for dlock.Client.Observe) lives on the
 // client's listening connection, the one its waiters use: while any key is watched
@@ -428,6 +442,7 @@ var (
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
 	_ driver.Sharer        = (*Backend)(nil)
+	_ driver.Lister        = (*Backend)(nil)
 	_ driver.Queuer        = (*Backend)(nil)
 )
 

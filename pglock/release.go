@@ -50,7 +50,7 @@ func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string) error
 	err := retry(ctx, func() error {
 		batch := &pgx.Batch{}
 		batch.Queue(b.sql.lockRow, key)
-		batch.Queue(sql, key, owner)
+		batch.Queue(sql, key, owner, "") // no withdrawing place
 		br := b.pool.SendBatch(ctx, batch)
 		_, err := br.Exec()
 		if err == nil {
@@ -95,6 +95,11 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 
 // release frees owner's grant of a mutex key.
 func (b *Backend) release(ctx context.Context, key, owner string) error {
+	if b.lst.queuedBehind(key, owner) {
+		// The grant was handed over with places queued behind it: hand it on at
+		// once (the handoff deletes the row if no place is left).
+		return b.handOff(ctx, "release", b.sql.release, key, owner)
+	}
 	// No one waits: a plain DELETE frees the key.
 	var live bool
 	err := retry(ctx, func() error {
@@ -129,13 +134,18 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 // withdraw gives up owner's place in key's queue, passing a reservation made for it
 // on (the lock of a mutex, or a permit of a semaphore), in one transaction: lock
 // the key's row, drop the place, then the handoffs, which change nothing when
-// there is no reservation for owner, and, on a read-write key, a handoff to whom
-// the key now admits (readers that queued behind a writer giving up).
-func (b *Backend) withdraw(ctx context.Context, key, owner string) error {
+// there is no reservation for owner and no unclaimed grant handed to its place
+// (handed, when not "", names the place of a grant handed to this waiter), and,
+// on a read-write key, a handoff to whom the key now admits (readers that queued
+// behind a writer giving up).
+func (b *Backend) withdraw(ctx context.Context, key, owner, handed string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
 	place := b.lst.place(key, owner)
+	if handed == "" {
+		handed = place
+	}
 	drop := b.sql.withdrawOwner // the place is not known: every place of owner's
 	if place != "" {
 		drop = b.sql.withdrawPlace
@@ -144,7 +154,7 @@ func (b *Backend) withdraw(ctx context.Context, key, owner string) error {
 		batch := &pgx.Batch{}
 		batch.Queue(b.sql.lockRow, key)
 		batch.Queue(drop, key, owner, place)
-		batch.Queue(b.sql.withdraw, key, owner)
+		batch.Queue(b.sql.withdraw, key, owner, handed)
 		if b.semErr == nil {
 			batch.Queue(b.sql.semWithdraw, key, owner)
 			batch.Queue(b.sql.semWake, key, owner)

@@ -19,7 +19,9 @@ import "strings"
 //	reserved                  the lock is free but kept for owner, the longest waiter
 //	queue_owner               '{}' when no place was queued since the last handoff
 //	                          that found none; '{+}' when places may exist
-//	queue_channel             when reserved: the LISTEN channel of owner's client
+//	queue_channel             when reserved: the LISTEN channel of owner's client;
+//	                          for a grant a handoff made directly and not yet
+//	                          claimed: {that channel, the place it was handed to}
 //	value                     the holder's value (driver.Valuer), NULL for none; set
 //	                          by the statement that grants, cleared by a handoff
 //
@@ -31,7 +33,8 @@ import "strings"
 //
 // A place row: owner is the waiter, token its patience in µs (how long a
 // reservation made for it lasts), expires_at when the place lapses unless the
-// waiter's client is alive, queue_channel its client's LISTEN channel, reserved
+// waiter's client is alive, queue_channel its client's LISTEN channel (then the
+// request's TTL in µs and the attempt's number, for a direct handoff), reserved
 // true for a reader's place (read-write keys, see sem_acquire.sql). A client
 // holds a session-level advisory lock on its listening connection (placeLock), so a
 // place whose client still listens is live whatever its expiry: a queued waiter's
@@ -61,6 +64,8 @@ type statements struct {
 
 	// Readers' fast grant and release (read-write keys): see read_acquire.sql.
 	readLock, readAcquire, readRelease, readLast, readTryLock, readWake string
+
+	list, listMutex string // List: see list.go
 }
 
 // literal quotes s as an SQL string literal. Table names are validated identifiers,

@@ -85,10 +85,11 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		forceRelease: handOff(`NOT cur.reserved AND cur.owner <> '#'`),
 		// Withdraw a waiter ($1 key, $2 owner) that gives up: drop its place (withdrawPlace,
 		// or every place of the owner's with withdrawOwner), then, if the free lock was
-		// reserved for it, hand it to the next live waiter or delete the row.
+		// reserved for it, or granted to its place $3 by a direct handoff and not
+		// claimed, hand it to the next live waiter or delete the row.
 		withdrawPlace: render("withdraw_place", d),
 		withdrawOwner: render("withdraw_owner", d),
-		withdraw:      handOff(`cur.reserved AND cur.owner = $2::text`),
+		withdraw:      handOff(`cur.owner = $2::text AND (cur.reserved OR $3::text <> '' AND cur.queue_channel[2] IS NOT DISTINCT FROM $3::text)`),
 		inspect:       render("inspect", d),
 		setValue:      render("set_value", d),
 
@@ -105,6 +106,8 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		semWake:     render("sem_hand_off", with(func(c *sqlData) { c.Cond, c.Wake = "false", true })),
 		semSetValue: render("sem_set_value", d),
 		holders:     render("holders", d),
+		list:        render("list", d),
+		listMutex:   render("list", with(func(c *sqlData) { c.Permits = "" })),
 		queue:       render("queue", d),
 		readLock:    render("read_lock", d),
 		readAcquire: render("read_acquire", d),

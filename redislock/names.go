@@ -25,10 +25,13 @@ package redislock
 //	                         them) is this hash with N = 1; a shared holder's
 //	                         MARK starts with the byte 0x1f
 //	P:lock 0x1f K 0x1f token
-//	                 string  last fencing token issued for K; no TTL. Its name is
-//	                         the lock key's and a suffix, so the scripts derive it
-//	                         from the lock key without another argument (each
-//	                         costs every call).
+//	                 string  last fencing token issued for K, expiring
+//	                         TokenRetention after the lease of its last grant
+//	                         (pushed out by a mutex's Refresh and re-entry), and
+//	                         never before the server clock x 1000 has passed it
+//	                         (see scripts/token.lua). Its name is the lock key's
+//	                         and a suffix, so the scripts derive it from the lock
+//	                         key without another argument (each costs every call).
 //	P:lock 0x1f K 0x1f value
 //	                 string  the grant's value (driver.Valuer), set to expire
 //	                         when the lock key does (PXAT its PEXPIRETIME) by the

@@ -173,3 +173,10 @@ func TestScriptKeyNames(t *testing.T) {
 		t.Fatalf("Inspect after release = %v, want ErrNotHeld", err)
 	}
 }
+
+// names.lua sets RETAIN to TokenRetention, in the line loadScripts replaces.
+func TestRetainMatches(t *testing.T) {
+	if src := scriptSource("names.lua"); !strings.Contains(src, retainLine(TokenRetention)) {
+		t.Fatalf("names.lua does not hold %q", retainLine(TokenRetention))
+	}
+}

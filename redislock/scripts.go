@@ -3,7 +3,9 @@ package redislock
 import (
 	"embed"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -20,18 +22,59 @@ import (
 //go:embed scripts/*.lua
 var scriptFiles embed.FS
 
+// TokenRetention is how long a lock's token counter outlives the lease of its last
+// grant (see Bounded state in the package documentation): RETAIN in
+// scripts/names.lua.
+const TokenRetention = 5 * time.Minute
+
+// The scripts, loaded by loadScripts.
 var (
-	acquireScript      = loadScript("acquire.lua")
-	acquireAllScript   = loadScript("acquire_all.lua")
-	refreshScript      = loadScript("refresh.lua")
-	releaseScript      = loadScript("release.lua")
-	withdrawScript     = loadScript("withdraw.lua")
-	forceReleaseScript = loadScript("force_release.lua")
-	inspectScript      = loadScript("inspect.lua")
-	setValueScript     = loadScript("set_value.lua")
+	acquireScript      *redis.Script
+	acquireAllScript   *redis.Script
+	refreshScript      *redis.Script
+	releaseScript      *redis.Script
+	withdrawScript     *redis.Script
+	forceReleaseScript *redis.Script
+	inspectScript      *redis.Script
+	setValueScript     *redis.Script
+	queueScript        *redis.Script
+	semAcquireScript   *redis.Script
+	holdersScript      *redis.Script
 )
 
-func loadScript(name string) *redis.Script { return redis.NewScript(scriptSource(name)) }
+func init() { loadScripts(TokenRetention) }
+
+// loadScripts sets the script variables, with RETAIN (names.lua) set to retain.
+// Only init, and tests that shorten the retention while no other test runs, call
+// it: the variables are read without synchronisation.
+func loadScripts(retain time.Duration) {
+	load := func(name string) *redis.Script {
+		src := scriptSource(name)
+		if retain != TokenRetention {
+			if !strings.Contains(src, retainLine(TokenRetention)) {
+				panic("redislock: script " + name + " does not set RETAIN to TokenRetention")
+			}
+			src = strings.Replace(src, retainLine(TokenRetention), retainLine(retain), 1)
+		}
+		return redis.NewScript(src)
+	}
+	acquireScript = load("acquire.lua")
+	acquireAllScript = load("acquire_all.lua")
+	refreshScript = load("refresh.lua")
+	releaseScript = load("release.lua")
+	withdrawScript = load("withdraw.lua")
+	forceReleaseScript = load("force_release.lua")
+	inspectScript = load("inspect.lua")
+	setValueScript = load("set_value.lua")
+	queueScript = load("queue.lua")
+	semAcquireScript = load("sem_acquire.lua")
+	holdersScript = load("holders.lua")
+}
+
+// retainLine is the line of names.lua that sets RETAIN to d.
+func retainLine(d time.Duration) string {
+	return "local RETAIN = " + strconv.FormatInt(d.Milliseconds(), 10) + "\n"
+}
 
 // includeLine starts a line that scriptSource replaces by the file it names.
 const includeLine = "--#include "

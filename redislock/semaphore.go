@@ -5,16 +5,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/driver"
-)
-
-var (
-	semAcquireScript = loadScript("sem_acquire.lua")
-	holdersScript    = loadScript("holders.lua")
 )
 
 // semAcquire is acquire for a semaphore (req.Limit > 1) or a shared grant:
@@ -67,29 +61,7 @@ func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, 
 	if err != nil {
 		return 0, nil, wrap("holders", key, err)
 	}
-	if len(v) < 2 || (len(v)-2)%5 != 0 {
-		return 0, nil, wrap("holders", key, fmt.Errorf("unexpected reply %v", v))
-	}
-	limit, _ := v[0].(int64)
-	waiters, _ := v[1].(int64)
-	var hs []driver.Info
-	for r := v[2:]; len(r) >= 5; r = r[5:] {
-		owner, _ := r[0].(string)
-		pttl, _ := r[1].(int64)
-		tokStr, _ := r[2].(string)
-		tok, _ := strconv.ParseUint(tokStr, 10, 64)
-		info := driver.Info{Key: key, Owner: owner, Token: tok, TTL: time.Duration(max(pttl, 0)) * time.Millisecond, Waiters: int(waiters)}
-		if val, ok := r[3].(string); ok && val != "" {
-			info.Value = []byte(val)
-		}
-		shared, _ := r[4].(int64)
-		info.Shared = shared == 1
-		hs = append(hs, info)
-	}
-	if len(hs) == 0 {
-		return 0, nil, nil
-	}
-	return int(limit), hs, nil
+	return decodeHolders(key, v)
 }
 
 // Shares implements driver.Sharer: read-write locks keep their holders in the

@@ -21,8 +21,9 @@ package redlock
 //	P:floor 0x1f K    string  the benchmark floor's lock (internal/storeops, on the
 //	                          first node); the backend never touches it
 //
-// A client's wake-up channel is P:wake:ID; a release publishes "NONCE OWNER K" on
-// the channel of the waiter it wakes. A lock's holder channel is its lock key, the
+// A client's wake-up channel is P:wake:ID; a release publishes "NONCE OWNER
+// COUNTER K" on the channel of the waiter it wakes (COUNTER: the node's fencing
+// counter). A lock's holder channel is its lock key, the
 // byte 0x1f and "holder" (lib.lua's HOLDER; Redis keeps channels apart from keys):
 // every script that changes the lock on a node (grant with its token, token
 // commit, restore, value change, release, force release) publishes an empty
@@ -78,9 +79,9 @@ func (b *Backend) keys(key string) []string {
 	return []string{lockKey(b.cfg.prefix, key), fenceKey(b.cfg.prefix, key), waitSetKey(b.cfg.prefix, key)}
 }
 
-// releaseKeys returns the KEYS of the release scripts: lock, wait set.
+// releaseKeys returns the KEYS of the release scripts: lock, wait set, fence.
 func (b *Backend) releaseKeys(key string) []string {
-	return []string{lockKey(b.cfg.prefix, key), waitSetKey(b.cfg.prefix, key)}
+	return []string{lockKey(b.cfg.prefix, key), waitSetKey(b.cfg.prefix, key), fenceKey(b.cfg.prefix, key)}
 }
 
 func (b *Backend) waiterPrefix(key string) string { return waiterPrefix(b.cfg.prefix, key) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,15 +29,19 @@ import (
 // before it is recorded anywhere, so no release can miss it.
 //
 // One release sends one message per node, with a nonce shared by its copies. The
-// client wakes the first local waiter a copy names, and again when copies from a
-// majority have arrived, in case its attempt came before the release had reached a
-// majority; so a release wakes at most one waiter per client, at most twice. If
+// client wakes the first local waiter a copy names when copies from a majority have
+// arrived (so that its attempt does not come before the release reached a
+// majority), or wakeDelay after the first copy if they do not; so a release wakes
+// at most one waiter per client, at most twice. If
 // the named waiter vanished without withdrawing (its process died), others wait for their fallback timer until its place lapses.
 
 const (
 	subscribeTimeout = time.Second
 	listenBackoff    = 100 * time.Millisecond
 	recentReleases   = 64
+	// wakeDelay bounds how long a waiter named by a release waits for copies from a
+	// majority of nodes before it is woken anyway (see wake).
+	wakeDelay = 5 * time.Millisecond
 )
 
 type waiter struct {
@@ -92,6 +97,7 @@ type release struct {
 	nonce  string
 	copies int
 	target *waiter // the first local waiter a copy named
+	woken  bool    // target was signalled
 }
 
 // Watch implements driver.Notifier. It only registers the waiter locally: an
@@ -232,22 +238,38 @@ func (b *Backend) subscriptionDown(n *node) {
 	}
 }
 
-// wake handles one node's copy of a release's message "NONCE OWNER KEY".
+// wake handles one node's copy of a release's message "NONCE OWNER COUNTER KEY".
+//
+// The named local waiter is woken once copies from a majority of nodes have come:
+// an attempt sent earlier could reach nodes the release had not reached yet, find
+// the key held there, and have to give back what it took elsewhere (a round trip
+// and a wasted attempt per handoff when it happens). If a majority of copies does
+// not come within wakeDelay of the first (the nodes named different waiters, or
+// some are slow), the waiter is woken anyway. The counter (the node's fencing
+// counter) is recorded, so that the waiter's attempt proposes a token above the
+// holder's and settles it in its one round.
 func (b *Backend) wake(payload string) {
 	nonce, rest, ok := strings.Cut(payload, " ")
 	if !ok {
 		return
 	}
-	owner, key, ok := strings.Cut(rest, " ")
+	owner, rest, ok := strings.Cut(rest, " ")
 	if !ok {
 		return
+	}
+	counter, key, ok := strings.Cut(rest, " ")
+	if !ok {
+		return
+	}
+	if c, err := strconv.ParseUint(counter, 10, 64); err == nil {
+		b.saw(key, c)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var r *release
-	for i := range b.recent {
-		if b.recent[i].nonce == nonce {
-			r = &b.recent[i]
+	for _, x := range b.recent {
+		if x.nonce == nonce {
+			r = x
 			break
 		}
 	}
@@ -255,18 +277,27 @@ func (b *Backend) wake(payload string) {
 		if len(b.recent) == recentReleases {
 			b.recent = b.recent[1:]
 		}
-		b.recent = append(b.recent, release{nonce: nonce})
-		r = &b.recent[len(b.recent)-1]
+		r = &release{nonce: nonce}
+		b.recent = append(b.recent, r)
 	}
 	r.copies++
 	if r.target == nil {
 		if w := b.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
 			r.target = w
-			w.signal()
-			return
+			if r.copies < b.quorum {
+				time.AfterFunc(wakeDelay, func() {
+					b.mu.Lock()
+					defer b.mu.Unlock()
+					if !r.woken {
+						r.woken = true
+						w.signal()
+					}
+				})
+			}
 		}
 	}
 	if r.copies == b.quorum && r.target != nil {
+		r.woken = true
 		r.target.signal()
 	}
 }

@@ -57,7 +57,8 @@
 // accepts t only if t is strictly above its counter, raising the counter to t in the
 // same atomic script. The client proposes t = (the largest counter it has seen) + 1:
 // in the acquire script itself when it can guess (it remembers the counters it saw
-// for the key, so an uncontended cycle or a handoff to a waiter costs one round), or
+// for the key, and a release's wake-up carries the node's counter to the woken
+// waiter, so an uncontended cycle or a handoff to a waiter costs one round), or
 // else in a second round sent to the nodes that granted the lock, repeated with a
 // larger t if a node rejects it. The lock is granted only after a majority accepted
 // the token within the validity.
@@ -220,7 +221,7 @@ type Backend struct {
 	yield   map[string]yielding     // key -> a recent release woke a waiter
 	wakeCh  string                  // this client's wake-up channel
 	waiters map[driver.Holder]*waiter
-	recent  []release             // the latest releases that woke a waiter here
+	recent  []*release            // the latest releases that woke a waiter here
 	notify  bool                  // subscriber connections started
 	holders map[string]*holderSub // by holder channel (holder.go)
 	// subscribed: some node confirmed the subscription

@@ -96,37 +96,69 @@ func (b *Backend) Holders(ctx context.Context, key string) (int, []driver.Info, 
 		return 0, nil, wrap("holders", key, err)
 	}
 	n := holding(q)
-	infos := make([]driver.Info, n)
-	errs := make([]error, n)
+	live, err := b.readChildren(ctx, parent, q[:n], func(c child, d nodeData, st *zk.Stat) driver.Info {
+		return driver.Info{Key: key, Owner: c.owner, Token: uint64(st.Czxid), Waiters: len(q) - n,
+			TTL: d.ttlLeft(st), Value: d.value, Shared: c.shared}
+	})
+	if err != nil {
+		return 0, nil, wrap("holders", key, err)
+	}
+	if len(live) == 0 {
+		return 0, nil, nil
+	}
+	return permits(q), live, nil
+}
+
+// Queue implements driver.Queuer: it lists the queue and reads the nodes of the
+// contenders that do not hold (those behind the holders, see holding), in one more
+// round trip, for their values. A place whose node is gone by then is left out.
+// A place lives as long as its waiter's session or until its waiter gives up,
+// which the server does not know of: TTL is 0.
+func (b *Backend) Queue(ctx context.Context, key string) ([]driver.Info, error) {
+	parent := b.LockPath(key)
+	q, err := b.list(ctx, parent)
+	if err != nil {
+		return nil, wrap("queue", key, err)
+	}
+	places, err := b.readChildren(ctx, parent, q[holding(q):], func(c child, d nodeData, _ *zk.Stat) driver.Info {
+		return driver.Info{Key: key, Owner: c.owner, Waiters: -1, Value: d.value, Shared: c.shared}
+	})
+	if err != nil {
+		return nil, wrap("queue", key, err)
+	}
+	return places, nil
+}
+
+// readChildren reads the nodes of the children cs of parent, all requests sent at
+// once (one round trip), and returns info of each that still exists, in the order
+// of cs; a child deleted meanwhile is left out.
+func (b *Backend) readChildren(ctx context.Context, parent string, cs []child, info func(child, nodeData, *zk.Stat) driver.Info) ([]driver.Info, error) {
+	infos := make([]driver.Info, len(cs))
+	errs := make([]error, len(cs))
 	var wg sync.WaitGroup
-	for i, c := range q[:n] {
+	for i, c := range cs {
 		wg.Go(func() {
 			errs[i] = b.call(ctx, func() error {
 				data, st, err := b.conn.Get(parent + "/" + c.name)
 				if err != nil {
 					return err
 				}
-				d := decodeData(data)
-				infos[i] = driver.Info{Key: key, Owner: c.owner, Token: uint64(st.Czxid), Waiters: len(q) - n,
-					TTL: d.ttlLeft(st), Value: d.value, Shared: c.shared}
+				infos[i] = info(c, decodeData(data), st)
 				return nil
 			})
 		})
 	}
 	wg.Wait()
 	live := infos[:0]
-	for i, info := range infos {
+	for i, in := range infos {
 		switch {
 		case errs[i] == nil:
-			live = append(live, info)
+			live = append(live, in)
 		case !errors.Is(errs[i], zk.ErrNoNode):
-			return 0, nil, wrap("holders", key, errs[i])
+			return nil, errs[i]
 		}
 	}
-	if len(live) == 0 {
-		return 0, nil, nil
-	}
-	return permits(q), live, nil
+	return live, nil
 }
 
 // ForceRelease implements driver.ForceReleaser: it deletes the holders' children

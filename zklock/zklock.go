@@ -108,7 +108,8 @@
 // Inspect reports the oldest holder, with Waiters counting the places queued behind
 // the N; Holders lists the queue and reads the holders' nodes (N reads in one round
 // trip); ForceRelease deletes the N holders' children; the holder watch watches
-// every holder's data.
+// every holder's data. Queue (driver.Queuer) lists the places behind the holders in
+// sequence order, readers marked Shared, and reads their nodes for their values.
 //
 // # Read-write locks
 //
@@ -163,6 +164,16 @@
 // value it knows, conditional on the version it last saw, and reads the child again
 // if another connection of the owner id changed the value meanwhile. An attempt
 // that re-enters a grant (driver.Request.Reenter) writes its own value.
+//
+// # Listing
+//
+// List (driver.Lister, dlock list) lists the root's children, decodes the lock
+// nodes' names back to keys (url.PathUnescape of what follows "k-"; other names,
+// and escapings PathEscape would not write, are skipped), keeps those starting
+// with the prefix, and reads each key's holders as Holders does, a listing and
+// the holders' nodes, with the requests of up to 64 keys in flight at once on the
+// session's connection. ZooKeeper has no range read of child names, so the root's
+// whole listing is read whatever the prefix.
 //
 // # Several keys at once
 //
@@ -289,8 +300,8 @@ const (
 
 // Backend is the ZooKeeper backend. It implements driver.Backend, driver.Notifier,
 // driver.Bounder, driver.Inspector, driver.ForceReleaser, driver.Valuer,
-// driver.Semaphorer, driver.Sharer, driver.HolderWatcher and
-// driver.MultiAcquirer, and is safe for
+// driver.Semaphorer, driver.Sharer, driver.Queuer, driver.Lister,
+// driver.HolderWatcher and driver.MultiAcquirer, and is safe for
 // concurrent use. It holds
 // one ZooKeeper session; Close ends it, which deletes every node it still has.
 type Backend struct {
@@ -354,6 +365,7 @@ var (
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Semaphorer    = (*Backend)(nil)
 	_ driver.Sharer        = (*Backend)(nil)
+	_ driver.Queuer        = (*Backend)(nil)
 )
 
 // Conn returns the ZooKeeper connection.
@@ -375,7 +387,7 @@ func (b *Backend) rootPath() string {
 
 // LockPath returns the path of the node under which key's contenders queue.
 func (b *Backend) LockPath(key string) string {
-	return b.root + "/k-" + url.PathEscape(key)
+	return b.root + "/" + lockNodePrefix + url.PathEscape(key)
 }
 
 // explain adds a hint to errors whose cause is not obvious.

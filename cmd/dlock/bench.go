@@ -41,6 +41,7 @@ func newBenchCommand(e *env) *cobra.Command {
 		jsonFile     string
 		chartsDir    string
 		quiet        bool
+		peers        bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench [--backend [NAME=]URL ...] [--start-servers]",
@@ -63,6 +64,15 @@ For every backend, in interleaved rounds (round 1 runs every backend, then round
   waiters    --waiters waiters queue behind a holder and the key passes down the
              chain: server operations (from the server's own counters where the
              backend has them) and driver calls per handoff, and handoffs/s.
+
+--peers also measures the lock libraries users run on the same stores, beside
+the backend of each store, in this process, on the same servers, through the same
+loops and in the same rounds: go-redsync/redsync (one pool on Redis, one per master
+on Redlock), bsm/redislock, etcd's concurrency.Mutex, go-zookeeper's Lock,
+PostgreSQL's pg_advisory_lock and a row lock polled every 10 ms. They are shown as
+peers, and every dlock backend gets its ratio to the best peer of its store next to
+its fairness. Peers have no fencing and no server counts: the waiters workload is
+not theirs.
 
 A backend without a floor shows n/a for the ratios. Give backends with --backend
 (repeatable; NAME=URL names one); --start-servers starts local servers itself
@@ -89,10 +99,11 @@ dlock-bench.<run id>.*, and every lock is released at the end.`,
 		Example: `  dlock bench                                   # in-process backend only
   dlock bench --start-servers --pin 0           # every installed server, pinned
   dlock bench --backend redis://127.0.0.1:6379/0 --backend zk=zk://127.0.0.1:2181/dlock
-  dlock bench --start-servers --servers redis,redlock --json out.json --charts img`,
+  dlock bench --start-servers --servers redis,redlock --json out.json --charts img
+  dlock bench --start-servers --peers --duration 20s   # beside redsync, etcd Mutex, ...`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := bench.Config{Duration: duration, Rounds: rounds, Workers: workers, Keys: keys}
+			cfg := bench.Config{Duration: duration, Rounds: rounds, Workers: workers, Keys: keys, Peers: peers}
 			var err error
 			if cfg.Waiters, err = benchParseInts(waiters); err != nil {
 				return usagef("--waiters %q: %v", waiters, err)
@@ -258,6 +269,7 @@ dlock-bench.<run id>.*, and every lock is released at the end.`,
 	f.StringVar(&pin, "pin", "", "pin this process and the servers it starts to `CPUS` (taskset -c syntax: 0 or 0,1 or 0-3)")
 	f.StringVar(&jsonFile, "json", "", "also write the results as JSON to `FILE` (- writes JSON instead of markdown on stdout)")
 	f.StringVar(&chartsDir, "charts", "", "draw PNG charts into `DIR`")
+	f.BoolVar(&peers, "peers", false, "also measure the peers (redsync, bsm/redislock, etcd Mutex, go-zookeeper Lock, pg_advisory_lock, a polled row lock) beside each backend of their store")
 	f.BoolVarP(&quiet, "quiet", "q", false, "no progress bar and no messages on stderr except warnings")
 	return cmd
 }

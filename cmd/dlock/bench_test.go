@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/dlockio/dlock/cmd/dlock/internal/bench"
+	"github.com/dlockio/dlock/internal/testserver"
 )
 
 func TestBenchUsageErrors(t *testing.T) {
@@ -50,7 +51,7 @@ func TestBenchHelp(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
-	for _, want := range []string{"--pin", "cross CPUs", "--start-servers", "--json", "--charts", "Jain"} {
+	for _, want := range []string{"--pin", "cross CPUs", "--start-servers", "--json", "--charts", "Jain", "--peers", "redsync"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("bench --help does not mention %q", want)
 		}
@@ -102,6 +103,22 @@ func TestBenchMem(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(stdout), &res); err != nil || len(res.Backends) != 1 || res.Backends[0].URL != benchMemURL {
 		t.Fatalf("JSON on stdout: %v %+v", err, res.Backends)
+	}
+}
+
+// TestBenchPeers: --peers runs the peers of a Redis backend beside it, labelled as
+// peers, with dlock's ratio to the best of them.
+func TestBenchPeers(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	code, stdout, stderr := run("bench", "-q", "--peers", "--duration", "200ms", "--rounds", "1", "--workers", "2", "--waiters", "1",
+		"--backend", srv.URL())
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	for _, want := range []string{"### Beside the peers", "| redsync-1 (peer) |", "| bsm/redislock (peer) |", "hot key / best peer"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
 	}
 }
 

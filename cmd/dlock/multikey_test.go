@@ -5,8 +5,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlockio/dlock"
 )
@@ -73,5 +77,49 @@ func TestRunMultiKey(t *testing.T) {
 	}
 	if code, _, errs := run(append(many, "--", "true")...); code != 64 || !strings.Contains(errs, "at most 64") {
 		t.Errorf("%d keys: exit %d, want 64: %s", dlock.MaxKeys+1, code, errs)
+	}
+}
+
+// dlock run --metrics-addr serves the run's lease as Prometheus metrics while it
+// runs; a bad address is a usage error.
+func TestRunMetrics(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	done := make(chan string)
+	go func() {
+		code, _, errs := run("run", "-q", "--backend", "mem://run-metrics", "--metrics-addr", addr, "job", "--", "sleep", "2")
+		done <- fmt.Sprint(code, errs)
+	}()
+	want := `dlock_leases_active{backend="memlock",key="job",mode="exclusive"} 1`
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		body := ""
+		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+		}
+		if strings.Contains(body, want) && strings.Contains(body, `dlock_lock_acquire_duration_seconds_count{backend="memlock",key="job",mode="exclusive",result="granted"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics never showed the held lease: %q", body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := <-done; got != "0" {
+		t.Fatalf("run: %s", got)
+	}
+	if _, err := http.Get("http://" + addr + "/metrics"); err == nil {
+		t.Fatal("metrics still served after the run")
+	}
+	for _, bad := range []string{"9464", "127.0.0.1:99999"} {
+		if code, _, errs := run("run", "--backend", "mem://", "--metrics-addr", bad, "job", "--", "true"); code != 64 || !strings.Contains(errs, "--metrics-addr") {
+			t.Errorf("--metrics-addr %s: exit %d, want 64: %s", bad, code, errs)
+		}
 	}
 }

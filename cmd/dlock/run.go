@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/cmd/dlock/internal/runner"
+	"github.com/dlockio/dlock/dlockprom"
 	"github.com/dlockio/dlock/driver"
 )
 
@@ -29,9 +30,10 @@ func newRunCommand(e *env) *cobra.Command {
 		limit   int
 		shared  bool
 		keys    []string
+		metrics string
 	)
 	cmd := &cobra.Command{
-		Use:   "run [flags] KEY -- COMMAND [ARGS...]\n  dlock run [flags] --key KEY --key KEY... -- COMMAND [ARGS...]",
+		Use:   "run [flags] KEY|--key KEY... -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lock",
 		Long: `Run acquires KEY, runs COMMAND while the lease renews itself, and releases the
 lock when the command and every process it left in its process group are gone. The
@@ -61,6 +63,11 @@ by one in ascending key order, so runs that list overlapping keys in any order
 cannot deadlock. The command then sees DLOCK_KEYS (how many), and DLOCK_KEY_1,
 DLOCK_TOKEN_1, DLOCK_KEY_2, ... in key order, instead of DLOCK_KEY and
 DLOCK_TOKEN; losing any key's lease stops it as losing the lease does.
+
+Metrics: with --metrics-addr ADDR, the run serves its lease's metrics at
+http://ADDR/metrics while it runs (package dlockprom's, labelled with the key):
+dlock_leases_active, dlock_lease_renewals_total, dlock_lease_losses_total and the
+wait and hold durations, for cron-style jobs watched by Prometheus.
 
 Leader election: with --wait forever, run is a candidate that runs COMMAND only
 while it leads KEY; start one on each machine and the next takes over, with a
@@ -176,6 +183,17 @@ Exit codes:
 				}
 				opts = append(opts, dlock.WithResume())
 			}
+			var stopMetrics func()
+			if metrics != "" {
+				// The run's lease as Prometheus metrics, while it runs: the
+				// listener is bound before the lock is asked for.
+				m := dlockprom.New(dlockprom.WithKeys(func(k string) string { return k }))
+				if stopMetrics, err = serveMetrics(metrics, m, e.stderr); err != nil {
+					return err
+				}
+				defer stopMetrics()
+				opts = append(opts, dlock.WithObserver(m))
+			}
 			c, err := openBackend(cmd, *backend, opts...)
 			if err != nil {
 				return err
@@ -204,6 +222,7 @@ Exit codes:
 	cmd.Flags().BoolVar(&resume, "resume", false, "with --owner: take over the lock if that owner id already holds it (a restarted job picking up its lease); only if no other live run uses that id, else both hold at once")
 	cmd.Flags().IntVar(&limit, "limit", 1, "hold one of `N` permits of KEY (a semaphore: up to N runs at once); every run on KEY must give the same N")
 	cmd.Flags().BoolVar(&shared, "shared", false, "hold KEY shared, as a reader of a read-write lock: readers run together, a run without --shared (a writer) alone")
+	cmd.Flags().StringVar(&metrics, "metrics-addr", "", "serve Prometheus metrics of the run's lease (held, renewals, losses, wait) at http://`ADDR`/metrics while it runs, e.g. 127.0.0.1:9464")
 	cmd.Flags().StringArrayVar(&keys, "key", nil, "hold `KEY` too; give it several times to hold every key or none, as one lease (a multi-key lock)")
 	cmd.Flags().StringVar(&value, "value", "", "store `TEXT` with the lock for others to read (dlock inspect, dlock leader): a leader's address, say")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only errors (no status while waiting, no \"acquired\" line)")

@@ -3,8 +3,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -131,4 +133,120 @@ func TestInspectQueue(t *testing.T) {
 	<-done
 	<-done
 	_ = w.Release(ctx)
+}
+
+// dlock inspect --watch prints the state, then again at each change of holder (a
+// line with the time before it), and stops when interrupted.
+func TestInspectWatch(t *testing.T) {
+	ctx := context.Background()
+	url := "mem://inspect-watch"
+	c, err := dlock.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var out lockedBuffer
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() {
+		b, err := dlock.Open(ctx, url)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer b.Close()
+		done <- watchKey(wctx, b, "job", 20*time.Millisecond, &out, false)
+	}()
+	waitOut := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(out.String(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("output %q never said %q", out.String(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitOut("job: free\n")
+	l, err := c.Lock(ctx, "job", dlock.WithValue([]byte("v1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOut("owner:   " + l.Owner())
+	waitOut(`value:   "v1"`)
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for strings.Count(out.String(), "job: free\n") < 2 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out.String(), "\n-- "); n != 2 {
+		t.Fatalf("%d change lines, want 2 (held, free again): %q", n, out.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// dlock list shows every held key under a prefix, one line per holder, in text
+// and JSON; Redlock, which cannot list, is a usage error.
+func TestList(t *testing.T) {
+	ctx := context.Background()
+	url := "mem://list"
+	c, err := dlock.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, err := c.Lock(ctx, "orders/1", dlock.WithValue([]byte("host a")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Lock(ctx, "orders/2", dlock.WithShared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := c.Lock(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := run("list", "--backend", url, "orders/")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "KEY") ||
+		!strings.HasPrefix(lines[1], "orders/1  "+a.Owner()) || !strings.Contains(lines[1], `exclusive  "host a"`) ||
+		!strings.HasPrefix(lines[2], "orders/2  "+r.Owner()) || !strings.Contains(lines[2], "shared") {
+		t.Fatalf("list: exit %d, %q %q", code, out, errs)
+	}
+	code, out, _ = run("list", "--json", "--backend", url)
+	if code != 0 || strings.Count(out, `"key"`) != 3 || !strings.Contains(out, `"key": "other"`) {
+		t.Fatalf("list --json: exit %d, %q", code, out)
+	}
+	for _, l := range []*dlock.Lease{a, r, o} {
+		_ = l.Release(ctx)
+	}
+	if code, out, _ := run("list", "--backend", url, "orders/"); code != 0 || out != "no locks held under \"orders/\"\n" {
+		t.Fatalf("list of nothing: exit %d, %q", code, out)
+	}
+	if code, _, errs := run("list", "--backend", url, "a", "b"); code != 64 {
+		t.Fatalf("two prefixes: exit %d: %s", code, errs)
+	}
 }

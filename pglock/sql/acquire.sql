@@ -3,7 +3,16 @@ acquire is an attempt by owner $2 on key $1. $3 TTL µs, $4 will wait, $5 the
 client's LISTEN channel, $6 patience µs, $7 the caller's place (its row's key) if
 it has one, else '', $8 whether to renew the place's expiry (its client does not
 hold its advisory lock now), $9 the request says Reenter (driver.Request), $10
-the request's value (NULL for none), stored with a grant (a re-entry's too).
+the request's value (NULL for none), stored with a grant (a re-entry's too), $11
+the number of the waiter's attempt (0 when it is not a tracked wait's).
+
+A place records the request's TTL and the attempt's number after its channel
+(queue_channel = {channel, TTL µs, number}) when $11 > 0: a release then grants
+the key to that place directly (hand_off.sql), marking the key's row with the
+place (queue_channel = {channel, place}) until the waiter claims it. The waiter
+takes that grant from the notification without a statement; an attempt of its
+(with $4 and its place $7) that finds the mark claims the grant as a re-entry
+would (same token, TTL extended). Every grant made here drops the mark.
 
 With .Lock (a waiting attempt, which may write its place) the key's row is locked
 FOR UPDATE; without (an attempt that will not wait), the row is read from the
@@ -29,7 +38,7 @@ queued, who goes at the end), the caller's place or '', the semaphore's limit wh
 a semaphore refused it (else NULL)).
 */ -}}
 WITH cur AS (
-	SELECT r.xmin AS ver, r.owner, r.token, r.expires_at, r.reserved, r.queue_owner
+	SELECT r.xmin AS ver, r.owner, r.token, r.expires_at, r.reserved, r.queue_owner, r.queue_channel
 	FROM {{.Table}} r WHERE r.key = $1::text{{if .Lock}} FOR UPDATE{{end}}
 ), me AS (
 	SELECT p.key AS pk FROM {{.Table}} p WHERE p.key = $7::text AND p.owner = $2::text
@@ -39,11 +48,13 @@ WITH cur AS (
 	SELECT cur.ver, cur.ver IS NULL AS absent, cur.owner AS cur_owner, cur.token AS cur_token, cur.token AS old_token,
 		coalesce(cur.expires_at > now(), false) AS live, cur.expires_at,
 		coalesce(cur.owner = $2::text AND cur.expires_at > now() AND NOT cur.reserved, false) AS reenter,
-		coalesce(cur.owner = $2::text AND cur.expires_at > now() AND NOT cur.reserved AND NOT $9::boolean, false) AS self,
+		coalesce(cur.owner = $2::text AND cur.expires_at > now() AND NOT cur.reserved AND NOT $9::boolean
+			AND NOT ($4::boolean AND $7::text <> '' AND cur.queue_channel[2] IS NOT DISTINCT FROM $7::text), false) AS self,
 		coalesce(cur.reserved AND cur.owner <> $2::text AND cur.expires_at > now(), false) AS other_reserved,
 		coalesce(cur.queue_owner = '{}', true) AS unmarked,
 		CASE WHEN cur.ver IS NULL THEN true
-		     WHEN cur.expires_at > now() THEN cur.owner = $2::text AND (cur.reserved OR $9::boolean)
+		     WHEN cur.expires_at > now() THEN cur.owner = $2::text AND (cur.reserved OR $9::boolean
+			OR $4::boolean AND $7::text <> '' AND cur.queue_channel[2] IS NOT DISTINCT FROM $7::text)
 		     ELSE NOT (cur.owner = '#' AND cur.token = 1) AND NOT EXISTS (SELECT FROM {{.Table}} p, bound WHERE {{template "placeRange"}} AND p.key < bound.k AND p.owner <> $2::text AND {{template "placeLive"}}) END AS granted
 	FROM (SELECT) one LEFT JOIN cur ON true
 ), m AS (
@@ -55,11 +66,13 @@ WITH cur AS (
 ), place AS (
 	INSERT INTO {{.Table}} (key, owner, token, expires_at, queue_channel, value)
 	SELECT $1::text || chr(2) || lpad(nextval({{.Seq}}::regclass)::text, 20, '0'), $2::text, $6::bigint,
-		now() + $6::bigint{{template "us"}}, ARRAY[$5::text], $10::bytea
+		now() + $6::bigint{{template "us"}},
+		CASE WHEN $11::bigint > 0 THEN ARRAY[$5::text, $3::bigint::text, $11::bigint::text] ELSE ARRAY[$5::text] END, $10::bytea
 	FROM t WHERE NOT t.granted AND NOT t.absent AND $4::boolean AND NOT t.self AND NOT t.mismatch AND NOT EXISTS (SELECT FROM me){{if not .Lock}} AND false{{end}}
 	RETURNING key
 ), renew AS (
-	UPDATE {{.Table}} p SET expires_at = now() + $6::bigint{{template "us"}}, token = $6::bigint, value = $10::bytea
+	UPDATE {{.Table}} p SET expires_at = now() + $6::bigint{{template "us"}}, token = $6::bigint, value = $10::bytea,
+		queue_channel = CASE WHEN $11::bigint > 0 THEN ARRAY[$5::text, $3::bigint::text, $11::bigint::text] ELSE ARRAY[$5::text] END
 	FROM t WHERE p.key = $7::text AND p.owner = $2::text AND NOT t.granted AND $4::boolean AND NOT t.self AND NOT t.mismatch AND $8::boolean
 	RETURNING 1
 ), dropped AS (
@@ -77,7 +90,8 @@ WITH cur AS (
 		expires_at = CASE WHEN t.granted THEN now() + $3::bigint{{template "us"}} ELSE r.expires_at END,
 		reserved = r.reserved AND NOT t.granted,
 		queue_owner = CASE WHEN t.granted THEN r.queue_owner ELSE '{+}'::text[] END,
-		value = CASE WHEN t.granted THEN $10::bytea ELSE r.value END
+		value = CASE WHEN t.granted THEN $10::bytea ELSE r.value END,
+		queue_channel = CASE WHEN t.granted THEN '{}'::text[] ELSE r.queue_channel END
 	FROM t WHERE r.key = $1::text AND NOT t.absent
 		AND (t.granted OR $4::boolean AND NOT t.self AND NOT t.mismatch AND r.queue_owner = '{}'){{if not .Lock}} AND r.xmin = t.ver{{end}}
 	RETURNING CASE WHEN t.granted THEN {{template "notify" .}} END

@@ -82,6 +82,7 @@ if v and (v == owner or string.sub(v, 1, #owner + 1) == owner .. ' ') then
   elseif val and not had then
     mv = mv .. ' v'
   end
+  redis.call('PEXPIRE', KEYS[1] .. TOKEN, ttl + RETAIN, 'GT')
   if mv ~= v then
     redis.call('SET', KEYS[1], mv, 'PX', ttl)
   else

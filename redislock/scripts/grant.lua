@@ -13,7 +13,9 @@ local at = redis.call('PEXPIRETIME', lk)
 local now = (at - ttl) * 1000
 if n < now then
   n = now
-  redis.call('SET', tk, string.format('%d', n))
+  redis.call('SET', tk, string.format('%d', n), 'PX', ttl + RETAIN)
+else
+  redis.call('PEXPIRE', tk, ttl + RETAIN + math.floor((n - now) / 1000) + 1)
 end
 -- The value key expires when the lock key does, to the millisecond (two PX in
 -- one script may be a millisecond apart).

@@ -8,4 +8,7 @@
 --   queue key       P .. QUEUE .. K
 --   waiter key      P .. WAITER .. K .. SEP .. OWNER
 --   wake channel    P .. ':wake:' .. 24 hex digits
+-- RETAIN is how long, in ms, a key's token counter outlives its last grant (and
+-- the holder's lease; see token.lua); the Go side may set it at load (scripts.go).
+local RETAIN = 300000
 local LOCK, QUEUE, WAITER, SEP, TOKEN, VALUE, HOLDER = ':lock\31', ':queue\31', ':waiter\31', '\31', '\31token', '\31value', '\31holder'

@@ -78,12 +78,17 @@ end
 
 -- The next fencing token of the key, from the one sequence a mutex uses too (see
 -- token.lua), with the clock term from TIME (a hash has no one expiry to read).
+-- The counter expires RETAIN ms after the grant (later if it ran ahead of the
+-- clock), as token.lua's: a holder keeps its token in the hash, so the counter
+-- need not outlive the holders' leases.
 local function sem_token(lock, now)
   local tk = lock .. TOKEN
   local n = redis.call('INCR', tk)
   if n < now * 1000 then
     n = now * 1000
-    redis.call('SET', tk, string.format('%d', n))
+    redis.call('SET', tk, string.format('%d', n), 'PX', RETAIN)
+  else
+    redis.call('PEXPIRE', tk, RETAIN + math.floor((n - now * 1000) / 1000) + 1)
   end
   return string.format('%d', n)
 end

@@ -12,6 +12,14 @@
 -- which costs a script about a microsecond more; the counter is written again only
 -- when the millisecond has moved on past it.
 --
+-- The counter expires RETAIN ms after the lease its last grant made (a Refresh or
+-- re-entry of a mutex pushes that out with the lease), and later still if it ran
+-- ahead of the clock: never before the server clock, x 1000, has passed it. A
+-- token issued after it expired is then the clock term, larger than every token
+-- the counter held, so that a released key's state is bounded in time without
+-- letting its tokens go down. In the common case (the millisecond moved on) the
+-- expiry rides on the SET that was there anyway; otherwise it costs a PEXPIRE.
+--
 -- grant.lua, the uncontended path of acquire.lua and acquire_all.lua, has a copy
 -- of these statements (a function statement makes a closure each time a script
 -- runs it); keep the two alike.
@@ -21,7 +29,9 @@ local function token(lock, ttl)
   local now = (redis.call('PEXPIRETIME', lock) - ttl) * 1000
   if n < now then
     n = now
-    redis.call('SET', tk, string.format('%d', n))
+    redis.call('SET', tk, string.format('%d', n), 'PX', ttl + RETAIN)
+  else
+    redis.call('PEXPIRE', tk, ttl + RETAIN + math.floor((n - now) / 1000) + 1)
   end
   return n
 end

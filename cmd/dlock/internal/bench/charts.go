@@ -53,7 +53,7 @@ func (r *Result) WriteCharts(dir string) ([]string, error) {
 	if r.hasSamples() {
 		p := latencyPlot(fmt.Sprintf("Uncontended Lock+Release latency (floor dashed), %d rounds", r.Settings.Rounds))
 		for i, br := range ok {
-			addCDF(p, br.samples.cycle, br.Name, i, false)
+			addCDF(p, br.samples.cycle, br.label(), i, false)
 			addCDF(p, br.samples.floor, br.Name+" floor", i, true)
 		}
 		if err := save(p, ChartCycleLatency); err != nil {
@@ -61,7 +61,7 @@ func (r *Result) WriteCharts(dir string) ([]string, error) {
 		}
 		p = latencyPlot(fmt.Sprintf("Hot key handoff latency, %d workers", r.Settings.Workers))
 		for i, br := range ok {
-			addCDF(p, br.samples.handoff, br.Name, i, false)
+			addCDF(p, br.samples.handoff, br.label(), i, false)
 		}
 		if err := save(p, ChartHandoffLatency); err != nil {
 			return files, err

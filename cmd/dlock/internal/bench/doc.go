@@ -27,6 +27,17 @@
 // a change in machine load touches every backend alike, and the per-round ratios
 // show how noisy the machine was. Ratios mean something within one run only.
 //
+// # Peers
+//
+// With Config.Peers, the lock libraries users run on the same stores (redsync with
+// one pool and with one per Redlock master, bsm/redislock, etcd's concurrency.Mutex,
+// go-zookeeper's Lock, pg_advisory_lock and a polled PostgreSQL row) run beside the
+// backend of their store, on its servers, in the same rounds. Each peer is an
+// Acquire adapter behind a pass-through driver.Backend, so the same loops measure
+// it (cycle, many keys, hot key, with the same overlap check); it has no floor,
+// driver cycle, server counts or waiter chains. Every dlock backend then gets its
+// ratio to the best peer of its store (BackendResult.VsPeers). See peers.go.
+//
 // # What is not promised
 //
 // Numbers depend on the machine, its load and the servers' settings: they are for

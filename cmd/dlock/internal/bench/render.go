@@ -19,8 +19,10 @@ func (r *Result) WriteMarkdown(w io.Writer) error {
 	r.writeCycles(&b, ok)
 	r.writeManyKeys(&b, ok)
 	r.writeHotKey(&b, ok)
-	r.writeCost(&b, ok)
-	r.writeChain(&b, ok)
+	r.writePeers(&b, ok)
+	dl := dlockOnly(ok)
+	r.writeCost(&b, dl)
+	r.writeChain(&b, dl)
 	r.writeBackends(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -42,25 +44,37 @@ func (r *Result) writeHeader(b *strings.Builder) {
 func (r *Result) writeCycles(b *strings.Builder, ok []*BackendResult) {
 	b.WriteString("### Uncontended Lock + Release (one client)\n\n")
 	b.WriteString("Three cycles run in turn, in the same rounds: dlock (Lock+Release through the core), the driver alone (its Acquire+Release called directly: what the backend's own requests cost) and the floor (the least a correct lock does on the engine, with the engine's own client and none of dlock).\n\n")
-	table(b, []string{"backend", "cycles/s", "p50", "p99", "driver p50", "floor p50", "floor p99", "dlock / floor", "driver / floor", "dlock / floor per round"},
-		"lrrrrrrrrl", ok, func(br *BackendResult) []string {
-			c := br.Cycle
-			row := []string{br.Name, fmtRate(c.PerSecond), fmtDur(c.Dlock.P50), fmtDur(c.Dlock.P99), fmtDur(c.Driver.P50)}
-			if c.Floor != nil {
-				row = append(row, fmtDur(c.Floor.P50), fmtDur(c.Floor.P99))
-			} else {
-				row = append(row, "n/a", "n/a")
-			}
-			var rounds []string
-			for _, rc := range c.Rounds {
-				rounds = append(rounds, fmtFloat(rc.Ratio, 2))
-			}
-			per := strings.Join(rounds, ", ")
-			if !c.Ratio.Valid() {
-				per = ""
-			}
-			return append(row, fmtRatio(c.Ratio), fmtRatio(c.DriverRatio), per)
-		})
+	head := []string{"backend", "cycles/s", "p50", "p99", "driver p50", "floor p50", "floor p99", "dlock / floor", "driver / floor", "dlock / floor per round"}
+	align := "lrrrrrrrrl"
+	peers := r.hasPeers()
+	if peers {
+		head, align = append(head, "p50 / best peer p50"), align+"l"
+	}
+	table(b, head, align, ok, func(br *BackendResult) []string {
+		c := br.Cycle
+		if !br.can(WorkCycle) {
+			return cannotRow(br, len(head))
+		}
+		row := []string{br.label(), fmtRate(c.PerSecond), fmtDur(c.Dlock.P50), fmtDur(c.Dlock.P99), fmtDur(c.Driver.P50)}
+		if c.Floor != nil {
+			row = append(row, fmtDur(c.Floor.P50), fmtDur(c.Floor.P99))
+		} else {
+			row = append(row, "n/a", "n/a")
+		}
+		var rounds []string
+		for _, rc := range c.Rounds {
+			rounds = append(rounds, fmtFloat(rc.Ratio, 2))
+		}
+		per := strings.Join(rounds, ", ")
+		if !c.Ratio.Valid() {
+			per = ""
+		}
+		row = append(row, fmtRatio(c.Ratio), fmtRatio(c.DriverRatio), per)
+		if peers {
+			row = append(row, br.vsPeer(func(v *PeerRatios) (Float, string) { return v.CycleP50, v.CycleBest }))
+		}
+		return row
+	})
 	if rel := r.relativeCycles(); rel != "" {
 		b.WriteString("\n" + rel)
 	}
@@ -70,9 +84,22 @@ func (r *Result) writeManyKeys(b *strings.Builder, ok []*BackendResult) {
 	s := r.Settings
 	fmt.Fprintf(b, "\n### Many keys (%d workers over %d keys, a random key per acquisition)\n\n", s.Workers, s.Keys)
 	b.WriteString("The floor runs the same number of clients, each on keys of its own (no contention at all).\n\n")
-	table(b, []string{"backend", "acquisitions/s", "floor cycles/s", "dlock / floor"}, "lrrr", ok, func(br *BackendResult) []string {
+	head := []string{"backend", "acquisitions/s", "floor cycles/s", "dlock / floor"}
+	align := "lrrr"
+	peers := r.hasPeers()
+	if peers {
+		head, align = append(head, "dlock / best peer"), align+"l"
+	}
+	table(b, head, align, ok, func(br *BackendResult) []string {
 		m := br.ManyKeys
-		return []string{br.Name, fmtRate(m.PerSecond), fmtRateF(m.FloorPerSecond), fmtRatio(m.Ratio)}
+		if !br.can(WorkManyKeys) {
+			return cannotRow(br, len(head))
+		}
+		row := []string{br.label(), fmtRate(m.PerSecond), fmtRateF(m.FloorPerSecond), fmtRatio(m.Ratio)}
+		if peers {
+			row = append(row, br.vsPeer(func(v *PeerRatios) (Float, string) { return v.ManyKeys, v.ManyKeysBest }))
+		}
+		return row
 	})
 }
 
@@ -80,12 +107,24 @@ func (r *Result) writeHotKey(b *strings.Builder, ok []*BackendResult) {
 	s := r.Settings
 	fmt.Fprintf(b, "\n### One hot key (%d workers)\n\n", s.Workers)
 	b.WriteString("Handoff: from a Release call to the next holder's Lock returning. Fairness is that of the worst round: acquisitions of the least and the most served worker, and Jain's index (1 = equal shares, 1/workers = one worker takes all).\n\n")
-	table(b, []string{"backend", "acquisitions/s", "handoff p50", "handoff p99", "handoff p50 / floor p50", "per worker min-max", "min/max", "Jain"},
-		"lrrrrrrr", ok, func(br *BackendResult) []string {
-			h := br.HotKey
-			return []string{br.Name, fmtRate(h.PerSecond), fmtDur(h.Handoff.P50), fmtDur(h.Handoff.P99), fmtRatio(h.HandoffFloorRatio),
-				fmt.Sprintf("%d-%d", h.MinPerWorker, h.MaxPerWorker), fmtFloat(h.MinMax, 2), fmtFloat(h.Jain, 3)}
-		})
+	head := []string{"backend", "acquisitions/s", "handoff p50", "handoff p99", "handoff p50 / floor p50", "per worker min-max", "min/max", "Jain"}
+	align := "lrrrrrrr"
+	peers := r.hasPeers()
+	if peers {
+		head, align = append(head, "dlock / best peer"), align+"l"
+	}
+	table(b, head, align, ok, func(br *BackendResult) []string {
+		h := br.HotKey
+		if !br.can(WorkHotKey) {
+			return cannotRow(br, len(head))
+		}
+		row := []string{br.label(), fmtRate(h.PerSecond), fmtDur(h.Handoff.P50), fmtDur(h.Handoff.P99), fmtRatio(h.HandoffFloorRatio),
+			fmt.Sprintf("%d-%d", h.MinPerWorker, h.MaxPerWorker), fmtFloat(h.MinMax, 2), fmtFloat(h.Jain, 3)}
+		if peers {
+			row = append(row, br.vsPeer(func(v *PeerRatios) (Float, string) { return v.HotKey, v.HotKeyBest }))
+		}
+		return row
+	})
 }
 
 func (r *Result) writeCost(b *strings.Builder, ok []*BackendResult) {
@@ -162,7 +201,7 @@ func (r *Result) writeChain(b *strings.Builder, ok []*BackendResult) {
 func (r *Result) writeBackends(b *strings.Builder) {
 	b.WriteString("\n### Backends\n\n")
 	for _, br := range r.Backends {
-		fmt.Fprintf(b, "- %s: `%s`", br.Name, br.URL)
+		fmt.Fprintf(b, "- %s: `%s`", br.label(), br.URL)
 		if br.Note != "" {
 			b.WriteString(" (" + br.Note + ")")
 		}
@@ -177,6 +216,94 @@ func (r *Result) writeBackends(b *strings.Builder) {
 		}
 		b.WriteString(".\n")
 	}
+}
+
+// writePeers sums up dlock beside the peers of each store: the uncontended cycle
+// and the hot key with its fairness, and each dlock backend's ratios to the best
+// peer of its store.
+func (r *Result) writePeers(b *strings.Builder, ok []*BackendResult) {
+	if !r.hasPeers() {
+		return
+	}
+	s := r.Settings
+	b.WriteString("\n### Beside the peers\n\n")
+	fmt.Fprintf(b, "Peers are the lock libraries users run on the same stores, measured in this process on the same servers, through the same loops, in the same rounds. They have no fencing tokens, no handoff hooks and no server-operation counts, and are left out of the cost tables. Hot key: %d workers; fairness as above (the worst round). Ratios are dlock's over the best peer of its store: p50 below 1 and acquisitions/s above 1 are dlock ahead.\n\n", s.Workers)
+	var rows [][]string
+	for _, store := range []string{StoreRedis, StoreRedlock, StoreEtcd, StoreZK, StorePostgres} {
+		for _, br := range ok {
+			if br.Store != store {
+				continue
+			}
+			row := []string{store, br.label()}
+			if br.can(WorkCycle) {
+				row = append(row, fmtDur(br.Cycle.Dlock.P50), fmtRate(br.Cycle.PerSecond))
+			} else {
+				row = append(row, "cannot", "cannot")
+			}
+			if br.can(WorkHotKey) {
+				h := br.HotKey
+				row = append(row, fmtRate(h.PerSecond), fmt.Sprintf("%d-%d", h.MinPerWorker, h.MaxPerWorker), fmtFloat(h.MinMax, 2))
+			} else {
+				row = append(row, "cannot", "", "")
+			}
+			row = append(row,
+				br.vsPeer(func(v *PeerRatios) (Float, string) { return v.CycleP50, v.CycleBest }),
+				br.vsPeer(func(v *PeerRatios) (Float, string) { return v.HotKey, v.HotKeyBest }))
+			rows = append(rows, row)
+		}
+	}
+	writeTable(b, []string{"store", "backend", "cycle p50", "cycles/s", "hot key acq/s", "per worker min-max", "min/max", "cycle p50 / best peer", "hot key / best peer"}, "llrrrrrll", rows)
+}
+
+// hasPeers reports whether peers ran.
+func (r *Result) hasPeers() bool {
+	for _, br := range r.Backends {
+		if br.Peer {
+			return true
+		}
+	}
+	return false
+}
+
+// dlockOnly drops the peers.
+func dlockOnly(brs []*BackendResult) []*BackendResult {
+	var out []*BackendResult
+	for _, br := range brs {
+		if !br.Peer {
+			out = append(out, br)
+		}
+	}
+	return out
+}
+
+// label is the backend's name in the tables, a peer's marked as such.
+func (br *BackendResult) label() string {
+	if br.Peer {
+		return br.Name + " (peer)"
+	}
+	return br.Name
+}
+
+// vsPeer writes a ratio to the best peer with that peer's name; empty for a peer
+// and for a backend whose store has no peer result.
+func (br *BackendResult) vsPeer(f func(*PeerRatios) (Float, string)) string {
+	if br.Peer || br.VsPeers == nil {
+		return ""
+	}
+	v, name := f(br.VsPeers)
+	if !v.Valid() {
+		return "n/a"
+	}
+	return fmtRatio(v) + " " + name
+}
+
+// cannotRow is the row of a peer that cannot run a workload.
+func cannotRow(br *BackendResult, n int) []string {
+	row := []string{br.label(), "cannot (the peer has no such operation)"}
+	for len(row) < n {
+		row = append(row, "")
+	}
+	return row
 }
 
 // ok returns the backends that produced results.
@@ -214,7 +341,7 @@ func (br *BackendResult) point(waiters int) *GrowthPoint {
 // ran.
 func (r *Result) relativeCycles() string {
 	var single, multi *BackendResult
-	for _, br := range r.ok() {
+	for _, br := range dlockOnly(r.ok()) {
 		switch schemeOf(br.URL) {
 		case "redis", "rediss", "unix":
 			if single == nil {

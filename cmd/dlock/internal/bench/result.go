@@ -3,6 +3,7 @@ package bench
 import (
 	"encoding/json"
 	"io"
+	"math"
 	"time"
 
 	"github.com/dlockio/dlock/internal/measure"
@@ -51,6 +52,19 @@ type BackendResult struct {
 	Error string   `json:"error,omitempty"`
 	Notes []string `json:"notes,omitempty"`
 
+	// Peer is set for a peer (a lock library dlock is measured beside, see
+	// Config.Peers), run on the servers of the backend named PeerOf.
+	Peer   bool   `json:"peer,omitempty"`
+	PeerOf string `json:"peer_of,omitempty"`
+	// Store is the store the backend runs on (redis, redlock, etcd, zk,
+	// postgres), empty for one without peers (mem).
+	Store string `json:"store,omitempty"`
+	// Cannot lists the workloads a peer cannot run; their cells say so.
+	Cannot []string `json:"cannot,omitempty"`
+	// VsPeers compares a dlock backend with the best peer of its store, when
+	// peers ran.
+	VsPeers *PeerRatios `json:"vs_peers,omitempty"`
+
 	// Capabilities of the backend's driver.
 	Floor     bool `json:"floor"`
 	Notifier  bool `json:"notifier"`
@@ -72,6 +86,21 @@ type BackendResult struct {
 	Overlaps int64 `json:"overlaps"`
 
 	samples struct{ cycle, floor, handoff *measure.Samples } // for the charts
+}
+
+// PeerRatios compare a dlock backend with the best peer of its store in the same
+// run (NaN, and no name, when no peer of the store ran the workload).
+type PeerRatios struct {
+	// CycleP50 is dlock's uncontended p50 over the lowest peer p50: below 1 is
+	// faster.
+	CycleP50  Float  `json:"cycle_p50"`
+	CycleBest string `json:"cycle_best,omitempty"`
+	// ManyKeys and HotKey are dlock's acquisitions/s over the highest peer's:
+	// above 1 is faster.
+	ManyKeys     Float  `json:"many_keys"`
+	ManyKeysBest string `json:"many_keys_best,omitempty"`
+	HotKey       Float  `json:"hot_key"`
+	HotKeyBest   string `json:"hot_key_best,omitempty"`
 }
 
 // CycleResult is the uncontended Lock+Release cycle and its floor.
@@ -154,6 +183,57 @@ type GrowthPoint struct {
 	// Queued is false if the backend's Inspector did not show every waiter queued
 	// before the first release in some round.
 	Queued bool `json:"queued"`
+}
+
+// can reports whether the backend runs workload w (every dlock backend does).
+func (br *BackendResult) can(w string) bool {
+	for _, c := range br.Cannot {
+		if c == w {
+			return false
+		}
+	}
+	return true
+}
+
+// comparePeers sets VsPeers on every dlock backend whose store had peers.
+func (r *Result) comparePeers() {
+	for _, br := range r.Backends {
+		if br.Peer || br.Error != "" || br.Store == "" {
+			continue
+		}
+		v := PeerRatios{CycleP50: Float(math.NaN()), ManyKeys: Float(math.NaN()), HotKey: Float(math.NaN())}
+		any := false
+		var cyc time.Duration
+		var many, hot float64
+		for _, p := range r.Backends {
+			if !p.Peer || p.Error != "" || p.Store != br.Store {
+				continue
+			}
+			any = true
+			if p.can(WorkCycle) && p.Cycle.Dlock.P50 > 0 && (cyc == 0 || p.Cycle.Dlock.P50 < cyc) {
+				cyc, v.CycleBest = p.Cycle.Dlock.P50, p.Name
+			}
+			if p.can(WorkManyKeys) && p.ManyKeys.PerSecond > many {
+				many, v.ManyKeysBest = p.ManyKeys.PerSecond, p.Name
+			}
+			if p.can(WorkHotKey) && p.HotKey.PerSecond > hot {
+				hot, v.HotKeyBest = p.HotKey.PerSecond, p.Name
+			}
+		}
+		if !any {
+			continue
+		}
+		if cyc > 0 {
+			v.CycleP50 = Float(measure.Ratio(float64(br.Cycle.Dlock.P50), float64(cyc)))
+		}
+		if many > 0 {
+			v.ManyKeys = Float(measure.Ratio(br.ManyKeys.PerSecond, many))
+		}
+		if hot > 0 {
+			v.HotKey = Float(measure.Ratio(br.HotKey.PerSecond, hot))
+		}
+		br.VsPeers = &v
+	}
 }
 
 // WriteJSON writes r as indented JSON.

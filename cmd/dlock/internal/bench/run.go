@@ -87,6 +87,11 @@ type Config struct {
 	WarmUp time.Duration
 	// Options are given to every client.
 	Options []dlock.Option
+	// Peers also measures, beside every backend on a store that has them, the
+	// lock libraries users run on that store (see peers.go): on the same
+	// servers, through the same loops, in the same rounds. Each dlock backend
+	// then gets its ratio to the best peer of its store (BackendResult.VsPeers).
+	Peers bool
 	// Progress, optional, is called before every step and once at the end (with
 	// Step == Steps).
 	Progress func(Progress)
@@ -229,7 +234,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	start := time.Now()
 	runID := driver.RandomHex(4)
 
-	steps := len(cfg.Targets)*2 + cfg.Rounds*len(cfg.Targets)*4
+	n := len(cfg.Targets)
+	if cfg.Peers {
+		for _, t := range cfg.Targets {
+			n += len(peersOf(t.URL))
+		}
+	}
+	steps := n*2 + cfg.Rounds*n*4
 	step := 0
 	report := func(round int, target, work string) {
 		if cfg.Progress != nil {
@@ -252,13 +263,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for i, e := range envs {
 		report(0, res.Backends[i].Name, WorkWarmUp)
 		if e != nil && cfg.WarmUp > 0 {
+			e.do(ctx, e.connect)
 			e.do(ctx, func(ctx context.Context) error { return e.warmUp(ctx, cfg.WarmUp) })
+			e.disconnect()
 		}
 	}
 	per := cfg.Duration / time.Duration(cfg.Rounds)
 	for round := 1; round <= cfg.Rounds; round++ {
 		for i, e := range envs {
 			name := res.Backends[i].Name
+			if e != nil {
+				e.do(ctx, e.connect)
+			}
 			for _, w := range []struct {
 				name string
 				f    func(context.Context) error
@@ -269,9 +285,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				{WorkGrowth, func(ctx context.Context) error { return e.growth(ctx) }},
 			} {
 				report(round, name, w.name)
-				if e != nil {
+				if e != nil && res.Backends[i].can(w.name) {
 					e.do(ctx, w.f)
 				}
+			}
+			if e != nil {
+				e.disconnect()
 			}
 		}
 		if err := ctx.Err(); err != nil {
@@ -283,6 +302,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			e.finish()
 		}
 	}
+	if cfg.Peers {
+		res.comparePeers()
+	}
 	res.Elapsed = time.Since(start).Round(time.Millisecond)
 	res.Machine.LoadEnd = loadAvg()
 	report(cfg.Rounds, "", "")
@@ -292,10 +314,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 // openTargets connects to every target, adding a result to res for each; a target
 // that fails to open has its error in its result and a nil env. Only ctx ending is an
 // error; the envs opened so far are returned with it, for closing.
+//
+// With cfg.Peers, every target is followed by the peers of its store (envs and
+// res.Backends stay parallel), so that they run right after it in every round.
 func openTargets(ctx context.Context, cfg Config, res *Result, runID string, report func(round int, target, work string)) ([]*targetEnv, error) {
-	envs := make([]*targetEnv, len(cfg.Targets))
-	for i, t := range cfg.Targets {
-		br := &BackendResult{Name: t.Name, URL: redact(t.URL), Note: t.Note}
+	var envs []*targetEnv
+	for _, t := range cfg.Targets {
+		br := &BackendResult{Name: t.Name, URL: redact(t.URL), Note: t.Note, Store: storeOf(t.URL)}
 		if br.Name == "" {
 			br.Name = schemeOf(t.URL)
 		}
@@ -307,11 +332,42 @@ func openTargets(ctx context.Context, cfg Config, res *Result, runID string, rep
 				return envs, context.Cause(ctx)
 			}
 			br.Error = err.Error()
+		}
+		envs = append(envs, e)
+		if !cfg.Peers {
 			continue
 		}
-		envs[i] = e
+		for _, p := range peersOf(t.URL) {
+			pr := &BackendResult{Name: p.name, URL: br.URL, Note: p.note, Store: p.store, Peer: true, PeerOf: br.Name,
+				Cannot: append([]string{WorkGrowth}, p.cannot...)}
+			if len(cfg.Targets) > 1 && sameStoreTwice(cfg.Targets, p.store) {
+				pr.Name = p.name + "@" + br.Name
+			}
+			res.Backends = append(res.Backends, pr)
+			report(0, pr.Name, WorkOpen)
+			pe, err := openPeer(ctx, cfg, p, t, pr, runID)
+			if err != nil {
+				if ctx.Err() != nil {
+					return envs, context.Cause(ctx)
+				}
+				pr.Error = err.Error()
+			}
+			envs = append(envs, pe)
+		}
 	}
 	return envs, nil
+}
+
+// sameStoreTwice reports whether two targets run on store s (their peers then
+// carry the target's name).
+func sameStoreTwice(ts []Target, s string) bool {
+	n := 0
+	for _, t := range ts {
+		if storeOf(t.URL) == s {
+			n++
+		}
+	}
+	return n > 1
 }
 
 func redact(raw string) string {

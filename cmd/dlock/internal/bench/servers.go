@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/dlockio/dlock/internal/testserver"
@@ -19,6 +20,9 @@ const (
 
 // ServerKinds lists the kinds StartServers knows, in the order it starts them.
 var ServerKinds = []string{ServerRedis, ServerRedlock, ServerEtcd, ServerZK, ServerPostgres}
+
+// PostgresMaxConnections is the max_connections of a started PostgreSQL.
+const PostgresMaxConnections = 300
 
 // RedlockNodes is how many masters a started Redlock gets.
 const RedlockNodes = 5
@@ -83,8 +87,10 @@ func start(tb testserver.TB, kind string) Target {
 		z := testserver.StartZooKeeper(tb)
 		return Target{Name: "zk", URL: z.URL("/dlock"), Note: "standalone ZooKeeper started by dlock bench, forceSync=no"}
 	case ServerPostgres:
-		p := testserver.StartPostgres(tb)
-		return Target{Name: "postgres", URL: p.URL(), Note: "PostgreSQL started by dlock bench, default settings: fsync on"}
+		// Room for the peers' connections (dlock bench --peers) beside the
+		// hundred or so that pglock's clients reach with 256 waiters.
+		p := testserver.StartPostgres(tb, "-c", "max_connections="+strconv.Itoa(PostgresMaxConnections))
+		return Target{Name: "postgres", URL: p.URL(), Note: fmt.Sprintf("PostgreSQL started by dlock bench, default settings (fsync on) but max_connections=%d", PostgresMaxConnections)}
 	}
 	panic("unknown kind " + kind)
 }

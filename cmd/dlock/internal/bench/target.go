@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"time"
 
 	"github.com/dlockio/dlock"
@@ -46,6 +47,8 @@ type targetEnv struct {
 	cycCalls [2]int64
 	flOps    [2]int64 // server ops, floor cycles
 	overlaps int64
+	peer     *peerDef // set for a peer (see peers.go): no floor, driver or growth
+	peerURL  *url.URL
 }
 
 func openTarget(ctx context.Context, cfg Config, t Target, br *BackendResult, runID string) (*targetEnv, error) {
@@ -149,6 +152,9 @@ func (e *targetEnv) key(name string) string { return e.keys + name }
 // peers are what the dlock cycles of workload name are paired with: the floor and
 // the raw driver, each on a key of its own.
 func (e *targetEnv) peers(name string) measure.CyclePeers {
+	if e.obs == nil {
+		return measure.CyclePeers{} // a peer (peers.go) runs its own cycles alone
+	}
 	p := measure.CyclePeers{Driver: e.obs, DriverKey: e.key(name + "-driver")}
 	if e.floor != nil {
 		p.Floor, p.FloorKey = e.floor, e.key(name+"-floor")
@@ -245,6 +251,9 @@ func (e *targetEnv) hotKey(ctx context.Context, d time.Duration) error {
 }
 
 func (e *targetEnv) growth(ctx context.Context) error {
+	if e.peer != nil {
+		return nil // no queue to inspect, no server counts: not a peer's workload
+	}
 	// What an uncontended cycle costs, through dlock and on the floor.
 	const n = 50
 	{
@@ -379,5 +388,21 @@ func (e *targetEnv) finish() {
 			p.Cost.ServerOps = Float(measure.Ratio(float64(g.Ops), float64(g.Handoffs)))
 		}
 		br.Growth = append(br.Growth, p)
+	}
+}
+
+// connect opens a peer's connections for its turn in a round (a dlock backend stays
+// connected for the whole run).
+func (e *targetEnv) connect(ctx context.Context) error {
+	if e.peer == nil || len(e.cl) > 0 {
+		return nil
+	}
+	return e.connectPeer(ctx)
+}
+
+// disconnect closes a peer's connections after its turn.
+func (e *targetEnv) disconnect() {
+	if e.peer != nil {
+		e.close()
 	}
 }

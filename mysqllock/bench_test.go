@@ -1,0 +1,37 @@
+package mysqllock_test
+
+import (
+	"testing"
+
+	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// Benchmarks run against a server with its default settings
+// (innodb_flush_log_at_trx_commit=1: every commit waits for a redo log flush, which
+// dominates a cycle on real disks). The floor is an INSERT then a DELETE of a row in
+// a table of the lock table's shape, with the same driver (see floor in
+// mysqllock_test.go). Compare them in the same run only.
+
+// BenchmarkCycle: dlock's cycle, the floor's, and both paired cycle by cycle
+// ("interleaved", whose dlock/floor ratio is the number to compare).
+func BenchmarkCycle(b *testing.B) {
+	srv := testserver.StartMariaDB(b)
+	drivertest.BenchCycle(b, harness(b, srv))
+}
+
+// BenchmarkHandoff measures the time from a release to the waiting client's Lock
+// returning (release, KILL QUERY of the waiter's listening connection, its read,
+// the waiter's acquire).
+func BenchmarkHandoff(b *testing.B) {
+	srv := testserver.StartMariaDB(b)
+	drivertest.BenchHandoff(b, harness(b, srv))
+}
+
+// BenchmarkContended runs 2 and 16 workers on one key.
+func BenchmarkContended(b *testing.B) {
+	srv := testserver.StartMariaDB(b)
+	for _, w := range []int{2, 16} {
+		drivertest.BenchContended(b, harness(b, srv), w)
+	}
+}

@@ -1,0 +1,174 @@
+package mysqllock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// Parameters of the Go MySQL driver (go-sql-driver/mysql) that may be given in the
+// URL, under its names. The others are refused: some would change how results read
+// (clientFoundRows, parseTime, multiStatements, interpolateParams, ...), and the
+// driver sends any name it does not know to the server as a session variable, where
+// a typo would go unnoticed.
+var allowedParams = map[string]bool{
+	"tls":                      true, // true, skip-verify, preferred, false
+	"timeout":                  true,
+	"readTimeout":              true,
+	"writeTimeout":             true,
+	"allowCleartextPasswords":  true,
+	"allowNativePasswords":     true,
+	"allowFallbackToPlaintext": true,
+	"serverPubKey":             true,
+	"compress":                 true,
+	"maxAllowedPacket":         true,
+	"connectionAttributes":     true,
+	"charset":                  true,
+	"collation":                true,
+}
+
+// DefaultMaxConns is the default limit of a Backend's open connections (URL
+// parameter max_conns); requests beyond it wait for a connection.
+const DefaultMaxConns = 32
+
+// Open returns a backend for a mysql:// URL; see the package documentation for its
+// parameters. It connects and creates the table if needed, so a wrong password, a
+// missing database or missing privileges are reported here. opts apply after the
+// URL's parameters (they win).
+func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
+	if u.Scheme != Scheme && u.Scheme != SchemeAlias {
+		return nil, fmt.Errorf("%w: mysqllock: scheme %q is not mysql or mariadb", driver.ErrInvalid, u.Scheme)
+	}
+	q, err := driver.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("mysqllock: %w", err)
+	}
+	p := driver.NewParams(q)
+	table, err := p.String("table", DefaultTable)
+	if err != nil {
+		return nil, fmt.Errorf("mysqllock: %w", err)
+	}
+	conns, err := p.Int("max_conns", DefaultMaxConns)
+	if err != nil {
+		return nil, fmt.Errorf("mysqllock: %w", err)
+	}
+	var unknown []string
+	dsnQuery := url.Values{}
+	for k, vs := range q {
+		if k == "table" || k == "max_conns" {
+			continue
+		}
+		if len(vs) > 1 {
+			return nil, fmt.Errorf("%w: mysqllock: URL parameter %q given %d times", driver.ErrInvalid, k, len(vs))
+		}
+		if !allowedParams[k] {
+			unknown = append(unknown, k)
+			continue
+		}
+		dsnQuery.Set(k, vs[0])
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("%w: mysqllock: unknown URL parameter(s): %s (allowed: table, max_conns, %s)",
+			driver.ErrInvalid, strings.Join(unknown, ", "), strings.Join(sortedKeys(allowedParams), ", "))
+	}
+	host := u.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if _, _, err := net.SplitHostPort(host); err != nil {
+		host = net.JoinHostPort(strings.Trim(host, "[]"), "3306")
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+	if db == "" || strings.Contains(db, "/") {
+		return nil, fmt.Errorf("%w: mysqllock: URL %s names no database (mysql://user:password@host:3306/database)", driver.ErrInvalid, driver.Redact(u))
+	}
+	// The DSN is parsed without the password, which is set afterwards: no error
+	// can repeat it.
+	dsn := "tcp(" + host + ")/" + db
+	if len(dsnQuery) > 0 {
+		dsn += "?" + dsnQuery.Encode()
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mysqllock: URL %s: %v", driver.ErrInvalid, driver.Redact(u), err)
+	}
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	// The driver logs dropped connections to stderr by default; the errors that
+	// matter reach the caller.
+	cfg.Logger = log.New(io.Discard, "", 0)
+	if cfg.Timeout == 0 {
+		cfg.Timeout = driver.DefaultOpenTimeout
+	}
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mysqllock: URL %s: %v", driver.ErrInvalid, driver.Redact(u), err)
+	}
+	if conns < 2 {
+		return nil, fmt.Errorf("%w: mysqllock: max_conns=%d: at least 2 (one listens for wake-ups)", driver.ErrInvalid, conns)
+	}
+	pool := sql.OpenDB(conn)
+	pool.SetMaxOpenConns(conns)
+	pool.SetMaxIdleConns(conns)
+	pool.SetConnMaxIdleTime(5 * time.Minute)
+	octx, cancel := driver.OpenContext(ctx)
+	defer cancel()
+	b, err := newBackend(octx, pool, append([]Option{WithTable(table)}, opts...))
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("mysqllock: %s: %w", driver.Redact(u), authErr(err))
+	}
+	b.own = true
+	return b, nil
+}
+
+// New returns a backend on an existing pool (made with the go-sql-driver/mysql
+// driver), which the caller keeps owning (Close does not close it). Like Open, it
+// creates the table if needed.
+func New(ctx context.Context, pool *sql.DB, opts ...Option) (*Backend, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: mysqllock: nil *sql.DB", driver.ErrInvalid)
+	}
+	b, err := newBackend(ctx, pool, opts)
+	if err != nil {
+		return nil, fmt.Errorf("mysqllock: %w", authErr(err))
+	}
+	return b, nil
+}
+
+// authErr marks the server refusing the credentials or a privilege with
+// driver.ErrAuth.
+func authErr(err error) error {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case 1044, 1045, 1142, 1143, 1227, 1370, 1698:
+			return fmt.Errorf("%w: %w", driver.ErrAuth, err)
+		}
+	}
+	return err
+}
+
+func sortedKeys(m map[string]bool) []string {
+	s := make([]string, 0, len(m))
+	for k := range m {
+		s = append(s, k)
+	}
+	sort.Strings(s)
+	return s
+}
