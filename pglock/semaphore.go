@@ -129,9 +129,15 @@ func (b *Backend) readAcquire(ctx context.Context, req driver.Request, value []b
 // read_wake in one batch and transaction): it deletes its shared permit under the
 // state row's share lock. When a place is queued, or no other reader seems left,
 // and the state row can be locked at once, read_wake hands the key to whom it now
-// admits or drops the key's rows in the same transaction; when it cannot, the full
-// handoff (lock_row, sem_wake) runs in a transaction of its own. handled is false when the owner holds no shared permit
-// of key (the full release decides).
+// admits or drops the key's rows in the same transaction. When a place is queued
+// and the row cannot be locked at once, the full handoff (lock_row, sem_wake)
+// runs in a transaction of its own, which waits for the transactions in flight.
+// When no place is queued and the row cannot be locked at once (another reader's
+// grant or release is in flight), nothing more is done: the state row is left,
+// with perhaps no permit and no place, a free key to every statement (see
+// read_last.sql), which the key's next release or handoff that finds it alone
+// drops. handled is false when the owner holds no shared permit of key (the full
+// release decides).
 func (b *Backend) readRelease(ctx context.Context, key, owner string) (handled bool, err error) {
 	var live, notified, wake, places bool
 	err = retry(ctx, func() error {
@@ -160,8 +166,7 @@ func (b *Backend) readRelease(ctx context.Context, key, owner string) (handled b
 	if err != nil {
 		return true, b.ctxErr(ctx, wrap("release", key, err))
 	}
-	switch {
-	case wake && places:
+	if wake && places {
 		// A writer may be let in: wait for the transactions in flight.
 		_ = retry(ctx, func() error {
 			batch := &pgx.Batch{}
@@ -169,47 +174,11 @@ func (b *Backend) readRelease(ctx context.Context, key, owner string) (handled b
 			batch.Queue(b.sql.semWake, key, owner)
 			return b.pool.SendBatch(ctx, batch).Close()
 		})
-	case wake:
-		b.readTidy(ctx, key, owner)
 	}
 	if !live {
 		return true, driver.ErrNotHeld
 	}
 	return true, nil
-}
-
-// readTidy finishes a reader's fast release whose read_last found the key
-// perhaps free while another transaction held its row: it tries read_try_lock and read_wake a few
-// times, a little apart, never waiting on the row: a reader's transaction in
-// flight either holds a permit afterwards or is a release that checks again.
-// The permit is gone either way: a failure here leaves the rows to the key's next
-// attempt (a state row without permits or places is a free key to every
-// statement).
-func (b *Backend) readTidy(ctx context.Context, key, owner string) {
-	pause := time.Millisecond
-	for range 8 {
-		var locked bool
-		err := retry(ctx, func() error {
-			batch := &pgx.Batch{}
-			batch.Queue(b.sql.readTryLock, key)
-			batch.Queue(b.sql.readWake, key, owner)
-			br := b.pool.SendBatch(ctx, batch)
-			err := br.QueryRow().Scan(&locked)
-			if err == nil {
-				_, err = br.Exec()
-			}
-			return driver.Join(err, br.Close())
-		})
-		if err != nil || locked {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(pause):
-		}
-		pause *= 2
-	}
 }
 
 // rememberSem records that owner's grant of key was taken as a permit, and whether

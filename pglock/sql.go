@@ -63,7 +63,7 @@ type statements struct {
 	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders, queue string
 
 	// Readers' fast grant and release (read-write keys): see read_acquire.sql.
-	readLock, readAcquire, readRelease, readLast, readTryLock, readWake string
+	readLock, readAcquire, readRelease, readLast, readWake string
 
 	list, listMutex string // List: see list.go
 }

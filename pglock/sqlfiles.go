@@ -113,7 +113,6 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		readAcquire: render("read_acquire", d),
 		readRelease: render("read_release", d),
 		readLast:    render("read_last", d),
-		readTryLock: render("read_try_lock", d),
 		readWake:    render("sem_hand_off", with(func(c *sqlData) { c.Cond, c.Wake, c.Guard = "false", true, true })),
 	}
 }

@@ -8,10 +8,15 @@ deletion). Then it locks the state row FOR UPDATE if no other transaction holds
 it (SKIP LOCKED: no reader or writer of the key in flight) and marks the
 transaction (dlock.wake) for read_wake, next in the same transaction, which
 decides under that lock with a snapshot taken after it. Returns (whether the
-caller must still finish the job in a transaction of its own, because the key
-may need it and its row lock was taken; whether a live place is queued, and the
-caller must then run the full handoff, lock_row then sem_wake, which waits for
-the transactions in flight; otherwise read_try_lock and read_wake).
+key may need it and its row lock was taken; whether a live place is queued). When
+both hold, the caller runs the full handoff, lock_row then sem_wake, in a
+transaction of its own, which waits for the transactions in flight, so a queued
+writer is never left waiting (of two last readers, each sees the place). When
+only the first holds, nothing more is done: another reader's grant or release is
+in flight, and the state row, perhaps left with no permit and no place, is a
+free key to every statement (an attempt of any kind takes it, Holders, Inspect
+and List show no holder) until a later release or handoff that finds the key
+alone drops it.
 */ -}}
 WITH w AS (
 	SELECT EXISTS (SELECT FROM {{.Table}} p WHERE {{template "placeRange"}} AND {{template "placeLive"}}) AS places
