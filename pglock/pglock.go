@@ -343,9 +343,13 @@
 // after it locks the row, so tokens still rise per key across readers and writers.
 // A reader's release frees the key, or hands it to a queued writer, in the same
 // transaction when it sees no other reader left (or a place queued) and no other
-// transaction holds the row (FOR UPDATE SKIP LOCKED); else, after committing, it
-// runs the handoff (a queued place: waiting for the readers in flight) or tries to
-// free the rows a few times without waiting. Readers' notifications of holder
+// transaction holds the row (FOR UPDATE SKIP LOCKED). Else, with a place queued,
+// it runs the handoff after committing (waiting for the readers in flight; of two
+// last readers each sees the place, so a queued writer is always woken); with none
+// it does nothing more, and the state row it may leave without permits is a free
+// key to every statement (any attempt takes it; Holders, Inspect and List show no
+// holder) until the key's next release or handoff that finds it alone drops it.
+// Readers' notifications of holder
 // watches do not take turns either: a reader that finds the watch lock held
 // notifies only if a watch holds or awaits it, and a watch that takes its lock then
 // waits for the readers in flight (a barrier lock each reader holds shared). A reader on a semaphore's key, and a

@@ -251,7 +251,8 @@ func testReadersLeftRow(t *testing.T, srv *testserver.Postgres) {
 	ctx := context.Background()
 	b := h.Open(t).(*pglock.Backend)
 	defer b.Close()
-	for _, next := range []string{"mutex", "reader", "semaphore"} {
+	c := h.Client(t)
+	for _, next := range []string{"mutex", "reader", "semaphore", "set"} {
 		key := drivertest.Key(t, next)
 		if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "r1", TTL: time.Minute, Shared: true}); err != nil {
 			t.Fatal(err)
@@ -280,6 +281,20 @@ func testReadersLeftRow(t *testing.T, srv *testserver.Postgres) {
 		}
 		if infos, err := b.List(ctx, key); err != nil || len(infos) != 0 {
 			t.Fatalf("List of the left row: %+v, %v; want none", infos, err)
+		}
+		if next == "set" {
+			// A set with the key is taken at once, by one attempt.
+			m, err := c.TryLockAll(ctx, []string{key, key + "-other"})
+			if err != nil {
+				t.Fatalf("TryLockAll over the left row: %v", err)
+			}
+			if err := m.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if rows, permits := keyRows(t, b, key); rows != 0 || permits != 0 {
+				t.Fatalf("after a set's cycle on the left row: %d rows, %d permits; want none", rows, permits)
+			}
+			continue
 		}
 		req := driver.Request{Key: key, Owner: "o", TTL: time.Minute}
 		switch next {

@@ -66,10 +66,12 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 	return statements{
 		stamp: render("stamp", d),
 		// AcquireAll: see acquire_all.sql.
-		lockRows:    render("lock_row", with(func(c *sqlData) { c.Multi = true })),
-		acquireAll:  render("acquire_all", d),
-		stampAll:    render("stamp", with(func(c *sqlData) { c.Multi = true })),
-		fastAcquire: render("fast_acquire", d),
+		lockRows:   render("lock_row", with(func(c *sqlData) { c.Multi = true })),
+		acquireAll: render("acquire_all", d),
+		// Without the permit table (semaphores unsupported): no read-write keys.
+		acquireAllMutex: render("acquire_all", with(func(c *sqlData) { c.Permits = "" })),
+		stampAll:        render("stamp", with(func(c *sqlData) { c.Multi = true })),
+		fastAcquire:     render("fast_acquire", d),
 		// With a value: the uncontended path without one sends no parameter for it.
 		fastAcquireValue: render("fast_acquire", with(func(c *sqlData) { c.Value = true })),
 		fastRelease:      render("fast_release", d),
