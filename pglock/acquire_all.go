@@ -62,7 +62,11 @@ func (b *Backend) acquireAll(ctx context.Context, keys []string, owner string, t
 		rows, stamped = rows[:0], map[string]int64{}
 		batch := &pgx.Batch{}
 		batch.Queue(b.sql.lockRows, keys)
-		batch.Queue(b.sql.acquireAll, keys, owner, ttl)
+		acquireAll := b.sql.acquireAll
+		if b.semErr != nil {
+			acquireAll = b.sql.acquireAllMutex
+		}
+		batch.Queue(acquireAll, keys, owner, ttl)
 		batch.Queue(b.sql.stampAll, keys, owner)
 		br := b.pool.SendBatch(ctx, batch)
 		_, err := br.Exec()

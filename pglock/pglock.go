@@ -325,8 +325,34 @@
 // trip (the lock table first says not held). A writer's attempt on a read-write
 // key reads the state row in its mutex statement, sees limit 1, and asks again as
 // a holder of limit 1: two round trips, on read-write keys only. A reader's
-// acquire, refresh and release cost what a semaphore permit's do, and a handoff
-// costs a row per reader handed the key. A reader on a semaphore's key, and a
+// refresh costs what a semaphore permit's does, and a handoff costs a row per
+// reader handed the key.
+//
+// Readers do not take turns: a reader's grant and release lock the key's state
+// row FOR SHARE, not FOR UPDATE, and write only the reader's own permit row
+// (sql/read_acquire.sql, read_release.sql), so readers' transactions, their
+// commits included, run in parallel, while a writer's attempt and every handoff,
+// which lock the row FOR UPDATE, wait for the readers in flight and they for it:
+// each still decides on every permit and place committed before its lock. A fast
+// grant applies when the key is free (it inserts the state row) or is a read-write
+// key with no writer's permit and no live place, and the state row's expiry bound
+// already covers the new permit (a reader's full attempt sets the bound two TTLs
+// ahead, so the bound may outlast the last reader by up to a TTL); otherwise the
+// full attempt decides, one more round trip. Its token comes from the sequence like
+// every grant's, drawn after the writer before it committed and before the writer
+// after it locks the row, so tokens still rise per key across readers and writers.
+// A reader's release frees the key, or hands it to a queued writer, in the same
+// transaction when it sees no other reader left (or a place queued) and no other
+// transaction holds the row (FOR UPDATE SKIP LOCKED). Else, with a place queued,
+// it runs the handoff after committing (waiting for the readers in flight; of two
+// last readers each sees the place, so a queued writer is always woken); with none
+// it does nothing more, and the state row it may leave without permits is a free
+// key to every statement (any attempt takes it; Holders, Inspect and List show no
+// holder) until the key's next release or handoff that finds it alone drops it.
+// Readers' notifications of holder
+// watches do not take turns either: a reader that finds the watch lock held
+// notifies only if a watch holds or awaits it, and a watch that takes its lock then
+// waits for the readers in flight (a barrier lock each reader holds shared). A reader on a semaphore's key, and a
 // semaphore on a read-write key, fail with an error matching
 // driver.ErrLimitMismatch. Clients of versions before read-write locks see a
 // read-write key as a semaphore of limit 1 and fail their mutex attempts on a live
@@ -408,7 +434,7 @@ type Backend struct {
 	// semGrants remembers the (key, owner) grants this client took as semaphore
 	// permits, so that Refresh, Release and SetValue try the permit table first
 	// for them (and the lock table first for every other).
-	semGrants sync.Map     // driver.Holder -> struct{}
+	semGrants sync.Map     // driver.Holder -> bool (a reader's permit)
 	semCount  atomic.Int64 // entries in semGrants
 }
 

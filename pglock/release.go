@@ -79,7 +79,14 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	}
 	err := b.either(key, owner,
 		func() error { return b.release(ctx, key, owner) },
-		func() error { return b.semHandOff(ctx, "release", b.sql.semRelease, key, owner) })
+		func() error {
+			if b.isShared(key, owner) {
+				if handled, err := b.readRelease(ctx, key, owner); handled {
+					return err
+				}
+			}
+			return b.semHandOff(ctx, "release", b.sql.semRelease, key, owner)
+		})
 	if err == nil || errors.Is(err, driver.ErrNotHeld) {
 		b.forgetSem(key, owner)
 	}

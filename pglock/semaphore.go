@@ -51,6 +51,16 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 	}
 	renew := req.Wait && !b.lst.guards(req.Key, req.Owner)
 	limit := int64(max(req.Limit, 1))
+	if req.Shared && limit == 1 && place == "" {
+		token, ok, err := b.readAcquire(ctx, req, value)
+		if err != nil {
+			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
+		}
+		if ok {
+			b.rememberSem(req.Key, req.Owner, true)
+			return driver.Grant{Token: uint64(token)}, nil
+		}
+	}
 	var granted bool
 	var have, token, left *int64
 	var ahead int64
@@ -76,9 +86,7 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		return driver.Grant{}, mismatch(req.Key, *have, req.Limit)
 	}
 	if granted && token != nil {
-		if _, had := b.semGrants.LoadOrStore(driver.Holder{Key: req.Key, Owner: req.Owner}, struct{}{}); !had {
-			b.semCount.Add(1)
-		}
+		b.rememberSem(req.Key, req.Owner, req.Shared)
 		return driver.Grant{Token: uint64(*token)}, nil
 	}
 	held := &driver.HeldError{}
@@ -89,6 +97,106 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		held.Ahead, held.Queued = int(ahead), true
 	}
 	return driver.Grant{}, held
+}
+
+// readAcquire is a reader's fast grant (read_lock, read_acquire in one batch and
+// transaction): it takes the key's state row FOR SHARE and writes only its own
+// permit, so readers' grants run together. ok is false when the fast grant does
+// not apply (no read-write state row bounding the permit, a writer's permit, a
+// live place, a permit of the owner's own); the full attempt then decides.
+func (b *Backend) readAcquire(ctx context.Context, req driver.Request, value []byte) (token int64, ok bool, err error) {
+	err = retry(ctx, func() error {
+		ok = false
+		batch := &pgx.Batch{}
+		batch.Queue(b.sql.readLock, req.Key)
+		batch.Queue(b.sql.readAcquire, req.Key, req.Owner, micros(req.TTL), value)
+		br := b.pool.SendBatch(ctx, batch)
+		_, err := br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(&token)
+			if err == nil {
+				ok = true
+			} else if errors.Is(err, pgx.ErrNoRows) {
+				err = nil
+			}
+		}
+		return driver.Join(err, br.Close())
+	})
+	return token, ok, err
+}
+
+// readRelease is a reader's fast release (read_lock, read_release, read_last,
+// read_wake in one batch and transaction): it deletes its shared permit under the
+// state row's share lock. When a place is queued, or no other reader seems left,
+// and the state row can be locked at once, read_wake hands the key to whom it now
+// admits or drops the key's rows in the same transaction. When a place is queued
+// and the row cannot be locked at once, the full handoff (lock_row, sem_wake)
+// runs in a transaction of its own, which waits for the transactions in flight.
+// When no place is queued and the row cannot be locked at once (another reader's
+// grant or release is in flight), nothing more is done: the state row is left,
+// with perhaps no permit and no place, a free key to every statement (see
+// read_last.sql), which the key's next release or handoff that finds it alone
+// drops. handled is false when the owner holds no shared permit of key (the full
+// release decides).
+func (b *Backend) readRelease(ctx context.Context, key, owner string) (handled bool, err error) {
+	var live, notified, wake, places bool
+	err = retry(ctx, func() error {
+		wake = false
+		batch := &pgx.Batch{}
+		batch.Queue(b.sql.readLock, key)
+		batch.Queue(b.sql.readRelease, key, owner)
+		batch.Queue(b.sql.readLast, key, owner)
+		batch.Queue(b.sql.readWake, key, owner)
+		br := b.pool.SendBatch(ctx, batch)
+		_, err := br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(&live, &notified)
+		}
+		if err == nil {
+			err = br.QueryRow().Scan(&wake, &places)
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
+		return driver.Join(err, br.Close())
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return true, b.ctxErr(ctx, wrap("release", key, err))
+	}
+	if wake && places {
+		// A writer may be let in: wait for the transactions in flight.
+		_ = retry(ctx, func() error {
+			batch := &pgx.Batch{}
+			batch.Queue(b.sql.lockRow, key)
+			batch.Queue(b.sql.semWake, key, owner)
+			return b.pool.SendBatch(ctx, batch).Close()
+		})
+	}
+	if !live {
+		return true, driver.ErrNotHeld
+	}
+	return true, nil
+}
+
+// rememberSem records that owner's grant of key was taken as a permit, and whether
+// it is a reader's.
+func (b *Backend) rememberSem(key, owner string, shared bool) {
+	if _, had := b.semGrants.Swap(driver.Holder{Key: key, Owner: owner}, shared); !had {
+		b.semCount.Add(1)
+	}
+}
+
+// isShared reports whether this client took owner's grant of key as a reader's
+// permit.
+func (b *Backend) isShared(key, owner string) bool {
+	if b.semCount.Load() == 0 {
+		return false
+	}
+	v, ok := b.semGrants.Load(driver.Holder{Key: key, Owner: owner})
+	return ok && v.(bool)
 }
 
 // isSem reports whether this client took owner's grant of key as a permit.

@@ -57,10 +57,13 @@ type statements struct {
 	stamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, refresh, fastRelease, lockRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
 
 	// AcquireAll (several keys at once): see acquire_all.go.
-	lockRows, acquireAll, stampAll string
+	lockRows, acquireAll, acquireAllMutex, stampAll string
 
 	// Semaphores (Request.Limit > 1): see semaphore.go.
 	semLock, semAcquire, semRefresh, semRelease, semForceRelease, semWithdraw, semWake, semSetValue, holders, queue string
+
+	// Readers' fast grant and release (read-write keys): see read_acquire.sql.
+	readLock, readAcquire, readRelease, readLast, readWake string
 
 	list, listMutex string // List: see list.go
 }

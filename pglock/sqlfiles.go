@@ -34,6 +34,7 @@ type sqlData struct {
 	WatchChannel string
 	Lock, Value  bool
 	Wake         bool
+	Guard        bool // with Wake: only in a transaction read_release marked (read_wake)
 	Cond         string
 	Multi        bool   // the statement is about an array of keys, $1
 	Key          string // the key's expression in fragment "notify"; "" for $1::text
@@ -65,10 +66,12 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 	return statements{
 		stamp: render("stamp", d),
 		// AcquireAll: see acquire_all.sql.
-		lockRows:    render("lock_row", with(func(c *sqlData) { c.Multi = true })),
-		acquireAll:  render("acquire_all", d),
-		stampAll:    render("stamp", with(func(c *sqlData) { c.Multi = true })),
-		fastAcquire: render("fast_acquire", d),
+		lockRows:   render("lock_row", with(func(c *sqlData) { c.Multi = true })),
+		acquireAll: render("acquire_all", d),
+		// Without the permit table (semaphores unsupported): no read-write keys.
+		acquireAllMutex: render("acquire_all", with(func(c *sqlData) { c.Permits = "" })),
+		stampAll:        render("stamp", with(func(c *sqlData) { c.Multi = true })),
+		fastAcquire:     render("fast_acquire", d),
 		// With a value: the uncontended path without one sends no parameter for it.
 		fastAcquireValue: render("fast_acquire", with(func(c *sqlData) { c.Value = true })),
 		fastRelease:      render("fast_release", d),
@@ -108,5 +111,10 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		list:        render("list", d),
 		listMutex:   render("list", with(func(c *sqlData) { c.Permits = "" })),
 		queue:       render("queue", d),
+		readLock:    render("read_lock", d),
+		readAcquire: render("read_acquire", d),
+		readRelease: render("read_release", d),
+		readLast:    render("read_last", d),
+		readWake:    render("sem_hand_off", with(func(c *sqlData) { c.Cond, c.Wake, c.Guard = "false", true, true })),
 	}
 }

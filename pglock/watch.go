@@ -34,6 +34,12 @@ func watchID(tableID uint32) string {
 	return `hashtextextended($1::text COLLATE "C", ` + strconv.FormatUint(uint64(tableID), 10) + `)`
 }
 
+// readerID computes, on the server, the key of the readers' barrier lock of
+// watched key $1, as the readerID fragment in sql/fragments.sql does.
+func readerID(tableID uint32) string {
+	return `hashtextextended($1::text COLLATE "C", ` + strconv.FormatUint(uint64(tableID), 10) + `::bigint + 4294967296)`
+}
+
 // watchedKey is the listener's state for one watched key. Guarded by listener.mu.
 type watchedKey struct {
 	watches map[*holderWatch]struct{}
@@ -219,6 +225,10 @@ func (l *listener) syncWatches(conn *pgconn.PgConn) error {
 	// flight) to end.
 	for _, k := range lock {
 		batch.ExecParams("SELECT pg_advisory_lock_shared("+watchID(l.tableID)+")", [][]byte{[]byte(k)}, nil, nil, nil)
+		// Then wait for the readers' fast grants and releases in flight, which do not
+		// take the watch lock (readNotify in sql/fragments.sql).
+		batch.ExecParams("SELECT pg_advisory_lock("+readerID(l.tableID)+")", [][]byte{[]byte(k)}, nil, nil, nil)
+		batch.ExecParams("SELECT pg_advisory_unlock("+readerID(l.tableID)+")", [][]byte{[]byte(k)}, nil, nil, nil)
 	}
 	for _, k := range unlock {
 		batch.ExecParams("SELECT pg_advisory_unlock_shared("+watchID(l.tableID)+")", [][]byte{[]byte(k)}, nil, nil, nil)

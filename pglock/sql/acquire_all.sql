@@ -10,7 +10,11 @@ a set that waits in lock_row for a row this one holds.
 
 A key is free as acquire.sql without waiting or re-entry finds it: it has no row;
 or its row expired, is not a read-write key's state row (owner '#', limit 1), and
-no live place is queued. A live row, held or reserved for a waiter, is taken,
+no live place is queued. With .Permits (the permit table exists), a read-write
+key's state row is free when no live permit (held or reserved) and no live place
+is left, whatever its expiry bound: a reader's fast release may leave such a row
+(read_last.sql); taking it makes it a mutex row, and the dead permit rows left
+are ignored, then dropped by the key's next semaphore grant. A live row, held or reserved for a waiter, is taken,
 except the caller's own grant (a retry of a statement whose reply was lost: the
 owner id is fresh, so no one else holds it), which is granted again with its
 token. Only when every key is free does it write: it inserts a row (token 0,
@@ -33,6 +37,10 @@ WITH k AS (
 		coalesce(cur.expires_at > now(), false) AS live,
 		coalesce(cur.owner = $2::text AND cur.expires_at > now() AND NOT cur.reserved, false) AS reenter,
 		CASE WHEN cur.key IS NULL THEN true
+{{- if .Permits}}
+		     WHEN cur.owner = '#' AND cur.token = 1 THEN NOT EXISTS (SELECT FROM {{.Permits}} q WHERE q.key = k.key AND q.expires_at > now())
+				AND NOT EXISTS (SELECT FROM {{.Table}} p WHERE {{template "placeRange" "k.key"}} AND {{template "placeLive"}})
+{{- end}}
 		     WHEN cur.expires_at > now() THEN cur.owner = $2::text AND NOT cur.reserved
 		     ELSE NOT (cur.owner = '#' AND cur.token = 1) AND NOT EXISTS (SELECT FROM {{.Table}} p WHERE {{template "placeRange" "k.key"}} AND {{template "placeLive"}}) END AS free
 	FROM k LEFT JOIN cur ON cur.key = k.key

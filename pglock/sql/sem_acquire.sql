@@ -29,6 +29,10 @@ queues or is granted on it turns it into a state row of limit 1 and its holder
 renews) its place at the end of the queue, and marks the key's row (a new row
 version, so that a mutex's compare-and-set on it fails).
 
+A reader's grant sets the state row's bound two TTLs ahead, so that the readers
+after it are granted by the fast read_acquire.sql (which needs the bound to
+cover their permits) without writing the state row.
+
 Returns (granted, the key's limit when it differs from $11 (else NULL), token, µs
 left on the earliest-expiring other holder's permit when all are taken, live
 places ahead of the caller (at most 8 counted), the caller's place or '').
@@ -102,7 +106,8 @@ WITH cur AS (
 	RETURNING 1
 ), st AS (
 	UPDATE {{.Table}} r SET owner = '#', token = $11::bigint, reserved = false, value = NULL, queue_channel = '{}',
-		expires_at = CASE WHEN t.granted THEN greatest(CASE WHEN t.sem THEN r.expires_at ELSE '-infinity' END, now() + $3::bigint{{template "us"}})
+		expires_at = CASE WHEN t.granted THEN greatest(CASE WHEN t.sem THEN r.expires_at ELSE '-infinity' END,
+			now() + (CASE WHEN $12::boolean THEN 2 ELSE 1 END * $3::bigint){{template "us"}})
 		                  ELSE r.expires_at END,
 		queue_owner = CASE WHEN t.granted THEN r.queue_owner ELSE '{+}'::text[] END
 	FROM t WHERE r.key = $1::text AND (t.granted OR EXISTS (SELECT FROM place))

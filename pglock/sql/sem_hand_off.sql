@@ -20,13 +20,16 @@ With .Wake (.Cond false) nothing is freed: on a read-write key only, the key is
 handed on as after a release, to whom the live permits and places now admit (a
 withdrawal runs it after dropping a place, so that readers queued behind a
 writer that gave up are not left waiting for their retry); a key with no live
-permit and no live place loses its rows.
+permit and no live place loses its rows. The state row's bound is kept if higher (readers'
+fast grants need it to cover their permits). With .Guard too, it does so only
+when read_release marked the transaction (dlock.wake is $1): read_wake, the last
+statement of a reader's fast release.
 */ -}}
 WITH cur AS (
 	SELECT r.token AS lim FROM {{.Table}} r WHERE r.key = $1::text AND r.owner = '#'
 ), freed AS (
 {{- if .Wake}}
-	SELECT true AS live FROM cur WHERE cur.lim = 1
+	SELECT true AS live FROM cur WHERE cur.lim = 1{{if .Guard}} AND current_setting('dlock.wake', true) = $1::text{{end}}
 {{- else}}
 	DELETE FROM {{.Permits}} q USING cur WHERE q.key = $1::text AND ({{.Cond}})
 	RETURNING q.expires_at > now() AS live
@@ -75,8 +78,8 @@ WITH cur AS (
 	DELETE FROM {{.Permits}} q WHERE (SELECT yes FROM empty) AND q.key = $1::text
 	RETURNING 1
 ), upd AS (
-	UPDATE {{.Table}} r SET expires_at = coalesce((SELECT max(x) FROM (
-			SELECT rest.expires_at AS x FROM rest UNION ALL SELECT handed.expires_at FROM handed) a), '-infinity')
+	UPDATE {{.Table}} r SET expires_at = {{if .Wake}}greatest(r.expires_at, {{end}}coalesce((SELECT max(x) FROM (
+			SELECT rest.expires_at AS x FROM rest UNION ALL SELECT handed.expires_at FROM handed) a), '-infinity'){{if .Wake}}){{end}}
 	WHERE r.key = $1::text AND r.owner = '#' AND EXISTS (SELECT FROM freed) AND NOT (SELECT yes FROM empty)
 	RETURNING {{template "notify" .}}
 )

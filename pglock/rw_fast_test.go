@@ -1,0 +1,361 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/testserver"
+	"github.com/dlockio/dlock/pglock"
+)
+
+// TestReadersFast tests the readers' fast grant and release (read_acquire.sql,
+// read_release.sql, read_last.sql) against the promises of a read-write lock.
+func TestReadersFast(t *testing.T) {
+	srv := testserver.StartPostgres(t)
+	t.Run("Stress", func(t *testing.T) { testReadersStress(t, srv) })
+	t.Run("LastReadersWakeWriter", func(t *testing.T) { testLastReadersWakeWriter(t, srv) })
+	t.Run("Watch", func(t *testing.T) { testReadersWatch(t, srv) })
+	t.Run("LeftRow", func(t *testing.T) { testReadersLeftRow(t, srv) })
+	t.Run("NothingLeft", func(t *testing.T) { testReadersNothingLeft(t, srv) })
+}
+
+// keyRows counts the rows of key in the lock table (its own and its places') and
+// in the permit table.
+func keyRows(t *testing.T, b *pglock.Backend, key string) (rows, permits int) {
+	t.Helper()
+	err := b.Pool().QueryRow(context.Background(), `SELECT (SELECT count(*) FROM `+pglock.DefaultTable+` WHERE key >= $1 AND key < $1 || chr(3)),
+		(SELECT count(*) FROM `+pglock.DefaultTable+`_permits WHERE key = $1)`, key).Scan(&rows, &permits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows, permits
+}
+
+// Readers on separate clients (most grants and releases taking the fast path)
+// and writers on others: no reader holds beside a writer, no two writers hold
+// together, readers do hold together, and each writer's token is above every
+// grant that returned before the writer asked.
+func testReadersStress(t *testing.T, srv *testserver.Postgres) {
+	h := harness(t, srv)
+	key := drivertest.Key(t, "k")
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	var readers, writers, overlap atomic.Int64
+	var maxDone atomic.Uint64 // the highest token of a grant that returned
+	done := func(tok dlock.Token) {
+		for {
+			m := maxDone.Load()
+			if uint64(tok) <= m || maxDone.CompareAndSwap(m, uint64(tok)) {
+				return
+			}
+		}
+	}
+	var reads, writes atomic.Int64
+	stop := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	for i := range 10 {
+		c := h.Client(t)
+		writer := i < 2
+		wg.Go(func() {
+			for time.Now().Before(stop) && ctx.Err() == nil {
+				if writer {
+					before := maxDone.Load()
+					l, err := c.Lock(ctx, key)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if uint64(l.Token()) <= before {
+						t.Errorf("writer's token %d not above an earlier grant's %d", l.Token(), before)
+					}
+					if n := writers.Add(1); n != 1 || readers.Load() != 0 {
+						t.Errorf("writer beside %d writers and %d readers", n-1, readers.Load())
+					}
+					time.Sleep(2 * time.Millisecond)
+					writers.Add(-1)
+					done(l.Token())
+					if err := l.Release(ctx); err != nil {
+						t.Error(err)
+						return
+					}
+					writes.Add(1)
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				l, err := c.Lock(ctx, key, dlock.WithShared())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if n := readers.Add(1); n > 1 {
+					overlap.Add(1)
+				}
+				if writers.Load() != 0 {
+					t.Errorf("reader beside a writer")
+				}
+				time.Sleep(3 * time.Millisecond)
+				readers.Add(-1)
+				done(l.Token())
+				if err := l.Release(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				reads.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if writes.Load() == 0 || reads.Load() == 0 || overlap.Load() == 0 {
+		t.Errorf("writes %d, reads %d, reads beside another %d: want each > 0", writes.Load(), reads.Load(), overlap.Load())
+	}
+	b := h.Open(t).(*pglock.Backend)
+	defer b.Close()
+	if _, permits := keyRows(t, b, key); permits != 0 {
+		t.Errorf("%d permit rows left", permits)
+	}
+}
+
+// Two readers hold (the second by the fast grant), a writer queues, a reader
+// arriving after it waits, and the two readers release at the same moment (each
+// by the fast release, on clients of their own): the writer is handed the key
+// every time, whichever release ends last.
+func testLastReadersWakeWriter(t *testing.T, srv *testserver.Postgres) {
+	h := harness(t, srv)
+	ctx := context.Background()
+	b1, b2, bw := h.Open(t).(*pglock.Backend), h.Open(t).(*pglock.Backend), h.Open(t).(*pglock.Backend)
+	defer b1.Close()
+	defer b2.Close()
+	defer bw.Close()
+	for i := range 15 {
+		key := drivertest.Key(t, fmt.Sprint("k", i))
+		if _, err := b1.Acquire(ctx, driver.Request{Key: key, Owner: "r1", TTL: time.Minute, Shared: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b2.Acquire(ctx, driver.Request{Key: key, Owner: "r2", TTL: time.Minute, Shared: true}); err != nil {
+			t.Fatal(err)
+		}
+		w := queueRW(t, bw, key, "w", false)
+		// FIFO: a reader arriving after the queued writer waits, waiting or not.
+		if _, err := b1.Acquire(ctx, driver.Request{Key: key, Owner: "r3", TTL: time.Minute, Shared: true}); !errors.As(err, new(*driver.HeldError)) {
+			t.Fatalf("reader after a queued writer: %v, want held", err)
+		}
+		r4 := queueRW(t, b2, key, "r4", true)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, r := range []struct {
+			b     *pglock.Backend
+			owner string
+		}{{b1, "r1"}, {b2, "r2"}} {
+			wg.Go(func() {
+				<-start
+				if err := r.b.Release(ctx, key, r.owner); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		select {
+		case <-w.C():
+		case <-time.After(drivertest.Wait):
+			t.Fatalf("round %d: the queued writer was not woken when the last readers left", i)
+		}
+		g, err := bw.Acquire(ctx, rwReq(key, "w", false))
+		if err != nil {
+			t.Fatalf("round %d: the writer's attempt after the readers left: %v", i, err)
+		}
+		if err := w.Stop(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := bw.Release(ctx, key, "w"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-r4.C():
+		case <-time.After(drivertest.Wait):
+			t.Fatalf("round %d: the reader queued behind the writer was not woken", i)
+		}
+		g4, err := b2.Acquire(ctx, rwReq(key, "r4", true))
+		if err != nil || g4.Token <= g.Token {
+			t.Fatalf("round %d: the reader behind the writer: %+v, %v (writer's token %d)", i, g4, err, g.Token)
+		}
+		if err := r4.Stop(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := b2.Release(ctx, key, "r4"); err != nil {
+			t.Fatal(err)
+		}
+		if rows, permits := keyRows(t, b1, key); rows != 0 || permits != 0 {
+			t.Fatalf("round %d: rows left of a free key: %d, %d permits", i, rows, permits)
+		}
+	}
+}
+
+// A holder watch sees the readers' fast grants and releases, each of them.
+func testReadersWatch(t *testing.T, srv *testserver.Postgres) {
+	h := harness(t, srv)
+	ctx := context.Background()
+	b, bw := h.Open(t).(*pglock.Backend), h.Open(t).(*pglock.Backend)
+	defer b.Close()
+	defer bw.Close()
+	key := drivertest.Key(t, "k")
+	w, err := bw.WatchHolder(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	steps := []struct {
+		name string
+		do   func() error
+	}{
+		{"first reader", func() error {
+			_, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "r1", TTL: time.Minute, Shared: true})
+			return err
+		}},
+		{"second reader", func() error {
+			_, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "r2", TTL: time.Minute, Shared: true})
+			return err
+		}},
+		{"first reader's release", func() error { return b.Release(ctx, key, "r1") }},
+		{"last reader's release", func() error { return b.Release(ctx, key, "r2") }},
+	}
+	for _, s := range steps {
+		select { // drain a spurious wake-up
+		case <-w.C():
+		default:
+		}
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		select {
+		case <-w.C():
+		case <-time.After(drivertest.Wait):
+			t.Fatalf("%s: the holder watch was not notified", s.name)
+		}
+	}
+}
+
+// A reader's fast release that cannot lock the key's row at once (another
+// reader's transaction holds it) leaves the state row, with no permit: that row
+// is a free key to every statement, and the key's next use drops it.
+func testReadersLeftRow(t *testing.T, srv *testserver.Postgres) {
+	h := harness(t, srv)
+	ctx := context.Background()
+	b := h.Open(t).(*pglock.Backend)
+	defer b.Close()
+	c := h.Client(t)
+	for _, next := range []string{"mutex", "reader", "semaphore", "set"} {
+		key := drivertest.Key(t, next)
+		if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "r1", TTL: time.Minute, Shared: true}); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := b.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT FROM `+pglock.DefaultTable+` WHERE key = $1 FOR SHARE`, key); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Release(ctx, key, "r1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if rows, permits := keyRows(t, b, key); rows != 1 || permits != 0 {
+			t.Fatalf("after a release beside another transaction: %d rows, %d permits; want the state row alone", rows, permits)
+		}
+		if limit, hs, err := b.Holders(ctx, key); err != nil || limit != 0 || len(hs) != 0 {
+			t.Fatalf("Holders of the left row: %d, %+v, %v; want none", limit, hs, err)
+		}
+		if _, err := b.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("Inspect of the left row: %v, want ErrNotHeld", err)
+		}
+		if infos, err := b.List(ctx, key); err != nil || len(infos) != 0 {
+			t.Fatalf("List of the left row: %+v, %v; want none", infos, err)
+		}
+		if next == "set" {
+			// A set with the key is taken at once, by one attempt.
+			m, err := c.TryLockAll(ctx, []string{key, key + "-other"})
+			if err != nil {
+				t.Fatalf("TryLockAll over the left row: %v", err)
+			}
+			if err := m.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if rows, permits := keyRows(t, b, key); rows != 0 || permits != 0 {
+				t.Fatalf("after a set's cycle on the left row: %d rows, %d permits; want none", rows, permits)
+			}
+			continue
+		}
+		req := driver.Request{Key: key, Owner: "o", TTL: time.Minute}
+		switch next {
+		case "reader":
+			req.Shared = true
+		case "semaphore":
+			req.Limit = 3
+		}
+		if _, err := b.Acquire(ctx, req); err != nil {
+			t.Fatalf("%s on the left row: %v", next, err)
+		}
+		if err := b.Release(ctx, key, "o"); err != nil {
+			t.Fatal(err)
+		}
+		if rows, permits := keyRows(t, b, key); rows != 0 || permits != 0 {
+			t.Fatalf("after a %s's cycle on the left row: %d rows, %d permits; want none", next, rows, permits)
+		}
+	}
+}
+
+// Many readers on clients of their own, all through: no permit is left, and the
+// state row, if a release left it (see testReadersLeftRow), goes with the next
+// reader's cycle.
+func testReadersNothingLeft(t *testing.T, srv *testserver.Postgres) {
+	h := harness(t, srv)
+	ctx := context.Background()
+	key := drivertest.Key(t, "k")
+	stop := time.Now().Add(2 * time.Second)
+	var wg sync.WaitGroup
+	for range 12 {
+		c := h.Client(t)
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				l, err := c.Lock(ctx, key, dlock.WithShared())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(time.Millisecond)
+				if err := l.Release(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b := h.Open(t).(*pglock.Backend)
+	defer b.Close()
+	rows, permits := keyRows(t, b, key)
+	if rows > 1 || permits != 0 {
+		t.Fatalf("after the readers: %d rows, %d permits; want at most the state row", rows, permits)
+	}
+	t.Logf("state rows left by the readers: %d", rows)
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "r", TTL: time.Minute, Shared: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, key, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if rows, permits := keyRows(t, b, key); rows != 0 || permits != 0 {
+		t.Fatalf("after one more reader: %d rows, %d permits; want none", rows, permits)
+	}
+}
