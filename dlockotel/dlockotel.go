@@ -40,13 +40,17 @@
 // "lost" (status Error, with the cause). Spans carry dlock.backend, dlock.lock.mode,
 // dlock.lock.owner, dlock.lock.token and, if WithKeys says so, dlock.key.
 //
-// Spans are ended in batches, each with the time it ended at: a span ends at most
-// 100 ms (FlushDelay) after its call or lease did, or when 256 are waiting, in a
-// goroutine of its own. Ending a span hands it to the tracer provider's span
-// processor, and the SDK's batching processor wakes its goroutine for every span
-// handed to it: on a lock cycle of 150 µs on two CPUs, ending its two spans at
-// once cost a third of the cycle (docs/observability.md). Call Flush before
-// shutting the tracer provider down, so that no span is left unended.
+// The lock's path only records a span (its name, times, attributes, events and
+// parent span context); the tracer provider gets it later, in a batch: started,
+// given its events and ended, each with the time recorded, so its sampler decides
+// then, from the parent and the attributes. A span goes at most 100 ms
+// (FlushDelay) after its call or lease ended, or when 256 wait, in a goroutine of
+// its own. The SDK's span start and its batching processor's wake-up for every
+// span ended cost a third of a 150 µs lock cycle on two CPUs when done inside it
+// (docs/observability.md). Call Flush before shutting the tracer provider down,
+// so that no span is left behind. With a no-op tracer provider (package
+// go.opentelemetry.io/otel/trace/noop) given to WithTracerProvider, no span is
+// recorded at all.
 //
 // # Keys
 //
@@ -68,6 +72,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/dlockio/dlock"
 )
@@ -97,6 +102,8 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 			return fmt.Errorf("%w: nil tracer provider", dlock.ErrInvalid)
 		}
 		o.tracer = tp.Tracer(scope)
+		_, noTraces := tp.(noop.TracerProvider)
+		o.traces = !noTraces
 		return nil
 	}
 }
@@ -129,6 +136,7 @@ func WithKeys(key func(string) string) Option {
 // concurrent use and may serve several clients.
 type Observer struct {
 	tracer trace.Tracer
+	traces bool // false for a no-op tracer provider: no span is recorded
 	meter  metric.Meter
 	key    func(string) string
 
@@ -141,11 +149,11 @@ type Observer struct {
 	mu     sync.Mutex
 	live   map[uint64]*attrSet   // grants held, by Event.Grant, and their attributes
 	held   map[*attrSet]struct{} // every attribute set a grant held has had
-	calls  map[uint64]trace.Span // lock calls in progress (recording spans)
-	leases map[uint64]trace.Span // grants held (recording spans)
+	calls  map[uint64]*span      // lock calls in progress
+	leases map[uint64]*span      // grants held
 
 	endMu   sync.Mutex
-	ending  []pendingEnd   // spans to end, in the order they ended
+	ending  []*span        // spans ended, in the order they ended
 	timer   *time.Timer    // runs Flush FlushDelay after ending became non-empty
 	batches sync.WaitGroup // goroutines ending a full batch
 }
@@ -157,19 +165,13 @@ const FlushDelay = 100 * time.Millisecond
 // maxEnding is how many spans wait to be ended before a goroutine ends them.
 const maxEnding = 256
 
-// pendingEnd is a span that ended at a time.
-type pendingEnd struct {
-	span trace.Span
-	at   time.Time
-}
-
 var _ dlock.Observer = (*Observer)(nil)
 
 // New returns an Observer on the global providers unless options say otherwise.
 func New(opts ...Option) (*Observer, error) {
 	o := &Observer{
 		live: map[uint64]*attrSet{}, held: map[*attrSet]struct{}{},
-		calls: map[uint64]trace.Span{}, leases: map[uint64]trace.Span{}, sets: map[attrKey]*attrSet{},
+		calls: map[uint64]*span{}, leases: map[uint64]*span{}, sets: map[attrKey]*attrSet{},
 	}
 	for _, opt := range opts {
 		if opt == nil {
@@ -181,6 +183,7 @@ func New(opts ...Option) (*Observer, error) {
 	}
 	if o.tracer == nil {
 		o.tracer = otel.GetTracerProvider().Tracer(scope)
+		o.traces = true
 	}
 	if o.meter == nil {
 		o.meter = otel.GetMeterProvider().Meter(scope)
@@ -274,21 +277,66 @@ func (o *Observer) observeActive(_ context.Context, obs metric.Int64Observer) er
 	return nil
 }
 
-// startSpan starts span name for e at now, with e's attributes if it records;
-// it returns nil for a span that does not record (a no-op tracer, or one sampled
-// out), which then costs nothing more.
-func (o *Observer) startSpan(ctx context.Context, name string, e dlock.Event, now time.Time) trace.Span {
-	_, span := o.tracer.Start(ctx, name, trace.WithTimestamp(now))
-	if !span.IsRecording() {
+// span is a span as the lock's path records it: started, given its events and
+// ended later, in a batch, with the times recorded here (see the package
+// documentation). Its events and end are set under Observer.mu; the rest only by
+// the goroutine that took it out of Observer.calls or Observer.leases, before
+// queue.
+type span struct {
+	parent     trace.SpanContext // of the lock call's context
+	name       string
+	start, end time.Time
+	attrs      []attribute.KeyValue
+	events     []spanEvent
+	err        string // status Error with this description, if set
+}
+
+type spanEvent struct {
+	name  string
+	at    time.Time
+	attrs []attribute.KeyValue
+}
+
+// maxEvents bounds the events kept per span (the SDK's default limit): a lease
+// held for days renews thousands of times; the latest are kept.
+const maxEvents = 128
+
+// newSpan records the start of span name for e at now, with e's attributes; nil
+// if the observer records no traces.
+func (o *Observer) newSpan(ctx context.Context, name string, e dlock.Event, now time.Time) *span {
+	if !o.traces {
 		return nil
 	}
-	span.SetAttributes(AttrBackend.String(e.Backend), AttrMode.String(e.Mode()), AttrOwner.String(e.Owner))
+	sp := &span{parent: trace.SpanContextFromContext(ctx), name: name, start: now,
+		attrs: make([]attribute.KeyValue, 0, 6)}
+	sp.attrs = append(sp.attrs, AttrBackend.String(e.Backend), AttrMode.String(e.Mode()), AttrOwner.String(e.Owner))
 	if o.key != nil {
 		if k := o.key(e.Key); k != "" {
-			span.SetAttributes(AttrKey.String(k))
+			sp.attrs = append(sp.attrs, AttrKey.String(k))
 		}
 	}
-	return span
+	return sp
+}
+
+// event adds an event to sp (nil: none) unless it has ended.
+func (o *Observer) event(sp *span, name string, at time.Time, attrs ...attribute.KeyValue) {
+	if sp == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if sp.end.IsZero() {
+		sp.add(spanEvent{name, at, attrs})
+	}
+}
+
+// add appends ev to sp's events, dropping the oldest beyond maxEvents; under
+// Observer.mu.
+func (sp *span) add(ev spanEvent) {
+	if len(sp.events) == maxEvents {
+		sp.events = append(sp.events[:0], sp.events[1:]...)
+	}
+	sp.events = append(sp.events, ev)
 }
 
 // Observe implements dlock.Observer.
@@ -296,9 +344,9 @@ func (o *Observer) Observe(ctx context.Context, e dlock.Event) {
 	now := time.Now()
 	switch e.Kind {
 	case dlock.EventRequested:
-		if span := o.startSpan(ctx, "dlock.acquire", e, now); span != nil {
+		if sp := o.newSpan(ctx, "dlock.acquire", e, now); sp != nil {
 			o.mu.Lock()
-			o.calls[e.Call] = span
+			o.calls[e.Call] = sp
 			o.mu.Unlock()
 		}
 	case dlock.EventWaited:
@@ -307,9 +355,7 @@ func (o *Observer) Observe(ctx context.Context, e dlock.Event) {
 			result = "failed"
 		}
 		o.wait.Record(ctx, e.Duration.Seconds(), o.attrs(e, AttrResult.String(result)))
-		if span := o.call(e.Call, false); span != nil {
-			span.AddEvent("waited", trace.WithAttributes(attribute.Float64("dlock.wait.duration", e.Duration.Seconds())))
-		}
+		o.event(o.call(e.Call, false), "waited", now, attribute.Float64("dlock.wait.duration", e.Duration.Seconds()))
 	case dlock.EventGranted, dlock.EventReentered, dlock.EventFailed:
 		o.ended(ctx, e, now)
 	case dlock.EventRenewed, dlock.EventRenewFailed:
@@ -318,12 +364,10 @@ func (o *Observer) Observe(ctx context.Context, e dlock.Event) {
 			result, name = "error", "renew_failed"
 		}
 		o.renewals.Add(ctx, 1, o.attrs(e, AttrRenewalResult.String(result)))
-		if span := o.lease(e.Grant); span != nil {
-			if e.Err != nil {
-				span.AddEvent(name, trace.WithAttributes(attribute.String("error", e.Err.Error())))
-			} else {
-				span.AddEvent(name)
-			}
+		if e.Err != nil {
+			o.event(o.lease(e.Grant), name, now, attribute.String("error", e.Err.Error()))
+		} else {
+			o.event(o.lease(e.Grant), name, now)
 		}
 	case dlock.EventLost:
 		o.losses.Add(ctx, 1, o.attrs(e, attribute.KeyValue{}))
@@ -341,30 +385,32 @@ func (o *Observer) endLease(ctx context.Context, e dlock.Event, how string, now 
 	o.mu.Lock()
 	_, live := o.live[e.Grant]
 	delete(o.live, e.Grant)
-	span := o.leases[e.Grant]
+	sp := o.leases[e.Grant]
 	delete(o.leases, e.Grant)
+	if sp != nil {
+		if how == "lost" {
+			sp.add(spanEvent{"lost", now, []attribute.KeyValue{attribute.String("cause", e.Err.Error())}})
+		}
+		if e.Err != nil {
+			sp.err = e.Err.Error()
+		}
+		sp.end = now // a renewal's event that comes later is dropped
+	}
 	o.mu.Unlock()
 	if !live {
 		return
 	}
 	o.heldFor.Record(ctx, e.Duration.Seconds(), o.attrs(e, AttrEnd.String(how)))
-	if span == nil {
-		return
+	if sp != nil {
+		o.queue(sp)
 	}
-	if how == "lost" {
-		span.AddEvent("lost", trace.WithAttributes(attribute.String("cause", e.Err.Error())))
-	}
-	if e.Err != nil {
-		span.SetStatus(codes.Error, e.Err.Error())
-	}
-	o.end(span, now)
 }
 
-// end has span ended, with time at, in the next batch.
-func (o *Observer) end(span trace.Span, at time.Time) {
+// queue queues sp, ended, for the next batch.
+func (o *Observer) queue(sp *span) {
 	o.endMu.Lock()
-	o.ending = append(o.ending, pendingEnd{span, at})
-	var batch []pendingEnd
+	o.ending = append(o.ending, sp)
+	var batch []*span
 	switch n := len(o.ending); {
 	case n >= maxEnding:
 		batch = o.ending
@@ -378,12 +424,13 @@ func (o *Observer) end(span trace.Span, at time.Time) {
 	}
 	o.endMu.Unlock()
 	if batch != nil {
-		o.batches.Go(func() { endAll(batch) })
+		o.batches.Go(func() { o.export(batch) })
 	}
 }
 
-// Flush ends every span whose call or lease has ended, now; later spans are
-// still ended in batches. Call it before shutting the tracer provider down.
+// Flush hands every span whose call or lease has ended to the tracer provider
+// now; later spans are still handed over in batches. Call it before shutting the
+// tracer provider down.
 func (o *Observer) Flush() {
 	o.endMu.Lock()
 	batch := o.ending
@@ -392,13 +439,29 @@ func (o *Observer) Flush() {
 		o.timer.Stop()
 	}
 	o.endMu.Unlock()
-	endAll(batch)
+	o.export(batch)
 	o.batches.Wait()
 }
 
-func endAll(batch []pendingEnd) {
-	for _, e := range batch {
-		e.span.End(trace.WithTimestamp(e.at))
+// export starts, fills and ends the spans of batch with their recorded times.
+// The tracer's sampler decides here, as it would have at their start: from the
+// parent span context and the attributes.
+func (o *Observer) export(batch []*span) {
+	for _, sp := range batch {
+		ctx := context.Background()
+		if sp.parent.IsValid() {
+			ctx = trace.ContextWithSpanContext(ctx, sp.parent)
+		}
+		_, s := o.tracer.Start(ctx, sp.name, trace.WithTimestamp(sp.start), trace.WithAttributes(sp.attrs...))
+		if s.IsRecording() {
+			for _, ev := range sp.events {
+				s.AddEvent(ev.name, trace.WithTimestamp(ev.at), trace.WithAttributes(ev.attrs...))
+			}
+			if sp.err != "" {
+				s.SetStatus(codes.Error, sp.err)
+			}
+		}
+		s.End(trace.WithTimestamp(sp.end))
 	}
 }
 
@@ -413,45 +476,49 @@ func (o *Observer) ended(ctx context.Context, e dlock.Event, now time.Time) {
 		result = "failed"
 	}
 	o.acquire.Record(ctx, e.Duration.Seconds(), o.attrs(e, AttrResult.String(result)))
-	if span := o.call(e.Call, true); span != nil {
-		span.SetAttributes(AttrResult.String(result))
+	if sp := o.call(e.Call, true); sp != nil { // no longer in o.calls: this goroutine's alone
+		sp.attrs = append(sp.attrs, AttrResult.String(result))
 		if e.Token != 0 {
-			span.SetAttributes(AttrToken.Int64(int64(e.Token)))
+			sp.attrs = append(sp.attrs, AttrToken.Int64(int64(e.Token)))
 		}
 		if e.Err != nil && !errors.Is(e.Err, dlock.ErrLocked) {
-			span.SetStatus(codes.Error, e.Err.Error())
+			sp.err = e.Err.Error()
 		}
-		o.end(span, now)
+		o.mu.Lock()
+		sp.end = now
+		o.mu.Unlock()
+		o.queue(sp)
 	}
 	if e.Kind != dlock.EventGranted {
 		return
 	}
 	set := o.attrSet(e, attribute.KeyValue{})
+	sp := o.newSpan(ctx, "dlock.lease", e, now)
+	if sp != nil {
+		sp.attrs = append(sp.attrs, AttrToken.Int64(int64(e.Token)))
+	}
 	o.mu.Lock()
 	o.live[e.Grant] = set
 	o.held[set] = struct{}{}
-	o.mu.Unlock()
-	if span := o.startSpan(ctx, "dlock.lease", e, now); span != nil {
-		span.SetAttributes(AttrToken.Int64(int64(e.Token)))
-		o.mu.Lock()
-		o.leases[e.Grant] = span
-		o.mu.Unlock()
+	if sp != nil {
+		o.leases[e.Grant] = sp
 	}
+	o.mu.Unlock()
 }
 
 // call returns the span of lock call id, forgetting it if end is set; nil if none.
-func (o *Observer) call(id uint64, end bool) trace.Span {
+func (o *Observer) call(id uint64, end bool) *span {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	span := o.calls[id]
+	sp := o.calls[id]
 	if end {
 		delete(o.calls, id)
 	}
-	return span
+	return sp
 }
 
-// lease returns the recording span of grant id, or nil.
-func (o *Observer) lease(id uint64) trace.Span {
+// lease returns the span of grant id, or nil.
+func (o *Observer) lease(id uint64) *span {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.leases[id]

@@ -161,15 +161,35 @@ func TestSpansEndInBatches(t *testing.T) {
 		}
 		return time.Now()
 	}
-	released := cycle()
+	// Spans keep the times of the lock's path, and their parent: the span in the
+	// lock call's context.
+	pctx, parent := tp.Tracer("test").Start(ctx, "parent")
+	before := time.Now()
+	l, err := c.Lock(pctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := time.Now()
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	parent.End()
 	obs.Flush()
 	got := spans.GetSpans()
-	if len(got) != 2 {
-		t.Fatalf("%d spans after Flush, want 2", len(got))
+	if len(got) != 3 {
+		t.Fatalf("%d spans after Flush, want the parent and 2", len(got))
 	}
-	for _, sp := range got {
-		if sp.EndTime.After(released) {
-			t.Errorf("span %s ended at %v, after the release returned at %v", sp.Name, sp.EndTime, released)
+	for _, sp := range got[1:] {
+		lo, hi := before, granted
+		if sp.Name == "dlock.lease" {
+			lo, hi = before, released
+		}
+		if sp.StartTime.Before(lo) || sp.EndTime.After(hi) || sp.EndTime.Before(sp.StartTime) {
+			t.Errorf("span %s from %v to %v: want it within %v..%v", sp.Name, sp.StartTime, sp.EndTime, lo, hi)
+		}
+		if sp.Parent.SpanID() != parent.SpanContext().SpanID() || sp.SpanContext.TraceID() != parent.SpanContext().TraceID() {
+			t.Errorf("span %s: parent %v, want %v", sp.Name, sp.Parent.SpanID(), parent.SpanContext().SpanID())
 		}
 	}
 	spans.Reset()
