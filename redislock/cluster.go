@@ -144,26 +144,9 @@ func openCluster(ctx context.Context, u *url.URL, opts []Option) (*Backend, erro
 	}
 	copt.ContextTimeoutEnabled = true
 	rdb := redis.NewClusterClient(copt)
-	b, err := New(ctx, rdb, append(urlOpts, opts...)...)
-	if err != nil {
-		rdb.Close()
-		return nil, err
-	}
-	b.own = true
-	octx, cancel := driver.OpenContext(ctx)
-	defer cancel()
-	if err := rdb.ForEachMaster(octx, func(ctx context.Context, m *redis.Client) error { return m.Ping(ctx).Err() }); err != nil {
-		rdb.Close()
-		if authError(err) {
-			err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
-		}
-		return nil, fmt.Errorf("redislock: connect to %s: %w", driver.Redact(u), err)
-	}
-	if err := b.Verify(octx); err != nil {
-		rdb.Close()
-		return nil, err
-	}
-	return b, nil
+	return start(ctx, u, rdb, append(urlOpts, opts...), func(ctx context.Context) error {
+		return rdb.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.Ping(ctx).Err() })
+	})
 }
 
 // clusterOptions checks the seed nodes and go-redis parameters of a cluster URL

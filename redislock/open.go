@@ -81,7 +81,14 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		opt.ContextTimeoutEnabled = true
 		rdb = redis.NewClient(opt)
 	}
-	b, err := New(ctx, rdb, append(urlOpts, opts...)...)
+	return start(ctx, u, rdb, append(urlOpts, opts...), func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
+}
+
+// start makes the backend of Open on rdb, which it then owns: ping (every node
+// the backend's scripts may run on) must answer, and Verify pass; on failure rdb
+// is closed.
+func start(ctx context.Context, u *url.URL, rdb redis.UniversalClient, opts []Option, ping func(context.Context) error) (*Backend, error) {
+	b, err := New(ctx, rdb, opts...)
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -89,7 +96,7 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	b.own = true
 	octx, cancel := driver.OpenContext(ctx)
 	defer cancel()
-	if err := rdb.Ping(octx).Err(); err != nil {
+	if err := ping(octx); err != nil {
 		rdb.Close()
 		if authError(err) {
 			err = fmt.Errorf("%w: %w", driver.ErrAuth, err)
