@@ -79,6 +79,27 @@ func init() {
 	}
 	addSetup(replicated("redis-replica", "redis-server master + replica, the lock waits for 1 replica ack (WAIT), no persistence", "replicas=1&replica_timeout=100ms"))
 	addSetup(replicated("redis-async", "redis-server master + replica, asynchronous replication (no WAIT), no persistence", ""))
+	sentinel := func(name, describe, query string) *setup {
+		return &setup{name: name, describe: describe, hold: fullTTL, roundTTL: sentinelTTL,
+			start: func(tb testserver.TB, _ time.Duration) *target {
+				s := testserver.StartSentinel(tb, 1, 3)
+				u := s.URL("")
+				if query != "" {
+					u += "?" + query
+				}
+				t := &target{direct: u, sentinel: s, redis: s.Master, replica: s.Replicas[0]}
+				tb.Cleanup(t.stopProxies)
+				if err := t.tuneSentinels(); err != nil {
+					tb.Fatalf("%v", err)
+				}
+				if err := t.linkReplica(); err != nil {
+					tb.Fatalf("%v", err)
+				}
+				return t
+			}}
+	}
+	addSetup(sentinel("sentinel-replica", "redis-server master + replica + 3 sentinels (quorum 2) that fail over, the lock waits for 1 replica ack (WAIT), no persistence", "replicas=1&replica_timeout=100ms"))
+	addSetup(sentinel("sentinel-async", "redis-server master + replica + 3 sentinels (quorum 2) that fail over, asynchronous replication (no WAIT), no persistence", ""))
 	addSetup(&setup{name: "redlock", describe: "Redlock over 5 redis-server masters, no persistence; each worker reaches each node through its own TCP proxy", hold: fullTTL, roundTTL: asIs,
 		start: func(tb testserver.TB, _ time.Duration) *target {
 			nodes := testserver.StartRedisNodes(tb, 5)
@@ -145,6 +166,41 @@ func (t *target) linkReplica() error {
 	return fmt.Errorf("replica %s did not sync with its master %s within 20s", t.replica.Addr(), t.redis.Addr())
 }
 
+// Sentinel timing of the sentinel setups. sentinelDownAfter is how long the
+// master must be silent before a sentinel thinks it is down: short, so that the
+// sentinels promote the replica within sentinelTTL. sentinelFailoverTimeout is
+// long because it is also how long a sentinel leaves alone a replica that
+// replicates from an address it does not know (then it points it at the master,
+// +fix-slave-config): the replica replicates through the checker's proxy (see
+// linkReplica), which must survive the run.
+const (
+	sentinelDownAfter       = 500 * time.Millisecond
+	sentinelFailoverTimeout = time.Hour
+	// sentinelMinTTL is the shortest TTL of the sentinel setups: longer than the
+	// sentinels take to notice a dead master and promote its replica, so that a
+	// grant lost with the master may still be held when the new master grants
+	// the key again.
+	sentinelMinTTL = 10 * time.Second
+)
+
+func sentinelTTL(ttl time.Duration) time.Duration { return max(ttl, sentinelMinTTL) }
+
+// tuneSentinels sets the sentinels' down-after-milliseconds and failover-timeout
+// (SENTINEL SET, on every sentinel).
+func (t *target) tuneSentinels() error {
+	for _, sn := range t.sentinel.Sentinels {
+		c := redis.NewClient(&redis.Options{Addr: sn.Addr()})
+		err := c.Do(context.Background(), "SENTINEL", "SET", t.sentinel.Name,
+			"down-after-milliseconds", strconv.FormatInt(sentinelDownAfter.Milliseconds(), 10),
+			"failover-timeout", strconv.FormatInt(sentinelFailoverTimeout.Milliseconds(), 10)).Err()
+		c.Close()
+		if err != nil {
+			return fmt.Errorf("sentinel %s: SENTINEL SET: %w", sn.Addr(), err)
+		}
+	}
+	return nil
+}
+
 // target is a started setup: its servers, the URL each worker uses, and the
 // workers' proxies.
 type target struct {
@@ -153,6 +209,8 @@ type target struct {
 	upstream string                   // the address proxies forward to
 
 	redis, replica *testserver.Redis
+	sentinel       *testserver.Sentinel // sentinel setups: redis is the master, replica its replica
+	healed         int64                // sentinel setups: when the last failover healed (history time)
 	nodes          []*testserver.Redis
 	etcd           *testserver.EtcdCluster
 	zk             *testserver.ZooKeeperEnsemble
