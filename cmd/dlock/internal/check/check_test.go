@@ -262,26 +262,29 @@ func TestRunFailoverReplicationLag(t *testing.T) {
 // The workers spread over 4 keys: a waiter on the lost key sleeps until the lost
 // holder's TTL would end, so the second grant comes from a fresh attempt.
 func TestRunSentinelFailover(t *testing.T) {
-	o := runSentinelCell(t, "sentinel-async", true, 6)
+	// A second worker gets in only if it tries the lost key before the holder's
+	// renewal, while other stale keys of the promoted replica stall waiters for a
+	// TTL: give it up to six failovers, 50 s at most.
+	o := runSentinelCell(t, "sentinel-async", true, 6, 50*time.Second)
 	if r := o.Report; r.P1.Count == 0 || r.P3.Count != 0 || o.Verdict != VerdictDetected {
 		t.Errorf("sentinel-async fenced: P1 %d, P3 %d in %d failovers, verdict %q", r.P1.Count, r.P3.Count, r.Summary.Faults, o.Verdict)
 	}
-	o = runSentinelCell(t, "sentinel-replica", false, 1)
+	o = runSentinelCell(t, "sentinel-replica", false, 1, 30*time.Second)
 	if r := o.Report; o.Verdict != VerdictAsExpected || !r.Safe() {
 		t.Errorf("sentinel-replica: verdict %q, P1 %d, P3 %d, P4 %d: %v", o.Verdict, r.P1.Count, r.P3.Count, r.P4.Count, r.Violations())
 	}
 }
 
-func runSentinelCell(t *testing.T, setup string, fenced bool, injections int) Outcome {
+func runSentinelCell(t *testing.T, setup string, fenced bool, injections int, d time.Duration) Outcome {
 	t.Helper()
 	cfg := testConfig(t, setup, FaultFailover, fenced)
-	cfg.Duration, cfg.Injections, cfg.Keys = time.Minute, injections, 8
+	cfg.Duration, cfg.Injections, cfg.Keys = d, injections, 8
 	o := RunCell(ctxT(t, 2*time.Minute), Cell{Setup: setup, Fault: FaultFailover, Fenced: fenced}, cfg, "")
 	if o.Report == nil {
 		t.Fatalf("%s: run failed: %s", o.Cell.Name(), o.RunError)
 	}
-	if o.Report.Summary.Faults < injections {
-		t.Fatalf("%s: %d of %d failovers (%s)", o.Cell.Name(), o.Report.Summary.Faults, injections, o.RunError)
+	if o.Report.Summary.Faults == 0 || o.RunError != "" {
+		t.Fatalf("%s: %d failovers: %s", o.Cell.Name(), o.Report.Summary.Faults, o.RunError)
 	}
 	t.Logf("%s: %d acquisitions, %d failovers, P1 %d, P3 %d, P4 %d, %v: %s", o.Cell.Name(), o.Report.Summary.AcquiresOK, o.Report.Summary.Faults, o.Report.P1.Count, o.Report.P3.Count, o.Report.P4.Count, o.Took.Round(time.Millisecond), o.Verdict)
 	return o

@@ -253,6 +253,11 @@ func injectSentinelFailover(ctx context.Context, r *run) error {
 		// dead fails. Let every worker write once before the first kill.
 		r.awaitRecovery(ctx, 1, recoveryWait(r.ttl))
 	}
+	if relinked, err := tg.relinkReplica(); err != nil {
+		return err
+	} else if relinked {
+		r.event(history.Note, FaultFailover, "redis replica", "the sentinels had pointed the replica at the master directly (+fix-slave-config): it replicates through the checker's proxy again")
+	}
 	old, next := tg.redis, tg.replica
 	// The story is a key free on both nodes, granted on the master only. A key
 	// held when the stream stops may be released and granted again on the master
@@ -278,7 +283,7 @@ func injectSentinelFailover(ctx context.Context, r *run) error {
 	killed := time.Now()
 	old.Kill()
 	tg.repl.Stop() // what the master sent meanwhile is gone with it
-	if err := tg.awaitPromotion(ctx, next, 30*time.Second); err != nil {
+	if err := tg.awaitPromotion(ctx, next, 45*time.Second); err != nil {
 		if ctx.Err() != nil {
 			return nil // the run is over
 		}

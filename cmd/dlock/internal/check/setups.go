@@ -168,14 +168,16 @@ func (t *target) linkReplica() error {
 
 // Sentinel timing of the sentinel setups. sentinelDownAfter is how long the
 // master must be silent before a sentinel thinks it is down: short, so that the
-// sentinels promote the replica within sentinelTTL. sentinelFailoverTimeout is
-// long because it is also how long a sentinel leaves alone a replica that
-// replicates from an address it does not know (then it points it at the master,
-// +fix-slave-config): the replica replicates through the checker's proxy (see
-// linkReplica), which must survive the run.
+// sentinels promote the replica well within sentinelMinTTL. sentinelFailoverTimeout
+// stays at the launcher's 10s: a sentinel whose failover attempt failed (a split
+// vote) tries again after twice that. It is also how long a sentinel leaves alone
+// a replica that replicates from an address it does not know, as the replica does
+// through the checker's proxy (linkReplica), before pointing it at the master
+// (+fix-slave-config): the failover fault checks the link and restores the proxy
+// before it stalls it (relinkReplica).
 const (
 	sentinelDownAfter       = 500 * time.Millisecond
-	sentinelFailoverTimeout = time.Hour
+	sentinelFailoverTimeout = 10 * time.Second
 	// sentinelMinTTL is the shortest TTL of the sentinel setups: longer than the
 	// sentinels take to notice a dead master and promote its replica, so that a
 	// grant lost with the master may still be held when the new master grants
@@ -199,6 +201,23 @@ func (t *target) tuneSentinels() error {
 		}
 	}
 	return nil
+}
+
+// relinkReplica makes the replica replicate through a new replication proxy again
+// if the sentinels pointed it at the master directly, and reports whether it did.
+func (t *target) relinkReplica() (bool, error) {
+	c := redis.NewClient(&redis.Options{Addr: t.replica.Addr()})
+	info, err := c.Info(context.Background(), "replication").Result()
+	c.Close()
+	if err != nil {
+		return false, fmt.Errorf("replica %s: INFO: %w", t.replica.Addr(), err)
+	}
+	_, port, _ := strings.Cut(t.repl.Listen, ":")
+	if strings.Contains(info, "master_port:"+port+"\r\n") && strings.Contains(info, "master_link_status:up") {
+		return false, nil
+	}
+	t.repl.Stop()
+	return true, t.linkReplica()
 }
 
 // target is a started setup: its servers, the URL each worker uses, and the
