@@ -98,8 +98,8 @@ func init() {
 				return t
 			}}
 	}
-	addSetup(sentinel("sentinel-replica", "redis-server master + replica + 3 sentinels (quorum 2) that fail over, the lock waits for 1 replica ack (WAIT), no persistence", "replicas=1&replica_timeout=100ms"))
-	addSetup(sentinel("sentinel-async", "redis-server master + replica + 3 sentinels (quorum 2) that fail over, asynchronous replication (no WAIT), no persistence", ""))
+	addSetup(sentinel("sentinel-replica", "redis-server master + replica + 3 sentinels (quorum 2) that fail over (down after 500ms), the lock waits for 1 replica ack (WAIT), no persistence, TTL at least 10s", "replicas=1&replica_timeout=100ms"))
+	addSetup(sentinel("sentinel-async", "redis-server master + replica + 3 sentinels (quorum 2) that fail over (down after 500ms), asynchronous replication (no WAIT), no persistence, TTL at least 10s", ""))
 	addSetup(&setup{name: "redlock", describe: "Redlock over 5 redis-server masters, no persistence; each worker reaches each node through its own TCP proxy", hold: fullTTL, roundTTL: asIs,
 		start: func(tb testserver.TB, _ time.Duration) *target {
 			nodes := testserver.StartRedisNodes(tb, 5)
