@@ -239,7 +239,7 @@ func (f *checkFlags) validate(setup, fault string) error {
 func printCheckList(e *env) {
 	fmt.Fprintln(e.stdout, "setups:")
 	for _, s := range check.Setups() {
-		fmt.Fprintf(e.stdout, "  %-14s %s\n", s, check.SetupDoc(s))
+		fmt.Fprintf(e.stdout, "  %-16s %s\n", s, check.SetupDoc(s))
 	}
 	fmt.Fprintln(e.stdout, "faults:")
 	for _, f := range check.Faults() {

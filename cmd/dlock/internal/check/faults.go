@@ -106,7 +106,7 @@ func addFault(f *fault) { faults[f.name] = f }
 func init() {
 	addFault(&fault{name: FaultNone, doc: "no fault: the baseline"})
 	addFault(&fault{name: FaultKill, doc: "kill -9 the server and restart it at once", setups: []string{"redis", "redis-aof", "postgres", "mariadb"}, inject: injectKill})
-	addFault(&fault{name: FaultFailover, doc: "cut the replication stream so the replica lags, let a worker lock on the master meanwhile, kill -9 the master, promote the lagging replica, point clients at it; the old master returns as a replica", setups: []string{"redis-replica", "redis-async"}, inject: injectFailover})
+	addFault(&fault{name: FaultFailover, doc: "cut the replication stream so the replica lags, let a worker lock on the master meanwhile, kill -9 the master, promote the lagging replica, point clients at it (on the sentinel setups the sentinels promote it and clients find it through them); the old master returns as a replica", setups: []string{"redis-replica", "redis-async", "sentinel-replica", "sentinel-async"}, inject: injectFailover})
 	addFault(&fault{name: FaultLeader, doc: "kill -9 the leader of the etcd cluster or ZooKeeper ensemble; restart it after 2 TTL", setups: []string{"etcd", "zk"}, recovers: true, inject: injectLeader})
 	addFault(&fault{name: FaultDrop, doc: "cut one worker off 2 of the 5 Redlock nodes, so its grants hold a bare majority; once it holds one, a node of its 3 drops every lock key early, as if its clock jumped forward", setups: []string{"redlock"}, inject: injectDrop})
 	addFault(&fault{name: FaultPause, doc: "SIGSTOP a worker inside its critical section (a long GC pause) for 1.5 TTL and until another worker wrote its key (at most 5 TTL), then SIGCONT", inject: injectPause})
@@ -209,6 +209,9 @@ func injectKill(_ context.Context, r *run) error {
 // since the replica never acknowledges it, and nothing is lost.
 func injectFailover(ctx context.Context, r *run) error {
 	tg := r.tg
+	if tg.sentinel != nil {
+		return injectSentinelFailover(ctx, r)
+	}
 	old, next := tg.redis, tg.replica
 	if err := setToxic(tg.repl, "stall", "downstream", true); err != nil {
 		return err
@@ -242,6 +245,107 @@ func injectFailover(ctx context.Context, r *run) error {
 	return tg.linkReplica()
 }
 
+// injectSentinelFailover is injectFailover on a sentinel setup, where the
+// sentinels promote the replica and the clients find it through them: it stalls
+// the replication stream, waits up to a TTL for a fresh grant on the master and
+// makes its holder linger, kills the master, and waits until every sentinel
+// reports the replica as the master and the replica says so. The old master
+// restarts empty and becomes a replica of the new one through a new replication
+// proxy (the REPLICAOF the sentinels would send it some seconds later, aimed at
+// the proxy), ready for the next injection; the workers are left to recover.
+func injectSentinelFailover(ctx context.Context, r *run) error {
+	tg := r.tg
+	if tg.healed == 0 {
+		// A worker opens its client once: one that starts while the master is
+		// dead fails. Let every worker write once before the first kill.
+		r.awaitRecovery(ctx, 1, recoveryWait(r.ttl))
+	}
+	if relinked, err := tg.relinkReplica(); err != nil {
+		return err
+	} else if relinked {
+		r.event(history.Note, FaultFailover, "redis replica", "the sentinels had pointed the replica at the master directly (+fix-slave-config): it replicates through the checker's proxy again")
+	}
+	old, next := tg.redis, tg.replica
+	// The story is a key free on both nodes, granted on the master only. A key
+	// held when the stream stops may be released and granted again on the master
+	// meanwhile, but the replica still shows the earlier grant, which keeps the
+	// key for its TTL after the promotion: such a grant is not the one to lose.
+	held := r.heldKeys()
+	time.Sleep(20 * time.Millisecond) // a release just before: replicated by now
+	for k := range r.heldKeys() {
+		held[k] = true
+	}
+	if err := setToxic(tg.repl, "stall", "downstream", true); err != nil {
+		return err
+	}
+	cut := history.Now()
+	r.event(history.Fault, FaultFailover, "redis master", "replication stream from "+old.Addr()+" to "+next.Addr()+" cut: the replica falls behind")
+	if p, op := r.freshHolderOf(ctx, cut, r.ttl, func(op history.Op) bool { return !held[op.Key] }); p != nil {
+		p.send(ctlLinger)
+		r.event(history.Note, FaultFailover, workerName(p), fmt.Sprintf("granted %s (lease %d, token %d) on the master while the replica lags; the key was free when the stream stopped", op.Key, op.Lease, op.Token))
+	} else {
+		r.event(history.Note, FaultFailover, "redis master", "no lock on a key free when the stream stopped was granted while the replica lagged")
+	}
+	r.event(history.Note, FaultFailover, "redis master", "kill -9 the master at "+old.Addr()+"; the sentinels are to promote the replica")
+	killed := time.Now()
+	old.Kill()
+	tg.repl.Stop() // what the master sent meanwhile is gone with it
+	if err := tg.awaitPromotion(ctx, next, 45*time.Second); err != nil {
+		if ctx.Err() != nil {
+			return nil // the run is over
+		}
+		return err
+	}
+	tg.healed = history.Now()
+	r.event(history.Heal, FaultFailover, "redis master", fmt.Sprintf("the sentinels promoted the replica %s, %v after the kill; clients find it through them", next.Addr(), time.Since(killed).Round(time.Millisecond)))
+	if err := old.Restart(); err != nil {
+		return err
+	}
+	tg.redis, tg.replica = next, old
+	return tg.linkReplica()
+}
+
+// awaitPromotion waits until every sentinel reports n as the master and n reports
+// the master role.
+func (t *target) awaitPromotion(ctx context.Context, n *testserver.Redis, wait time.Duration) error {
+	want := t.sentinel.AnnouncedAddr(n)
+	deadline := time.Now().Add(wait)
+	var last error
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		last = func() error {
+			for _, sn := range t.sentinel.Sentinels {
+				c := redis.NewClient(&redis.Options{Addr: sn.Addr(), MaxRetries: -1})
+				a, err := c.Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", t.sentinel.Name).StringSlice()
+				c.Close()
+				if err != nil {
+					return fmt.Errorf("sentinel %s: %w", sn.Addr(), err)
+				}
+				if len(a) != 2 || a[0]+":"+a[1] != want {
+					return fmt.Errorf("sentinel %s reports the master at %v", sn.Addr(), a)
+				}
+			}
+			c := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
+			defer c.Close()
+			info, err := c.Info(ctx, "replication").Result()
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(info, "role:master") {
+				return fmt.Errorf("%s is not a master yet", n.Addr())
+			}
+			return nil
+		}()
+		if last == nil {
+			return nil
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("the sentinels did not promote %s within %v: %w", n.Addr(), wait, last)
+}
+
 // freshHolder waits up to wait for a worker (among ps, or any) that holds a lease
 // whose acquire attempt began at or after t, and returns it with that acquire.
 func (r *run) freshHolder(ctx context.Context, ps []*proc, t int64, wait time.Duration) (*proc, history.Op) {
@@ -258,6 +362,31 @@ func (r *run) freshHolder(ctx context.Context, ps []*proc, t int64, wait time.Du
 		time.Sleep(time.Millisecond)
 	}
 	return nil, history.Op{}
+}
+
+// freshHolderOf is freshHolder over every worker, for a grant that ok accepts.
+func (r *run) freshHolderOf(ctx context.Context, t int64, wait time.Duration, ok func(history.Op) bool) (*proc, history.Op) {
+	deadline := time.Now().Add(wait)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		for _, p := range r.workers {
+			if op, holding, _ := p.lease(); holding && op.Attempt >= t && ok(op) {
+				return p, op
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil, history.Op{}
+}
+
+// heldKeys returns the keys some worker holds now.
+func (r *run) heldKeys() map[string]bool {
+	held := map[string]bool{}
+	for _, p := range r.workers {
+		if op, holding, _ := p.lease(); holding {
+			held[op.Key] = true
+		}
+	}
+	return held
 }
 
 func injectLeader(ctx context.Context, r *run) error {

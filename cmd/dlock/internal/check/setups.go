@@ -79,6 +79,27 @@ func init() {
 	}
 	addSetup(replicated("redis-replica", "redis-server master + replica, the lock waits for 1 replica ack (WAIT), no persistence", "replicas=1&replica_timeout=100ms"))
 	addSetup(replicated("redis-async", "redis-server master + replica, asynchronous replication (no WAIT), no persistence", ""))
+	sentinel := func(name, describe, query string) *setup {
+		return &setup{name: name, describe: describe, hold: fullTTL, roundTTL: sentinelTTL,
+			start: func(tb testserver.TB, _ time.Duration) *target {
+				s := testserver.StartSentinel(tb, 1, 3)
+				u := s.URL("")
+				if query != "" {
+					u += "?" + query
+				}
+				t := &target{direct: u, sentinel: s, redis: s.Master, replica: s.Replicas[0]}
+				tb.Cleanup(t.stopProxies)
+				if err := t.tuneSentinels(); err != nil {
+					tb.Fatalf("%v", err)
+				}
+				if err := t.linkReplica(); err != nil {
+					tb.Fatalf("%v", err)
+				}
+				return t
+			}}
+	}
+	addSetup(sentinel("sentinel-replica", "redis-server master + replica + 3 sentinels (quorum 2) that fail over (down after 500ms), the lock waits for 1 replica ack (WAIT), no persistence, TTL at least 10s", "replicas=1&replica_timeout=100ms"))
+	addSetup(sentinel("sentinel-async", "redis-server master + replica + 3 sentinels (quorum 2) that fail over (down after 500ms), asynchronous replication (no WAIT), no persistence, TTL at least 10s", ""))
 	addSetup(&setup{name: "redlock", describe: "Redlock over 5 redis-server masters, no persistence; each worker reaches each node through its own TCP proxy", hold: fullTTL, roundTTL: asIs,
 		start: func(tb testserver.TB, _ time.Duration) *target {
 			nodes := testserver.StartRedisNodes(tb, 5)
@@ -155,6 +176,60 @@ func (t *target) linkReplica() error {
 	return fmt.Errorf("replica %s did not sync with its master %s within 20s", t.replica.Addr(), t.redis.Addr())
 }
 
+// Sentinel timing of the sentinel setups. sentinelDownAfter is how long the
+// master must be silent before a sentinel thinks it is down: short, so that the
+// sentinels promote the replica well within sentinelMinTTL. sentinelFailoverTimeout
+// stays at the launcher's 10s: a sentinel whose failover attempt failed (a split
+// vote) tries again after twice that. It is also how long a sentinel leaves alone
+// a replica that replicates from an address it does not know, as the replica does
+// through the checker's proxy (linkReplica), before pointing it at the master
+// (+fix-slave-config): the failover fault checks the link and restores the proxy
+// before it stalls it (relinkReplica).
+const (
+	sentinelDownAfter       = 500 * time.Millisecond
+	sentinelFailoverTimeout = 10 * time.Second
+	// sentinelMinTTL is the shortest TTL of the sentinel setups: longer than the
+	// sentinels take to notice a dead master and promote its replica, so that a
+	// grant lost with the master may still be held when the new master grants
+	// the key again.
+	sentinelMinTTL = 10 * time.Second
+)
+
+func sentinelTTL(ttl time.Duration) time.Duration { return max(ttl, sentinelMinTTL) }
+
+// tuneSentinels sets the sentinels' down-after-milliseconds and failover-timeout
+// (SENTINEL SET, on every sentinel).
+func (t *target) tuneSentinels() error {
+	for _, sn := range t.sentinel.Sentinels {
+		c := redis.NewClient(&redis.Options{Addr: sn.Addr()})
+		err := c.Do(context.Background(), "SENTINEL", "SET", t.sentinel.Name,
+			"down-after-milliseconds", strconv.FormatInt(sentinelDownAfter.Milliseconds(), 10),
+			"failover-timeout", strconv.FormatInt(sentinelFailoverTimeout.Milliseconds(), 10)).Err()
+		c.Close()
+		if err != nil {
+			return fmt.Errorf("sentinel %s: SENTINEL SET: %w", sn.Addr(), err)
+		}
+	}
+	return nil
+}
+
+// relinkReplica makes the replica replicate through a new replication proxy again
+// if the sentinels pointed it at the master directly, and reports whether it did.
+func (t *target) relinkReplica() (bool, error) {
+	c := redis.NewClient(&redis.Options{Addr: t.replica.Addr()})
+	info, err := c.Info(context.Background(), "replication").Result()
+	c.Close()
+	if err != nil {
+		return false, fmt.Errorf("replica %s: INFO: %w", t.replica.Addr(), err)
+	}
+	_, port, _ := strings.Cut(t.repl.Listen, ":")
+	if strings.Contains(info, "master_port:"+port+"\r\n") && strings.Contains(info, "master_link_status:up") {
+		return false, nil
+	}
+	t.repl.Stop()
+	return true, t.linkReplica()
+}
+
 // target is a started setup: its servers, the URL each worker uses, and the
 // workers' proxies.
 type target struct {
@@ -163,6 +238,8 @@ type target struct {
 	upstream string                   // the address proxies forward to
 
 	redis, replica *testserver.Redis
+	sentinel       *testserver.Sentinel // sentinel setups: redis is the master, replica its replica
+	healed         int64                // sentinel setups: when the last failover healed (history time)
 	nodes          []*testserver.Redis
 	etcd           *testserver.EtcdCluster
 	zk             *testserver.ZooKeeperEnsemble
