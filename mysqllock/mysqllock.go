@@ -282,7 +282,7 @@ func newStatements(table string) statements {
 		// the key was handed to the caller's place on this client's listening
 		// connection (and its token), and whether that place has had its turn.
 		waitState: "SELECT IF(l.expires_at > " + now + ", TIMESTAMPDIFF(MICROSECOND, " + now + ", l.expires_at), 0), " +
-			"IFNULL(l.owner = ? AND l.expires_at > " + now + " AND m.id = l.handed, 0), IFNULL(m.nonce, ''), l.token, IFNULL(m.id <= l.handed, 0) " +
+			"IFNULL(l.owner = ? AND l.expires_at > " + now + " AND m.id = l.handed, 0), IFNULL(m.nonce, ''), l.token, IFNULL(m.id <= l.handed, 0), l.queued " +
 			"FROM " + t + " l LEFT JOIN " + qt + " m ON m.lock_key = l.lock_key AND m.owner = ? WHERE l.lock_key = ?",
 		// grants: the live grants handed to places of a listening connection.
 		// sleep: the listener's sleep, unless a grant not yet delivered is
@@ -430,13 +430,21 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		if qerr != nil {
 			return driver.Grant{}, qerr
 		}
-		var free bool
-		g, free, err = b.refused(ctx, req)
-		if !errors.Is(err, driver.ErrLocked) || !fresh || !free {
+		var ws waitState
+		g, ws, err = b.refused(ctx, req)
+		if !errors.Is(err, driver.ErrLocked) || !fresh || (ws.queued && ws.us > 0) {
 			return g, err
 		}
-		// A release that ran before the place was there handed the key to no
-		// one: attempt again.
+		// A new place on a row not marked queued: mark it, so that its release
+		// hands the key on (a row read as marked after the place was written
+		// stays marked while the place is live: it is unmarked only by a
+		// handoff that finds no live place). A release that ran before handed
+		// the key to no one: attempt again.
+		if !ws.queued {
+			if _, err := b.exec(ctx, b.q.mark, req.Key); err != nil {
+				return driver.Grant{}, b.ctxErr(ctx, err)
+			}
+		}
 		if g, ok, err = b.attempt(ctx, req); err != nil {
 			return driver.Grant{}, err
 		}
@@ -472,37 +480,47 @@ func (b *Backend) handedGrant(key, owner string, tok uint64) (driver.Grant, bool
 // to the caller's place (a wake-up lost: the grant is claimed here), whether the
 // place has had its turn otherwise (it is then made again at the end of the
 // line), and the holder's TTL left.
-// The grant is zero and err a HeldError otherwise; free says that the key's row
-// was not live.
-func (b *Backend) refused(ctx context.Context, req driver.Request) (g driver.Grant, free bool, err error) {
-	us, claim, tok, consumed, err := b.waitState(ctx, req.Key, req.Owner)
+// The grant is zero and err a HeldError otherwise.
+func (b *Backend) refused(ctx context.Context, req driver.Request) (driver.Grant, waitState, error) {
+	ws, err := b.waitState(ctx, req.Key, req.Owner)
 	if err != nil {
-		return driver.Grant{}, false, b.ctxErr(ctx, err)
+		return driver.Grant{}, ws, b.ctxErr(ctx, err)
 	}
-	if claim {
-		if g, ok := b.handedGrant(req.Key, req.Owner, tok); ok {
-			return g, false, nil
+	if ws.claim {
+		if g, ok := b.handedGrant(req.Key, req.Owner, ws.tok); ok {
+			return g, ws, nil
 		}
 	}
-	if consumed {
+	if ws.consumed {
 		if err := b.dropPlace(ctx, req.Key, req.Owner); err != nil {
-			return driver.Grant{}, false, b.ctxErr(ctx, err)
+			return driver.Grant{}, ws, b.ctxErr(ctx, err)
 		}
 	}
-	return driver.Grant{}, us <= 0, &driver.HeldError{RetryAfter: time.Duration(us) * time.Microsecond}
+	return driver.Grant{}, ws, &driver.HeldError{RetryAfter: time.Duration(ws.us) * time.Microsecond}
 }
 
 // waitState reads the holder's TTL left, whether the key is handed to the
 // caller's place made by this client (and its token), and whether that place has
 // had its turn.
-func (b *Backend) waitState(ctx context.Context, key, owner string) (us int64, claim bool, tok uint64, consumed bool, err error) {
+func (b *Backend) waitState(ctx context.Context, key, owner string) (ws waitState, err error) {
 	var handed bool
 	var nonce []byte
-	err = b.db.QueryRowContext(ctx, b.q.waitState, owner, owner, key).Scan(&us, &handed, &nonce, &tok, &consumed)
+	err = b.db.QueryRowContext(ctx, b.q.waitState, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, 0, false, nil
+		return waitState{}, nil
 	}
-	return us, handed && b.ownPlace(key, owner, nonce), tok, consumed, err
+	ws.claim = handed && b.ownPlace(key, owner, nonce)
+	return ws, err
+}
+
+// waitState is what a waiter reads of its key: the holder's TTL left in
+// microseconds (0: free), whether the key is handed to its place (claim, tok),
+// whether the place had its turn otherwise, and whether the row is marked queued.
+type waitState struct {
+	us               int64
+	claim            bool
+	tok              uint64
+	consumed, queued bool
 }
 
 // ownPlace reports whether nonce is that of the caller's place this client made.

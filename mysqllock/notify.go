@@ -31,8 +31,8 @@ func newPlace() *place {
 
 // queue makes (or renews) the caller's place at the end of the key's queue, with
 // its client's listening connection for the wake-up and the grant's TTL for a
-// handoff, and marks the key's row as having places, so that its release hands the
-// key on. It reports whether the place is new to this client: a place already made
+// handoff (Acquire then marks the key's row as having places if it is not, so
+// that its release hands the key on). It reports whether the place is new to this client: a place already made
 // only has its patience renewed.
 func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	id, err := b.lst.ensure(ctx)
@@ -49,13 +49,7 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	if _, err := b.exec(ctx, b.q.enqueue, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
-	if had {
-		return false, nil
-	}
-	if _, err := b.exec(ctx, b.q.mark, req.Key); err != nil {
-		return false, b.ctxErr(ctx, err)
-	}
-	return true, nil
+	return !had, nil
 }
 
 // dropPlace deletes the caller's place, if this client made one.
@@ -138,11 +132,11 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	if _, err := b.exec(ctx, b.q.lapse, w.key, w.owner); err != nil {
 		return b.ctxErr(ctx, err)
 	}
-	_, claim, _, _, err := b.waitState(ctx, w.key, w.owner)
+	ws, err := b.waitState(ctx, w.key, w.owner)
 	if err != nil {
 		return b.ctxErr(ctx, err)
 	}
-	if claim {
+	if ws.claim {
 		if err := b.handOn(ctx, b.q.handoff, w.key, w.owner); err != nil && !errors.Is(err, driver.ErrNotHeld) {
 			return err
 		}
