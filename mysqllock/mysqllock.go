@@ -23,7 +23,9 @@
 // at once create them once; a client without the CREATE privilege works on tables an
 // administrator made, and is refused with an error matching driver.ErrAuth when
 // they are missing). Tables made before the value columns existed get them at
-// Open (ALTER TABLE ... ADD COLUMN, which needs the ALTER privilege once):
+// Open (ALTER TABLE ... ADD COLUMN, which needs the ALTER privilege once; so do
+// the handoff columns handed, ttl and nonce; clients of a version before them must
+// not share the tables with clients of this one):
 //
 //	CREATE TABLE dlock_locks (
 //	    lock_key   VARBINARY(512) NOT NULL PRIMARY KEY,
@@ -31,7 +33,8 @@
 //	    value      VARBINARY(4096) NULL,     -- the grant's value (driver.Valuer)
 //	    token      BIGINT UNSIGNED NOT NULL, -- fencing token of the last grant
 //	    expires_at DATETIME(6) NOT NULL,     -- server clock, UTC: UTC_TIMESTAMP(6) + TTL
-//	    queued     TINYINT NOT NULL DEFAULT 0 -- places may be queued
+//	    queued     TINYINT NOT NULL DEFAULT 0, -- places may be queued
+//	    handed     BIGINT UNSIGNED NOT NULL DEFAULT 0 -- id of the last place granted the key
 //	) ENGINE=InnoDB;
 //	CREATE TABLE dlock_locks_queue (
 //	    id         BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, -- line order
@@ -39,6 +42,8 @@
 //	    owner      VARBINARY(128) NOT NULL,  -- the waiter
 //	    value      VARBINARY(4096) NULL,     -- the value its grant will have
 //	    conn       BIGINT UNSIGNED NOT NULL, -- its client's listening connection
+//	    ttl        BIGINT UNSIGNED NOT NULL DEFAULT 0, -- its grant's TTL (µs)
+//	    nonce      VARBINARY(16) NOT NULL DEFAULT '', -- written by the place's insert
 //	    expires_at DATETIME(6) NOT NULL,     -- the place lapses: now + patience
 //	    UNIQUE KEY place (lock_key, owner), KEY conn (conn)
 //	) ENGINE=InnoDB;
@@ -64,28 +69,47 @@
 // caller was granted: an uncontended acquire is one round trip (a refused one reads
 // the holder's remaining TTL in a second, driver.HeldError.RetryAfter). Refresh and
 // Release are one UPDATE each, comparing the owner and the expiry; Release clears
-// the owner, sets the expiry in the past and returns the queued flag (through
-// LAST_INSERT_ID again), so an uncontended cycle is two statements, like the
-// INSERT + DELETE floor. Expiry is computed by the server, UTC_TIMESTAMP(6) + TTL,
+// the owner and sets the expiry in the past when no place is queued (the row's
+// queued mark), so an uncontended cycle is two statements, like the INSERT +
+// DELETE floor; otherwise it hands the key on (see Waiting). Expiry is computed by the server, UTC_TIMESTAMP(6) + TTL,
 // so client clocks (and the session time zone) never matter.
 //
 // # Waiting
 //
 // MySQL has no LISTEN/NOTIFY. Each client keeps one listening connection (opened by
-// its first wait, closed by Close) that sleeps in DO SLEEP(3600). A refused attempt
-// that will wait upserts its place (its owner, that connection's CONNECTION_ID()
-// and an expiry of its patience) in the queue table, marks the key's row queued,
-// and tries once more (a release that came before the place woke no one). A
-// release or force release that finds the row marked reads the first live place of
-// the key, if the key is still free, and ends that client's sleep with KILL QUERY
-// <its connection id>: the listener then reads which of its places are first in
-// line for a free key (one query) and wakes those waiters alone, which attempt and
-// take the key; with no live place left the row is unmarked. A waiter that gives up
-// deletes its place and wakes the next one the same way; a crashed waiter's place
-// lapses after its patience (the key stays free, and newcomers refused, until
-// then). A wake-up lost (the listener between two sleeps, a connection lost) is
-// covered by the core's bounded fallback retry; queued waiters' retries renew their
-// place, one write each.
+// its first wait, closed by Close) that sleeps in SELECT SLEEP(3600). A refused
+// attempt that will wait upserts its place (its owner, that connection's
+// CONNECTION_ID(), its grant's TTL and value, a random nonce written by the insert
+// alone, and an expiry of its patience) in the queue table; a new place then reads
+// the key's row (one read): a row not marked queued is marked and attempted once
+// more (a release that came before the place handed the key to no one).
+//
+// A release of a marked row (or of a key this client was just granted through its
+// place) is one statement, a multi-table UPDATE, that hands the key directly to the
+// first live place after the row's handed mark (driver.Waiter's direct handoff):
+// the row becomes that place's grant, with the token plus one, the place's value
+// and an expiry of the place's TTL on the server clock, and handed = the place's
+// id (places are handed the key in id order, so every place up to that id has had
+// its turn and none is handed the key twice); the statement returns that place's
+// listening connection through LAST_INSERT_ID, and the releaser ends its sleep with
+// KILL QUERY <connection id>. With no live place the row is released and
+// unmarked. The woken listener reads the live grants handed to its places (one
+// read, no write) and gives each to its waiter, whose next Acquire returns it
+// without a statement, with Grant.Age counted from when the place was first
+// written (the key was handed after that). The place, which had its turn, is
+// deleted in the background. The listener's sleep first checks for grants it has
+// not delivered, so a KILL that came between two of its statements is not lost;
+// a wake-up lost otherwise (a connection lost) is covered by the core's bounded
+// fallback retry, whose attempt claims a grant handed to the caller's own place
+// (the place's nonce is this client's), or re-enters it (Request.Reenter).
+// Queued waiters' retries renew their place, one write each.
+//
+// A newcomer does not pass a live place not yet handed the key (FIFO). A waiter
+// that gives up makes its place lapse first (no release hands it the key after
+// that), then hands on a grant already handed to its place, whether its Acquire
+// returned it or not, and deletes the place. A crashed waiter's place lapses after
+// its patience; a key handed to it before that is held for the place's TTL, like
+// a crashed holder's grant, and then taken by the next waiter's retry.
 //
 // KILL QUERY needs no privilege for connections of the same MySQL user (the usual
 // case: all clients share a user); for another user's it needs CONNECTION ADMIN or
@@ -94,9 +118,10 @@
 // place left by a crashed client names no other session while it lives.
 //
 // Costs: one connection per client for waiting, whatever the number of waiters (the
-// pool's other connections are shared, at most max_conns in all). A handoff is the
-// release, one read and a KILL by the releaser, one read by the woken listener, and
-// the waiter's acquire and the deletion of its place.
+// pool's other connections are shared, at most max_conns in all). A handoff is one
+// write (the release, which grants the key) and a KILL by the releaser, and one read
+// by the woken listener; the waiter's place costs one write to make (and a read of
+// the row), and one to delete, off the handoff's path.
 //
 // # Several keys at once
 //
