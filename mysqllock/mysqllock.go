@@ -82,7 +82,9 @@
 // CONNECTION_ID(), its grant's TTL and value, a random nonce written by the insert
 // alone, and an expiry of its patience) in the queue table; a new place then reads
 // the key's row (one read): a row not marked queued is marked and attempted once
-// more (a release that came before the place handed the key to no one).
+// more (a release that came before the place handed the key to no one). A waiting
+// Lock of a key this client handed on to a waiter less than 20 ms before queues
+// at once, without first making the attempt that would most likely be refused.
 //
 // A release of a marked row (or of a key this client was just granted through its
 // place) is one statement, a multi-table UPDATE, that hands the key directly to the
@@ -222,6 +224,7 @@ type Backend struct {
 	lst      *listener
 	places   sync.Map       // placeKey -> *place: places this client queued
 	hot      sync.Map       // key -> struct{}: granted to a queued place (its release hands the key on at once)
+	handedOn sync.Map       // key -> time.Time: when this client last handed the key to a waiter
 	dropping sync.Map       // placeKey -> chan struct{}: closed when the deletion is done
 	drops    sync.WaitGroup // deletions of places that had their turn, under way
 }
@@ -307,7 +310,7 @@ func newStatements(table string) statements {
 		// the key was handed to the caller's place on this client's listening
 		// connection (and its token), and whether that place has had its turn.
 		waitState: "SELECT IF(l.expires_at > " + now + ", TIMESTAMPDIFF(MICROSECOND, " + now + ", l.expires_at), 0), " +
-			"IFNULL(l.owner = ? AND l.expires_at > " + now + " AND m.id = l.handed, 0), IFNULL(m.nonce, ''), l.token, IFNULL(m.id <= l.handed, 0), l.queued " +
+			"IFNULL(l.owner = ? AND l.expires_at > " + now + " AND m.id = l.handed, 0), IFNULL(m.nonce, ''), l.token, IFNULL(m.id <= l.handed, 0), l.queued, l.owner = ? AND l.expires_at > " + now + " " +
 			"FROM " + t + " l LEFT JOIN " + qt + " m ON m.lock_key = l.lock_key AND m.owner = ? WHERE l.lock_key = ?",
 		// grants: the live grants handed to places of a listening connection.
 		// sleep: the listener's sleep, unless a grant not yet delivered is
@@ -443,12 +446,20 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			}
 		}
 	}
-	g, ok, err := b.attempt(ctx, req)
-	if err != nil {
-		return driver.Grant{}, err
-	}
-	if !ok && !req.Wait {
-		return driver.Grant{}, b.held(ctx, req.Key)
+	// The first waiting attempt on a key this client lately handed on queues
+	// at once: the attempt would most likely be refused, after waiting for the
+	// row's lock.
+	var g driver.Grant
+	var ok bool
+	var err error
+	skipped := req.Wait && b.lst.firstAttempt(req.Key, req.Owner) && b.contended(req.Key)
+	if !skipped {
+		if g, ok, err = b.attempt(ctx, req); err != nil {
+			return driver.Grant{}, err
+		}
+		if !ok && !req.Wait {
+			return driver.Grant{}, b.held(ctx, req.Key)
+		}
 	}
 	if !ok {
 		fresh, qerr := b.queue(ctx, req)
@@ -457,7 +468,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		}
 		var ws waitState
 		g, ws, err = b.refused(ctx, req)
-		if !errors.Is(err, driver.ErrLocked) || !fresh || (ws.queued && ws.us > 0) {
+		if !errors.Is(err, driver.ErrLocked) || !fresh || (ws.queued && ws.us > 0 && !(skipped && ws.mine)) {
 			return g, err
 		}
 		// A new place on a row not marked queued: mark it, so that its release
@@ -530,7 +541,7 @@ func (b *Backend) refused(ctx context.Context, req driver.Request) (driver.Grant
 func (b *Backend) waitState(ctx context.Context, key, owner string) (ws waitState, err error) {
 	var handed bool
 	var nonce []byte
-	err = b.db.QueryRowContext(ctx, b.q.waitState, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued)
+	err = b.db.QueryRowContext(ctx, b.q.waitState, owner, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued, &ws.mine)
 	if errors.Is(err, sql.ErrNoRows) {
 		return waitState{}, nil
 	}
@@ -540,12 +551,23 @@ func (b *Backend) waitState(ctx context.Context, key, owner string) (ws waitStat
 
 // waitState is what a waiter reads of its key: the holder's TTL left in
 // microseconds (0: free), whether the key is handed to its place (claim, tok),
-// whether the place had its turn otherwise, and whether the row is marked queued.
+// whether the place had its turn otherwise, whether the row is marked queued, and
+// whether the caller's owner holds the key (mine).
 type waitState struct {
-	us               int64
-	claim            bool
-	tok              uint64
-	consumed, queued bool
+	us                     int64
+	claim                  bool
+	tok                    uint64
+	consumed, queued, mine bool
+}
+
+// contendedFor is how long after this client handed a key on to a waiter its
+// next waiting Lock of the key queues before attempting.
+const contendedFor = 20 * time.Millisecond
+
+// contended reports whether this client handed key on to a waiter lately.
+func (b *Backend) contended(key string) bool {
+	t, ok := b.handedOn.Load(key)
+	return ok && time.Since(t.(time.Time)) < contendedFor
 }
 
 // ownPlace reports whether nonce is that of the caller's place this client made.
@@ -654,7 +676,10 @@ func (b *Backend) handOn(ctx context.Context, query string, args ...any) error {
 	}
 	conn, _ := res.LastInsertId()
 	if conn != 0 {
+		b.handedOn.Store(args[0], time.Now())
 		b.wake(ctx, uint64(conn))
+	} else {
+		b.handedOn.Delete(args[0])
 	}
 	return nil
 }

@@ -110,6 +110,7 @@ type waiter struct {
 	b          *Backend
 	key, owner string
 	c          chan struct{}
+	attempted  bool   // an Acquire of this wait was made; under the listener's mu
 	handed     uint64 // the token of a grant handed to the place, not yet returned; under the listener's mu
 	nonce      []byte // that place's nonce
 }
@@ -179,6 +180,21 @@ func (l *listener) remove(w *waiter) {
 	l.mu.Lock()
 	delete(l.waiters, w)
 	l.mu.Unlock()
+}
+
+// firstAttempt reports whether a wait of key and owner is registered and has not
+// attempted yet (and notes that it now has).
+func (l *listener) firstAttempt(key, owner string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for w := range l.waiters {
+		if w.key == key && w.owner == owner {
+			first := !w.attempted
+			w.attempted = true
+			return first
+		}
+	}
+	return false
 }
 
 // takeHanded returns, once, the token of a grant the listener read as handed to
