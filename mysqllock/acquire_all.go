@@ -37,7 +37,7 @@ func (b *Backend) acquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 	gs := make([]driver.Grant, len(reqs))
 	for i, req := range reqs {
 		res, err := tx.ExecContext(ctx, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
-			req.Key, req.Owner, req.Key, req.Owner, false)
+			req.Key, req.Owner, req.Key, req.Owner, req.Key, req.Owner, false)
 		var n, tok int64
 		if err == nil {
 			n, err = res.RowsAffected()

@@ -21,8 +21,8 @@ func BenchmarkCycle(b *testing.B) {
 }
 
 // BenchmarkHandoff measures the time from a release to the waiting client's Lock
-// returning (release, KILL QUERY of the waiter's listening connection, its read,
-// the waiter's acquire).
+// returning (the release, which grants the key to the waiter's place, KILL QUERY
+// of the waiter's listening connection, and its read of the grant).
 func BenchmarkHandoff(b *testing.B) {
 	srv := testserver.StartMariaDB(b)
 	drivertest.BenchHandoff(b, harness(b, srv))

@@ -23,7 +23,9 @@
 // at once create them once; a client without the CREATE privilege works on tables an
 // administrator made, and is refused with an error matching driver.ErrAuth when
 // they are missing). Tables made before the value columns existed get them at
-// Open (ALTER TABLE ... ADD COLUMN, which needs the ALTER privilege once):
+// Open (ALTER TABLE ... ADD COLUMN, which needs the ALTER privilege once; so do
+// the handoff columns handed, ttl and nonce; clients of a version before them must
+// not share the tables with clients of this one):
 //
 //	CREATE TABLE dlock_locks (
 //	    lock_key   VARBINARY(512) NOT NULL PRIMARY KEY,
@@ -31,7 +33,8 @@
 //	    value      VARBINARY(4096) NULL,     -- the grant's value (driver.Valuer)
 //	    token      BIGINT UNSIGNED NOT NULL, -- fencing token of the last grant
 //	    expires_at DATETIME(6) NOT NULL,     -- server clock, UTC: UTC_TIMESTAMP(6) + TTL
-//	    queued     TINYINT NOT NULL DEFAULT 0 -- places may be queued
+//	    queued     TINYINT NOT NULL DEFAULT 0, -- places may be queued
+//	    handed     BIGINT UNSIGNED NOT NULL DEFAULT 0 -- id of the last place granted the key
 //	) ENGINE=InnoDB;
 //	CREATE TABLE dlock_locks_queue (
 //	    id         BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, -- line order
@@ -39,6 +42,8 @@
 //	    owner      VARBINARY(128) NOT NULL,  -- the waiter
 //	    value      VARBINARY(4096) NULL,     -- the value its grant will have
 //	    conn       BIGINT UNSIGNED NOT NULL, -- its client's listening connection
+//	    ttl        BIGINT UNSIGNED NOT NULL DEFAULT 0, -- its grant's TTL (µs)
+//	    nonce      VARBINARY(16) NOT NULL DEFAULT '', -- written by the place's insert
 //	    expires_at DATETIME(6) NOT NULL,     -- the place lapses: now + patience
 //	    UNIQUE KEY place (lock_key, owner), KEY conn (conn)
 //	) ENGINE=InnoDB;
@@ -64,28 +69,49 @@
 // caller was granted: an uncontended acquire is one round trip (a refused one reads
 // the holder's remaining TTL in a second, driver.HeldError.RetryAfter). Refresh and
 // Release are one UPDATE each, comparing the owner and the expiry; Release clears
-// the owner, sets the expiry in the past and returns the queued flag (through
-// LAST_INSERT_ID again), so an uncontended cycle is two statements, like the
-// INSERT + DELETE floor. Expiry is computed by the server, UTC_TIMESTAMP(6) + TTL,
+// the owner and sets the expiry in the past when no place is queued (the row's
+// queued mark), so an uncontended cycle is two statements, like the INSERT +
+// DELETE floor; otherwise it hands the key on (see Waiting). Expiry is computed by the server, UTC_TIMESTAMP(6) + TTL,
 // so client clocks (and the session time zone) never matter.
 //
 // # Waiting
 //
 // MySQL has no LISTEN/NOTIFY. Each client keeps one listening connection (opened by
-// its first wait, closed by Close) that sleeps in DO SLEEP(3600). A refused attempt
-// that will wait upserts its place (its owner, that connection's CONNECTION_ID()
-// and an expiry of its patience) in the queue table, marks the key's row queued,
-// and tries once more (a release that came before the place woke no one). A
-// release or force release that finds the row marked reads the first live place of
-// the key, if the key is still free, and ends that client's sleep with KILL QUERY
-// <its connection id>: the listener then reads which of its places are first in
-// line for a free key (one query) and wakes those waiters alone, which attempt and
-// take the key; with no live place left the row is unmarked. A waiter that gives up
-// deletes its place and wakes the next one the same way; a crashed waiter's place
-// lapses after its patience (the key stays free, and newcomers refused, until
-// then). A wake-up lost (the listener between two sleeps, a connection lost) is
-// covered by the core's bounded fallback retry; queued waiters' retries renew their
-// place, one write each.
+// its first wait, closed by Close) that sleeps in SELECT SLEEP(3600). A refused
+// attempt that will wait upserts its place (its owner, that connection's
+// CONNECTION_ID(), its grant's TTL and value, a random nonce written by the insert
+// alone, and an expiry of its patience) in the queue table; a new place then reads
+// the key's row (one read): a row not marked queued is marked and attempted once
+// more (a release that came before the place handed the key to no one). A waiting
+// Lock of a key this client handed on to a waiter less than 20 ms before queues
+// at once, without first making the attempt that would most likely be refused.
+//
+// A release of a marked row (or of a key this client was just granted through its
+// place) is one statement, a multi-table UPDATE, that hands the key directly to the
+// first live place after the row's handed mark (driver.Waiter's direct handoff):
+// the row becomes that place's grant, with the token plus one, the place's value
+// and an expiry of the place's TTL on the server clock, and handed = the place's
+// id (places are handed the key in id order, so every place up to that id has had
+// its turn and none is handed the key twice); the statement returns that place's
+// listening connection through LAST_INSERT_ID, and the releaser ends its sleep with
+// KILL QUERY <connection id>. With no live place the row is released and
+// unmarked. The woken listener reads the live grants handed to its places (one
+// read, no write) and gives each to its waiter, whose next Acquire returns it
+// without a statement, with Grant.Age counted from when the place was first
+// written (the key was handed after that). The place, which had its turn, is
+// deleted in the background. The listener's sleep first checks for grants it has
+// not delivered, so a KILL that came between two of its statements is not lost;
+// a wake-up lost otherwise (a connection lost) is covered by the core's bounded
+// fallback retry, whose attempt claims a grant handed to the caller's own place
+// (the place's nonce is this client's), or re-enters it (Request.Reenter).
+// Queued waiters' retries renew their place, one write each.
+//
+// A newcomer does not pass a live place not yet handed the key (FIFO). A waiter
+// that gives up makes its place lapse first (no release hands it the key after
+// that), then hands on a grant already handed to its place, whether its Acquire
+// returned it or not, and deletes the place. A crashed waiter's place lapses after
+// its patience; a key handed to it before that is held for the place's TTL, like
+// a crashed holder's grant, and then taken by the next waiter's retry.
 //
 // KILL QUERY needs no privilege for connections of the same MySQL user (the usual
 // case: all clients share a user); for another user's it needs CONNECTION ADMIN or
@@ -94,9 +120,10 @@
 // place left by a crashed client names no other session while it lives.
 //
 // Costs: one connection per client for waiting, whatever the number of waiters (the
-// pool's other connections are shared, at most max_conns in all). A handoff is the
-// release, one read and a KILL by the releaser, one read by the woken listener, and
-// the waiter's acquire and the deletion of its place.
+// pool's other connections are shared, at most max_conns in all). A handoff is one
+// write (the release, which grants the key) and a KILL by the releaser, and one read
+// by the woken listener; the waiter's place costs one write to make (and a read of
+// the row), and one to delete, off the handoff's path.
 //
 // # Several keys at once
 //
@@ -155,6 +182,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -189,12 +217,16 @@ const DefaultTable = "dlock_locks"
 // use.
 type Backend struct {
 	config
-	db     *sql.DB
-	own    bool
-	closed atomic.Bool
-	q      statements
-	lst    *listener
-	places sync.Map // driver.Holder-like placeKey -> struct{}: places this client queued
+	db       *sql.DB
+	own      bool
+	closed   atomic.Bool
+	q        statements
+	lst      *listener
+	places   sync.Map       // placeKey -> *place: places this client queued
+	hot      sync.Map       // key -> struct{}: granted to a queued place (its release hands the key on at once)
+	handedOn sync.Map       // key -> time.Time: when this client last handed the key to a waiter
+	dropping sync.Map       // placeKey -> chan struct{}: closed when the deletion is done
+	drops    sync.WaitGroup // deletions of places that had their turn, under way
 }
 
 var (
@@ -205,9 +237,9 @@ var (
 )
 
 type statements struct {
-	acquire, heldTTL, owned, refresh, release, inspect, force string
-	enqueue, mark, withdraw, next, unmark, firsts             string
-	queue, list, setValue                                     string
+	acquire, heldTTL, owned, refresh, release, handoff, inspect, force string
+	enqueue, mark, withdraw, waitState, grants, sleep, lapse           string
+	queue, list, setValue                                              string
 }
 
 // released is the expiry of a released row: long past.
@@ -217,15 +249,38 @@ func newStatements(table string) statements {
 	t := "`" + table + "`"
 	qt := "`" + table + queueSuffix + "`"
 	const now = "UTC_TIMESTAMP(6)"
+	// mine is the caller's place (lock_key, owner).
+	mine := "(SELECT m.id FROM " + qt + " m WHERE m.lock_key = ? AND m.owner = ?)"
+	// handoff releases the row of a key (comparing the owner, or not: ForceRelease)
+	// and grants it to the first live place after the last one handed the key, in
+	// one statement: the place's owner, value and TTL (on the server clock), a new
+	// token, handed = the place's id. LAST_INSERT_ID returns that place's listening
+	// connection (0: no live place, the row is released and unmarked). The
+	// assignments do not read each other (a multi-table UPDATE does not promise
+	// their order).
+	handoff := func(where string) string {
+		return "UPDATE " + t + " l LEFT JOIN " + qt + " p ON p.id = (SELECT q.id FROM " + qt + " q WHERE q.lock_key = l.lock_key" +
+			" AND q.id > l.handed AND q.expires_at > " + now + " ORDER BY q.id LIMIT 1) SET " +
+			"l.token = IF(p.id IS NULL, l.token, l.token + 1), " +
+			"l.owner = IFNULL(p.owner, ''), l.value = p.value, " +
+			"l.expires_at = IF(p.id IS NULL, '" + released + "', " + now + " + INTERVAL p.ttl MICROSECOND), " +
+			"l.handed = IFNULL(p.id, l.handed), " +
+			"l.queued = (LAST_INSERT_ID(IFNULL(p.conn, 0)) <> 0) " +
+			"WHERE l.lock_key = ? AND " + where + "l.expires_at > " + now
+	}
 	return statements{
 		acquire: "INSERT INTO " + t + " (lock_key, owner, value, token, expires_at) VALUES (?, ?, ?, " +
 			"LAST_INSERT_ID(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000)), " + now + " + INTERVAL ? MICROSECOND) " +
 			"ON DUPLICATE KEY UPDATE " +
 			// @dlock_free: the row is free (released or expired) and no live
-			// place of another owner is queued ahead of the caller's (FIFO).
+			// place of another owner, not yet handed the key, is queued ahead of
+			// the caller's (FIFO).
 			"token = LAST_INSERT_ID(IF(@dlock_free := (expires_at <= " + now + " AND NOT EXISTS (SELECT 1 FROM " + qt +
-			" a WHERE a.lock_key = ? AND a.owner <> ? AND a.expires_at > " + now +
-			" AND a.id < IFNULL((SELECT m.id FROM " + qt + " m WHERE m.lock_key = ? AND m.owner = ?), 18446744073709551615))), token + 1, token)), " +
+			" a WHERE a.lock_key = ? AND a.owner <> ? AND a.expires_at > " + now + " AND a.id > handed" +
+			" AND a.id < IFNULL(" + mine + ", 18446744073709551615))), token + 1, token)), " +
+			// The caller's place, if any, has had its turn: a release does not
+			// hand the key to it again.
+			"handed = IF(@dlock_free, GREATEST(handed, IFNULL(" + mine + ", 0)), handed), " +
 			// owner is assigned before expires_at, which still holds the old
 			// expiry when its own condition is read (assignments run left to right).
 			"owner = IF(@dlock_free, VALUES(owner), owner), " +
@@ -236,26 +291,39 @@ func newStatements(table string) statements {
 		heldTTL: "SELECT TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at) FROM " + t + " WHERE lock_key = ? AND expires_at > " + now,
 		owned:   "SELECT token FROM " + t + " WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
 		refresh: "UPDATE " + t + " SET expires_at = " + now + " + INTERVAL ? MICROSECOND WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
-		// The release hands back whether places were queued (queued, through
-		// LAST_INSERT_ID), so that only a contended release looks for a waiter.
-		release: "UPDATE " + t + " SET owner = '', value = NULL, expires_at = '" + released + "', queued = LAST_INSERT_ID(queued) WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
+		// The plain release is for a row with no place queued; a queued row is
+		// left to handoff.
+		release: "UPDATE " + t + " SET owner = '', value = NULL, expires_at = '" + released + "' WHERE lock_key = ? AND owner = ? AND expires_at > " + now + " AND queued = 0",
+		handoff: handoff("l.owner = ? AND "),
+		force:   handoff(""),
 		inspect: "SELECT owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
-			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + ") FROM " + t + " l WHERE lock_key = ? AND expires_at > " + now,
-		enqueue: "INSERT INTO " + qt + " (lock_key, owner, value, conn, expires_at) VALUES (?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND) " +
-			"ON DUPLICATE KEY UPDATE value = VALUES(value), conn = VALUES(conn), expires_at = VALUES(expires_at)",
+			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + " AND q.id > l.handed) FROM " + t + " l WHERE lock_key = ? AND expires_at > " + now,
+		// A place's nonce is written by the insert alone: a grant handed to the
+		// place is claimed only by the waiter whose insert made it.
+		enqueue: "INSERT INTO " + qt + " (lock_key, owner, value, conn, ttl, nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND) " +
+			"ON DUPLICATE KEY UPDATE conn = VALUES(conn), value = VALUES(value), ttl = VALUES(ttl), expires_at = VALUES(expires_at)",
 		mark:     "UPDATE " + t + " SET queued = 1 WHERE lock_key = ? AND queued = 0",
 		withdraw: "DELETE FROM " + qt + " WHERE lock_key = ? AND owner = ?",
-		next: "SELECT q.conn FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key WHERE q.lock_key = ? AND q.expires_at > " + now +
-			" AND l.expires_at <= " + now + " ORDER BY q.id LIMIT 1",
-		firsts: "SELECT q.lock_key FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key WHERE q.conn = ? AND q.expires_at > " + now +
-			" AND l.expires_at <= " + now + " AND NOT EXISTS (SELECT 1 FROM " + qt + " a WHERE a.lock_key = q.lock_key AND a.expires_at > " + now + " AND a.id < q.id)",
-		unmark:   "UPDATE " + t + " SET queued = 0 WHERE lock_key = ? AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + ")",
-		force:    "UPDATE " + t + " SET owner = '', value = NULL, expires_at = '" + released + "', queued = LAST_INSERT_ID(queued) WHERE lock_key = ? AND expires_at > " + now,
+		// lapse ends a place that gives up: no handoff picks it after this.
+		lapse: "UPDATE " + qt + " SET expires_at = '" + released + "' WHERE lock_key = ? AND owner = ?",
+		// waitState, for a refused waiting attempt: the holder's TTL left, whether
+		// the key was handed to the caller's place on this client's listening
+		// connection (and its token), and whether that place has had its turn.
+		waitState: "SELECT IF(l.expires_at > " + now + ", TIMESTAMPDIFF(MICROSECOND, " + now + ", l.expires_at), 0), " +
+			"IFNULL(l.owner = ? AND l.expires_at > " + now + " AND m.id = l.handed, 0), IFNULL(m.nonce, ''), l.token, IFNULL(m.id <= l.handed, 0), l.queued, l.owner = ? AND l.expires_at > " + now + " " +
+			"FROM " + t + " l LEFT JOIN " + qt + " m ON m.lock_key = l.lock_key AND m.owner = ? WHERE l.lock_key = ?",
+		// grants: the live grants handed to places of a listening connection.
+		// sleep: the listener's sleep, unless a grant not yet delivered is
+		// there already (handed before the sleep began, its KILL lost).
+		sleep: "SELECT IF(EXISTS(SELECT 1 FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
+			"WHERE q.conn = ? AND l.expires_at > " + now + " AND q.id NOT IN (%s)), 0, SLEEP(3600))",
+		grants: "SELECT q.id, q.lock_key, q.owner, q.nonce, l.token FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
+			"WHERE q.conn = ? AND l.expires_at > " + now,
 		setValue: "UPDATE " + t + " SET value = ? WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
 		queue: "SELECT q.owner, q.value, TIMESTAMPDIFF(MICROSECOND, " + now + ", q.expires_at) FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now +
-			" AND NOT EXISTS (SELECT 1 FROM " + t + " l WHERE l.lock_key = q.lock_key AND l.owner = q.owner AND l.expires_at > " + now + ") ORDER BY q.id",
+			" AND q.id > IFNULL((SELECT l.handed FROM " + t + " l WHERE l.lock_key = q.lock_key), 0) ORDER BY q.id",
 		list: "SELECT lock_key, owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
-			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + ") FROM " + t +
+			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + " AND q.id > l.handed) FROM " + t +
 			" l WHERE lock_key >= ? AND LEFT(lock_key, ?) = ? AND expires_at > " + now + " ORDER BY lock_key",
 	}
 }
@@ -282,17 +350,24 @@ func newBackend(ctx context.Context, db *sql.DB, opts []Option) (*Backend, error
 // first so that a user without the CREATE privilege can use tables made for it.
 func (b *Backend) ensureSchema(ctx context.Context) error {
 	t, qt := "`"+b.table+"`", "`"+b.table+queueSuffix+"`"
-	_, err1 := b.db.ExecContext(ctx, "SELECT lock_key, owner, value, token, expires_at, queued FROM "+t+" LIMIT 0")
-	_, err2 := b.db.ExecContext(ctx, "SELECT id, lock_key, owner, value, conn, expires_at FROM "+qt+" LIMIT 0")
+	_, err1 := b.db.ExecContext(ctx, "SELECT lock_key, owner, value, token, expires_at, queued, handed FROM "+t+" LIMIT 0")
+	_, err2 := b.db.ExecContext(ctx, "SELECT id, lock_key, owner, value, conn, ttl, nonce, expires_at FROM "+qt+" LIMIT 0")
 	if err1 == nil && err2 == nil {
 		return nil
 	}
+	// Columns added since the first version: tables made before get them here.
+	added := [][]string{
+		{"value VARBINARY(4096) NULL", "handed BIGINT UNSIGNED NOT NULL DEFAULT 0"},
+		{"value VARBINARY(4096) NULL", "ttl BIGINT UNSIGNED NOT NULL DEFAULT 0", "nonce VARBINARY(16) NOT NULL DEFAULT ''"},
+	}
 	for i, err := range []error{err1, err2} {
-		if err != nil && isErr(err, 1054) { // ER_BAD_FIELD_ERROR: tables made before values
+		if err != nil && isErr(err, 1054) { // ER_BAD_FIELD_ERROR: a table made before a column
 			name := []string{t, qt}[i]
-			_, err = b.db.ExecContext(ctx, "ALTER TABLE "+name+" ADD COLUMN value VARBINARY(4096) NULL")
-			if err != nil && !isErr(err, 1060) { // ER_DUP_FIELDNAME: added meanwhile
-				return fmt.Errorf("add the value column to %s: %w", name, err)
+			for _, col := range added[i] {
+				_, err = b.db.ExecContext(ctx, "ALTER TABLE "+name+" ADD COLUMN "+col)
+				if err != nil && !isErr(err, 1060) { // ER_DUP_FIELDNAME: there already
+					return fmt.Errorf("add a column to %s: %w", name, err)
+				}
 			}
 		} else if err != nil && !isErr(err, 1146) { // ER_NO_SUCH_TABLE
 			return fmt.Errorf("read table %s: %w", b.table, err)
@@ -305,7 +380,8 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 			"value VARBINARY(4096) NULL, " +
 			"token BIGINT UNSIGNED NOT NULL, " +
 			"expires_at DATETIME(6) NOT NULL, " +
-			"queued TINYINT NOT NULL DEFAULT 0" +
+			"queued TINYINT NOT NULL DEFAULT 0, " +
+			"handed BIGINT UNSIGNED NOT NULL DEFAULT 0" +
 			") ENGINE=InnoDB",
 		"CREATE TABLE IF NOT EXISTS " + qt + " (" +
 			"id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, " +
@@ -313,6 +389,8 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 			"owner VARBINARY(128) NOT NULL, " +
 			"value VARBINARY(4096) NULL, " +
 			"conn BIGINT UNSIGNED NOT NULL, " +
+			"ttl BIGINT UNSIGNED NOT NULL DEFAULT 0, " +
+			"nonce VARBINARY(16) NOT NULL DEFAULT '', " +
 			"expires_at DATETIME(6) NOT NULL, " +
 			"UNIQUE KEY place (lock_key, owner), KEY conn (conn)" +
 			") ENGINE=InnoDB",
@@ -355,38 +433,152 @@ func (b *Backend) ctxErr(ctx context.Context, err error) error {
 // Acquire implements driver.Backend: one INSERT ... ON DUPLICATE KEY UPDATE. A
 // refused attempt that will wait takes (or renews) its place in the key's queue and
 // then tries once more, since a release that ran before the place was there woke
-// no one.
+// no one. A waiting attempt first returns a grant a release handed to its place
+// (see the package documentation, Waiting).
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	if b.closed.Load() {
 		return driver.Grant{}, driver.ErrClosed
 	}
-	g, ok, err := b.attempt(ctx, req)
-	if err == nil && !ok && req.Wait {
+	if req.Wait {
+		if tok, nonce, ok := b.lst.takeHanded(req.Key, req.Owner); ok && b.ownPlace(req.Key, req.Owner, nonce) {
+			if g, ok := b.handedGrant(req.Key, req.Owner, tok); ok {
+				return g, nil
+			}
+		}
+	}
+	// The first waiting attempt on a key this client lately handed on queues
+	// at once: the attempt would most likely be refused, after waiting for the
+	// row's lock.
+	var g driver.Grant
+	var ok bool
+	var err error
+	skipped := req.Wait && b.lst.firstAttempt(req.Key, req.Owner) && b.contended(req.Key)
+	if !skipped {
+		if g, ok, err = b.attempt(ctx, req); err != nil {
+			return driver.Grant{}, err
+		}
+		if !ok && !req.Wait {
+			return driver.Grant{}, b.held(ctx, req.Key)
+		}
+	}
+	if !ok {
 		fresh, qerr := b.queue(ctx, req)
 		if qerr != nil {
 			return driver.Grant{}, qerr
 		}
-		if fresh {
-			g, ok, err = b.attempt(ctx, req)
+		var ws waitState
+		g, ws, err = b.refused(ctx, req)
+		if !errors.Is(err, driver.ErrLocked) || !fresh || (ws.queued && ws.us > 0 && !(skipped && ws.mine)) {
+			return g, err
 		}
-	}
-	if err != nil {
-		return driver.Grant{}, err
-	}
-	if !ok {
-		return driver.Grant{}, b.held(ctx, req.Key)
+		// A new place on a row not marked queued: mark it, so that its release
+		// hands the key on (a row read as marked after the place was written
+		// stays marked while the place is live: it is unmarked only by a
+		// handoff that finds no live place). A release that ran before handed
+		// the key to no one: attempt again.
+		if !ws.queued {
+			if _, err := b.exec(ctx, b.q.mark, req.Key); err != nil {
+				return driver.Grant{}, b.ctxErr(ctx, err)
+			}
+		}
+		if g, ok, err = b.attempt(ctx, req); err != nil {
+			return driver.Grant{}, err
+		}
+		if !ok {
+			return driver.Grant{}, &driver.HeldError{}
+		}
 	}
 	if req.Wait {
 		// The grant stands if this fails; the place then lapses after its
-		// patience.
-		_ = b.dropPlace(ctx, req.Key, req.Owner)
+		// patience (and had its turn: no release hands it the key).
+		b.dropPlaceAsync(req.Key, req.Owner)
 	}
 	return g, nil
 }
 
+// handedGrant returns the grant of token handed to the caller's place, with its
+// Age: the key was handed after the insert that made the place (its nonce), sent
+// after since.
+func (b *Backend) handedGrant(key, owner string, tok uint64) (driver.Grant, bool) {
+	v, ok := b.places.Load(placeKey{key, owner})
+	if !ok {
+		return driver.Grant{}, false
+	}
+	age := time.Since(v.(*place).since)
+	if age <= 0 {
+		age = time.Nanosecond
+	}
+	b.dropPlaceAsync(key, owner)
+	return driver.Grant{Token: tok, Age: age}, true
+}
+
+// refused reads, for a refused waiting attempt, whether a release handed the key
+// to the caller's place (a wake-up lost: the grant is claimed here), whether the
+// place has had its turn otherwise (it is then made again at the end of the
+// line), and the holder's TTL left.
+// The grant is zero and err a HeldError otherwise.
+func (b *Backend) refused(ctx context.Context, req driver.Request) (driver.Grant, waitState, error) {
+	ws, err := b.waitState(ctx, req.Key, req.Owner)
+	if err != nil {
+		return driver.Grant{}, ws, b.ctxErr(ctx, err)
+	}
+	if ws.claim {
+		if g, ok := b.handedGrant(req.Key, req.Owner, ws.tok); ok {
+			return g, ws, nil
+		}
+	}
+	if ws.consumed {
+		if err := b.dropPlace(ctx, req.Key, req.Owner); err != nil {
+			return driver.Grant{}, ws, b.ctxErr(ctx, err)
+		}
+	}
+	return driver.Grant{}, ws, &driver.HeldError{RetryAfter: time.Duration(ws.us) * time.Microsecond}
+}
+
+// waitState reads the holder's TTL left, whether the key is handed to the
+// caller's place made by this client (and its token), and whether that place has
+// had its turn.
+func (b *Backend) waitState(ctx context.Context, key, owner string) (ws waitState, err error) {
+	var handed bool
+	var nonce []byte
+	err = b.db.QueryRowContext(ctx, b.q.waitState, owner, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued, &ws.mine)
+	if errors.Is(err, sql.ErrNoRows) {
+		return waitState{}, nil
+	}
+	ws.claim = handed && b.ownPlace(key, owner, nonce)
+	return ws, err
+}
+
+// waitState is what a waiter reads of its key: the holder's TTL left in
+// microseconds (0: free), whether the key is handed to its place (claim, tok),
+// whether the place had its turn otherwise, whether the row is marked queued, and
+// whether the caller's owner holds the key (mine).
+type waitState struct {
+	us                     int64
+	claim                  bool
+	tok                    uint64
+	consumed, queued, mine bool
+}
+
+// contendedFor is how long after this client handed a key on to a waiter its
+// next waiting Lock of the key queues before attempting.
+const contendedFor = 20 * time.Millisecond
+
+// contended reports whether this client handed key on to a waiter lately.
+func (b *Backend) contended(key string) bool {
+	t, ok := b.handedOn.Load(key)
+	return ok && time.Since(t.(time.Time)) < contendedFor
+}
+
+// ownPlace reports whether nonce is that of the caller's place this client made.
+func (b *Backend) ownPlace(key, owner string, nonce []byte) bool {
+	v, ok := b.places.Load(placeKey{key, owner})
+	return ok && len(nonce) > 0 && string(nonce) == v.(*place).nonce
+}
+
 func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant, bool, error) {
 	res, err := b.exec(ctx, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
-		req.Key, req.Owner, req.Key, req.Owner, req.Reenter)
+		req.Key, req.Owner, req.Key, req.Owner, req.Key, req.Owner, req.Reenter)
 	if err != nil {
 		return driver.Grant{}, false, b.ctxErr(ctx, err)
 	}
@@ -454,7 +646,26 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	res, err := b.exec(ctx, b.q.release, key, owner)
+	if _, hot := b.hot.LoadAndDelete(key); !hot {
+		res, err := b.exec(ctx, b.q.release, key, owner)
+		if err != nil {
+			return b.ctxErr(ctx, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return b.ctxErr(ctx, err)
+		} else if n == 1 {
+			return nil
+		}
+	}
+	// Not held, or places are queued (or were lately): hand the key to the
+	// first live place, if any.
+	return b.handOn(ctx, b.q.handoff, key, owner)
+}
+
+// handOn runs the handoff statement (handoff or force) and wakes the client of the
+// place it handed the key to.
+func (b *Backend) handOn(ctx context.Context, query string, args ...any) error {
+	res, err := b.exec(ctx, query, args...)
 	if err != nil {
 		return b.ctxErr(ctx, err)
 	}
@@ -463,8 +674,12 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	} else if n == 0 {
 		return driver.ErrNotHeld
 	}
-	if queued, _ := res.LastInsertId(); queued != 0 {
-		b.wakeNext(ctx, key)
+	conn, _ := res.LastInsertId()
+	if conn != 0 {
+		b.handedOn.Store(args[0], time.Now())
+		b.wake(ctx, uint64(conn))
+	} else {
+		b.handedOn.Delete(args[0])
 	}
 	return nil
 }
@@ -524,19 +739,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	res, err := b.exec(ctx, b.q.force, key)
-	if err != nil {
-		return b.ctxErr(ctx, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return b.ctxErr(ctx, err)
-	} else if n == 0 {
-		return driver.ErrNotHeld
-	}
-	if queued, _ := res.LastInsertId(); queued != 0 {
-		b.wakeNext(ctx, key)
-	}
-	return nil
+	return b.handOn(ctx, b.q.force, key)
 }
 
 // Close implements driver.Backend: when the backend was made by Open, it closes the
@@ -546,20 +749,31 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.lst.close()
+	b.drops.Wait()
 	if b.own {
 		return b.db.Close()
 	}
 	return nil
 }
 
-// exec runs one autocommitted statement, again if InnoDB chose it as a deadlock's
-// victim (it was then rolled back whole, so running it again is safe). The reads
+// exec runs one autocommitted statement, again (up to 16 times, after a short
+// random pause) if InnoDB chose it as a deadlock's victim (it was then rolled back
+// whole, so running it again is safe). The reads
 // of the queue table inside the acquire statement take shared locks (REPEATABLE
 // READ), which can meet a waiter's upsert of its place.
 func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	for i := 0; ; i++ {
 		res, err := b.db.ExecContext(ctx, query, args...)
-		if err == nil || i == 8 || !isErr(err, 1213) || ctx.Err() != nil {
+		if err == nil || i == 16 || !isErr(err, 1213) || ctx.Err() != nil {
+			return res, err
+		}
+		// After a jittered pause that grows, so that the transactions that met
+		// do not meet again at once.
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(i+1) * int64(time.Millisecond))))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
 			return res, err
 		}
 	}

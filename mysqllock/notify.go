@@ -2,8 +2,10 @@ package mysqllock
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -14,29 +16,40 @@ import (
 // placeKey names a queued place this client made.
 type placeKey struct{ key, owner string }
 
+// place is a queued place this client made: since is when its first write was
+// sent (a key handed to it was handed later), nonce what that write stored in it.
+type place struct {
+	since time.Time
+	nonce string
+}
+
+func newPlace() *place {
+	var n [16]byte
+	_, _ = rand.Read(n[:])
+	return &place{since: time.Now(), nonce: string(n[:])}
+}
+
 // queue makes (or renews) the caller's place at the end of the key's queue, with
-// its client's listening connection for the wake-up, and marks the key's row as
-// having places, so that its release looks for the first one.
-// It reports whether the place is new to this client: a place already made only
-// has its patience renewed.
+// its client's listening connection for the wake-up and the grant's TTL for a
+// handoff (Acquire then marks the key's row as having places if it is not, so
+// that its release hands the key on). It reports whether the place is new to this client: a place already made
+// only has its patience renewed.
 func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	id, err := b.lst.ensure(ctx)
 	if err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
+	pk := placeKey{req.Key, req.Owner}
+	if d, ok := b.dropping.Load(pk); ok {
+		<-d.(chan struct{}) // the deletion of this owner's last place first
+	}
 	// Remembered before the insert is sent: a withdrawal deletes the place even
 	// if the reply to the insert never came.
-	_, had := b.places.LoadOrStore(placeKey{req.Key, req.Owner}, struct{}{})
-	if _, err := b.exec(ctx, b.q.enqueue, req.Key, req.Owner, value(req.Value), id, micros(req.Patience)); err != nil {
+	v, had := b.places.LoadOrStore(pk, newPlace())
+	if _, err := b.exec(ctx, b.q.enqueue, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
-	if had {
-		return false, nil
-	}
-	if _, err := b.exec(ctx, b.q.mark, req.Key); err != nil {
-		return false, b.ctxErr(ctx, err)
-	}
-	return true, nil
+	return !had, nil
 }
 
 // dropPlace deletes the caller's place, if this client made one.
@@ -48,23 +61,37 @@ func (b *Backend) dropPlace(ctx context.Context, key, owner string) error {
 	return err
 }
 
-// wakeNext wakes the client of the first live place of key, if the key is free:
-// KILL QUERY on that client's listening connection ends its SLEEP. With no live
-// place left, the key's row is unmarked. Errors are dropped: a waiter whose
-// wake-up is lost attempts again on its fallback timer.
-func (b *Backend) wakeNext(ctx context.Context, key string) {
-	var conn uint64
-	err := b.db.QueryRowContext(ctx, b.q.next, key).Scan(&conn)
-	if errors.Is(err, sql.ErrNoRows) {
-		_, _ = b.exec(ctx, b.q.unmark, key, key)
+// dropPlaceAsync deletes, in the background, the place of a waiter that was
+// granted the key: the place has had its turn (no release hands it the key
+// again), so the grant need not wait for the deletion. A new place of the same
+// owner waits for it (queue).
+func (b *Backend) dropPlaceAsync(key, owner string) {
+	pk := placeKey{key, owner}
+	if _, ok := b.places.LoadAndDelete(pk); !ok {
 		return
 	}
-	if err != nil {
-		return
+	// Granted after queueing: the key is contended, and its release (by this
+	// client, most likely) hands it on at once.
+	b.hot.Store(key, struct{}{})
+	done := make(chan struct{})
+	if old, loaded := b.dropping.Swap(pk, done); loaded {
+		<-old.(chan struct{})
 	}
-	if b.lst.wakeLocal(conn, key) {
-		return // the place is this client's: no KILL, and no wake-up lost
-	}
+	b.drops.Add(1)
+	go func() {
+		defer b.drops.Done()
+		defer b.dropping.CompareAndDelete(pk, done)
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = b.exec(ctx, b.q.withdraw, key, owner)
+	}()
+}
+
+// wake ends the sleep of the listening connection conn (KILL QUERY), whose client
+// then reads the grants handed to its places. Errors are dropped: a waiter whose
+// wake-up is lost claims its grant on its fallback attempt.
+func (b *Backend) wake(ctx context.Context, conn uint64) {
 	_, _ = b.db.ExecContext(ctx, "KILL QUERY "+strconv.FormatUint(conn, 10))
 }
 
@@ -83,24 +110,39 @@ type waiter struct {
 	b          *Backend
 	key, owner string
 	c          chan struct{}
+	attempted  bool   // an Acquire of this wait was made; under the listener's mu
+	handed     uint64 // the token of a grant handed to the place, not yet returned; under the listener's mu
+	nonce      []byte // that place's nonce
 }
 
 func (w *waiter) C() <-chan struct{} { return w.c }
 
 func (w *waiter) Stop(ctx context.Context, acquired bool) error {
-	w.b.lst.remove(w)
+	b := w.b
+	b.lst.remove(w)
 	if acquired {
-		return w.b.ctxErr(ctx, w.b.dropPlace(ctx, w.key, w.owner))
-	}
-	if _, ok := w.b.places.Load(placeKey{w.key, w.owner}); !ok {
+		b.dropPlaceAsync(w.key, w.owner)
 		return nil
 	}
-	if err := w.b.dropPlace(ctx, w.key, w.owner); err != nil {
-		return w.b.ctxErr(ctx, err)
+	if _, ok := b.places.Load(placeKey{w.key, w.owner}); !ok {
+		return nil
 	}
-	// The turn may have come to this place: pass it on.
-	w.b.wakeNext(ctx, w.key)
-	return nil
+	// The place lapses first, so that no release hands it the key after this;
+	// then a grant already handed to it (Acquire returned it or not) is handed
+	// on, and the place is deleted.
+	if _, err := b.exec(ctx, b.q.lapse, w.key, w.owner); err != nil {
+		return b.ctxErr(ctx, err)
+	}
+	ws, err := b.waitState(ctx, w.key, w.owner)
+	if err != nil {
+		return b.ctxErr(ctx, err)
+	}
+	if ws.claim {
+		if err := b.handOn(ctx, b.q.handoff, w.key, w.owner); err != nil && !errors.Is(err, driver.ErrNotHeld) {
+			return err
+		}
+	}
+	return b.ctxErr(ctx, b.dropPlace(ctx, w.key, w.owner))
 }
 
 func (w *waiter) wake() {
@@ -110,10 +152,10 @@ func (w *waiter) wake() {
 	}
 }
 
-// listener is a client's listening connection: it sleeps in SELECT SLEEP, and a
-// release that finds this client's place first in line ends the sleep with KILL
-// QUERY. Every local waiter is then woken and attempts again (the statement, not
-// the wake-up, decides who gets the key).
+// listener is a client's listening connection: it sleeps in DO SLEEP, and a
+// release that hands the key to a place of this client ends the sleep with KILL
+// QUERY. The listener then reads the grants handed to its places (one read) and
+// gives each to its waiter, whose next Acquire returns it.
 type listener struct {
 	b       *Backend
 	mu      sync.Mutex
@@ -140,20 +182,34 @@ func (l *listener) remove(w *waiter) {
 	l.mu.Unlock()
 }
 
-// wakeLocal wakes this client's waiters of key if conn is its listening
-// connection, and reports whether it was.
-func (l *listener) wakeLocal(conn uint64, key string) bool {
+// firstAttempt reports whether a wait of key and owner is registered and has not
+// attempted yet (and notes that it now has).
+func (l *listener) firstAttempt(key, owner string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if conn == 0 || conn != l.id {
-		return false
-	}
 	for w := range l.waiters {
-		if w.key == key {
-			w.wake()
+		if w.key == key && w.owner == owner {
+			first := !w.attempted
+			w.attempted = true
+			return first
 		}
 	}
-	return true
+	return false
+}
+
+// takeHanded returns, once, the token of a grant the listener read as handed to
+// the place of key and owner.
+func (l *listener) takeHanded(key, owner string) (uint64, []byte, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for w := range l.waiters {
+		if w.key == key && w.owner == owner && w.handed != 0 {
+			tok, nonce := w.handed, w.nonce
+			w.handed, w.nonce = 0, nil
+			return tok, nonce, true
+		}
+	}
+	return 0, nil, false
 }
 
 func (l *listener) wakeAll() {
@@ -188,23 +244,34 @@ func (l *listener) ensure(ctx context.Context) (uint64, error) {
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	l.id, l.cancel, l.done = id, cancel, make(chan struct{})
-	go l.loop(lctx, conn, l.done)
+	go l.loop(lctx, conn, id, l.done)
 	return id, nil
 }
 
-func (l *listener) loop(ctx context.Context, conn *sql.Conn, done chan struct{}) {
+func (l *listener) loop(ctx context.Context, conn *sql.Conn, id uint64, done chan struct{}) {
 	defer close(done)
 	defer conn.Close()
+	delivered := map[uint64]bool{} // places whose grant was delivered, while they are there
 	for {
-		// A KILL QUERY ends the sleep with a result of 1 and no error.
-		_, err := conn.ExecContext(ctx, "DO SLEEP(3600)")
+		// The sleep checks for grants not yet delivered first: a KILL QUERY
+		// that came between two statements (and ended none) is not lost. A KILL
+		// ends the sleep with no error, or the check with error 1317.
+		ids := "0"
+		for p := range delivered {
+			ids += "," + strconv.FormatUint(p, 10)
+		}
+		var slept int
+		err := conn.QueryRowContext(ctx, fmt.Sprintf(l.b.q.sleep, ids), id).Scan(&slept)
 		if err != nil && ctx.Err() == nil && isErr(err, 1317) { // interrupted
 			err = nil
 		}
-		if err == nil {
-			err = l.wakeFirst(ctx, conn)
-		} else {
-			l.wakeAll()
+		for i := 0; err == nil; i++ {
+			err = l.deliver(ctx, conn, id, delivered)
+			if err == nil || ctx.Err() != nil || !isErr(err, 1317) || i == 3 {
+				break
+			}
+			// A KILL for a later handoff ended the read: read again.
+			err = nil
 		}
 		if err != nil {
 			l.wakeAll()
@@ -219,32 +286,42 @@ func (l *listener) loop(ctx context.Context, conn *sql.Conn, done chan struct{})
 	}
 }
 
-// wakeFirst wakes the local waiters whose place is first in line for a free key:
-// one read on the listening connection, instead of every local waiter attempting.
-func (l *listener) wakeFirst(ctx context.Context, conn *sql.Conn) error {
-	l.mu.Lock()
-	id := l.id
-	l.mu.Unlock()
-	rows, err := conn.QueryContext(ctx, l.b.q.firsts, id)
+// deliver reads the grants handed to the places of this listening connection (one
+// read) and gives each to its waiter. A grant whose waiter is gone is left to that
+// waiter's Stop, which hands it on. delivered is updated to the places read.
+func (l *listener) deliver(ctx context.Context, conn *sql.Conn, id uint64, delivered map[uint64]bool) error {
+	rows, err := conn.QueryContext(ctx, l.b.q.grants, id)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	keys := map[string]bool{}
+	type grant struct {
+		key, owner string
+		nonce      []byte
+		tok        uint64
+	}
+	var gs []grant
+	clear(delivered)
 	for rows.Next() {
-		var k []byte
-		if err := rows.Scan(&k); err != nil {
+		var p uint64
+		var k, o, n []byte
+		var tok uint64
+		if err := rows.Scan(&p, &k, &o, &n, &tok); err != nil {
 			return err
 		}
-		keys[string(k)] = true
+		delivered[p] = true
+		gs = append(gs, grant{string(k), string(o), n, tok})
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
 	l.mu.Lock()
 	for w := range l.waiters {
-		if keys[w.key] {
-			w.wake()
+		for _, g := range gs {
+			if w.key == g.key && w.owner == g.owner {
+				w.handed, w.nonce = g.tok, g.nonce
+				w.wake()
+			}
 		}
 	}
 	l.mu.Unlock()

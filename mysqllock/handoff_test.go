@@ -1,0 +1,153 @@
+package mysqllock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// queueWaiter registers a wait of owner on key and makes its first waiting
+// attempt, which must be refused (the key is held).
+func queueWaiter(t *testing.T, b driver.Backend, key, owner string, ttl time.Duration) driver.Waiter {
+	t.Helper()
+	ctx := context.Background()
+	w, err := b.(driver.Notifier).Watch(ctx, key, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Acquire(ctx, driver.Request{Key: key, Owner: owner, TTL: ttl, Wait: true, Patience: time.Minute})
+	if !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("waiting attempt of %s = %v, want ErrLocked", owner, err)
+	}
+	return w
+}
+
+func TestHandoff(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	t.Run("HandedGrant", func(t *testing.T) { testHandedGrant(t, srv) })
+	t.Run("CancelledWaiterHandsOn", func(t *testing.T) { testCancelledWaiterHandsOn(t, srv) })
+	t.Run("CrashedWaiterLapses", func(t *testing.T) { testCrashedWaiterLapses(t, srv) })
+}
+
+// A release grants the key to the first place on the server (a new token, the
+// place's TTL) and the woken waiter's attempt returns that grant with an Age.
+func testHandedGrant(t *testing.T, srv *testserver.MariaDB) {
+	a, b := open(t, srv.URL()), open(t, srv.URL())
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	g0, err := a.Acquire(ctx, driver.Request{Key: "h", Owner: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := queueWaiter(t, b, "h", "b", 30*time.Second)
+	if err := a.Release(ctx, "h", "a"); err != nil {
+		t.Fatal(err)
+	}
+	in, err := a.Inspect(ctx, "h")
+	if err != nil || in.Owner != "b" || in.Token != g0.Token+1 || in.TTL > 30*time.Second || in.TTL < 20*time.Second {
+		t.Fatalf("after the release: %+v, %v; want b's grant, token %d, TTL about 30s", in, err, g0.Token+1)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wake-up")
+	}
+	g, err := b.Acquire(ctx, driver.Request{Key: "h", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute})
+	if err != nil || g.Token != g0.Token+1 || g.Age <= 0 {
+		t.Fatalf("waiter's attempt = %+v, %v; want the handed grant with an Age", g, err)
+	}
+	if err := w.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if q, err := a.Queue(ctx, "h"); err != nil || len(q) != 0 {
+		t.Fatalf("Queue = %+v, %v; want none", q, err)
+	}
+	if err := b.Release(ctx, "h", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Inspect(ctx, "h"); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("after the last release: %v, want ErrNotHeld", err)
+	}
+}
+
+// A waiter that gives up after the key was handed to its place (its attempt never
+// returned it) hands the key on to the next place.
+func testCancelledWaiterHandsOn(t *testing.T, srv *testserver.MariaDB) {
+	a, b, c := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer a.Close()
+	defer b.Close()
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := a.Acquire(ctx, driver.Request{Key: "c", Owner: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	wb := queueWaiter(t, b, "c", "b", time.Minute)
+	wc := queueWaiter(t, c, "c", "c", time.Minute)
+	if err := a.Release(ctx, "c", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := a.Inspect(ctx, "c"); err != nil || in.Owner != "b" {
+		t.Fatalf("after the release: %+v, %v; want b's grant", in, err)
+	}
+	if err := wb.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := a.Inspect(ctx, "c"); err != nil || in.Owner != "c" {
+		t.Fatalf("after b gave up: %+v, %v; want c's grant", in, err)
+	}
+	if err := wc.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Inspect(ctx, "c"); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("after c gave up: %v, want the key free", err)
+	}
+	if q, err := a.Queue(ctx, "c"); err != nil || len(q) != 0 {
+		t.Fatalf("Queue = %+v, %v; want none", q, err)
+	}
+	if _, err := a.Acquire(ctx, driver.Request{Key: "c", Owner: "n", TTL: time.Minute}); err != nil {
+		t.Fatalf("a newcomer after both gave up: %v", err)
+	}
+}
+
+// A key handed to the place of a waiter that crashed (its client gone without a
+// Stop) stays held no longer than the TTL the place asked for, like a crashed
+// holder's grant, and then passes to the next waiter.
+func testCrashedWaiterLapses(t *testing.T, srv *testserver.MariaDB) {
+	a, b, c := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer a.Close()
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := a.Acquire(ctx, driver.Request{Key: "x", Owner: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	queueWaiter(t, b, "x", "b", time.Second)
+	b.Close() // crashed: no Stop
+	wc := queueWaiter(t, c, "x", "c", time.Minute)
+	defer wc.Stop(ctx, false)
+	if err := a.Release(ctx, "x", "a"); err != nil {
+		t.Fatal(err)
+	}
+	in, err := a.Inspect(ctx, "x")
+	if err != nil || in.Owner != "b" || in.TTL > time.Second {
+		t.Fatalf("after the release: %+v, %v; want b's grant, at most 1s", in, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g, err := c.Acquire(ctx, driver.Request{Key: "x", Owner: "c", TTL: time.Minute, Wait: true, Patience: time.Minute})
+		if err == nil {
+			if g.Token != in.Token+1 {
+				t.Fatalf("c's token %d, want %d", g.Token, in.Token+1)
+			}
+			break
+		}
+		if !errors.Is(err, driver.ErrLocked) || time.Now().After(deadline) {
+			t.Fatalf("c's attempt: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
