@@ -107,10 +107,10 @@
 // Queued waiters' retries renew their place, one write each.
 //
 // A newcomer does not pass a live place not yet handed the key (FIFO), with one
-// gap: a place whose AUTO_INCREMENT id was drawn before a handoff's but whose insert
-// committed after it is behind that handoff's mark, so it is skipped, and its next
-// retry places it again at the end of the line (FIFO holds among the places
-// committed before each handoff; no grant is ever given twice). A waiter
+// gap: two places inserted at once may commit out of id order, and if the later id
+// is handed the key first, the earlier one falls behind the row's handed mark and is
+// skipped; its next retry places it again at the end of the line (FIFO holds among
+// the places committed before each handoff; no place is handed the key twice). A waiter
 // that gives up makes its place lapse first (no release hands it the key after
 // that), then hands on a grant already handed to its place, whether its Acquire
 // returned it or not, and deletes the place. A crashed waiter's place lapses after
