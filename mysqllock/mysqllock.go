@@ -627,7 +627,16 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	res, err := b.exec(ctx, b.q.refresh, micros(ttl), key, owner)
+	// Zero rows changed: not held, or the same expiry written again within a
+	// microsecond.
+	return b.updateOwned(ctx, key, owner, b.q.refresh, micros(ttl), key, owner)
+}
+
+// updateOwned runs stmt, an UPDATE of the row of key that compares owner and its
+// expiry, and returns nil if it changed the row or the row is the owner's live
+// grant anyway (the statement wrote what was there), ErrNotHeld otherwise.
+func (b *Backend) updateOwned(ctx context.Context, key, owner, stmt string, args ...any) error {
+	res, err := b.exec(ctx, stmt, args...)
 	if err != nil {
 		return b.ctxErr(ctx, err)
 	}
@@ -636,7 +645,6 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	} else if n == 1 {
 		return nil
 	}
-	// Zero rows: not held, or the same expiry written again within a microsecond.
 	var tok uint64
 	err = b.db.QueryRowContext(ctx, b.q.owned, key, owner).Scan(&tok)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -712,22 +720,8 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, v []byte) err
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	res, err := b.exec(ctx, b.q.setValue, value(v), key, owner)
-	if err != nil {
-		return b.ctxErr(ctx, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return b.ctxErr(ctx, err)
-	} else if n == 1 {
-		return nil
-	}
-	// Zero rows: not held, or the same value written again.
-	var tok uint64
-	err = b.db.QueryRowContext(ctx, b.q.owned, key, owner).Scan(&tok)
-	if errors.Is(err, sql.ErrNoRows) {
-		return driver.ErrNotHeld
-	}
-	return b.ctxErr(ctx, err)
+	// Zero rows changed: not held, or the same value written again.
+	return b.updateOwned(ctx, key, owner, b.q.setValue, value(v), key, owner)
 }
 
 // value is the column value of a grant's value: NULL for none.
