@@ -94,6 +94,13 @@ func (c *RedisCluster) waitFor(ctx context.Context, what string, ok func(*redis.
 // waitOn waits until ok holds on each of nodes.
 func (c *RedisCluster) waitOn(ctx context.Context, nodes []*Redis, what string, ok func(*redis.Client) bool) {
 	c.t.Helper()
+	if err := awaitOn(ctx, nodes, what, ok); err != nil {
+		c.t.Fatalf("%v", err)
+	}
+}
+
+// awaitOn waits until ok holds on each of nodes, or returns an error when ctx ends.
+func awaitOn(ctx context.Context, nodes []*Redis, what string, ok func(*redis.Client) bool) error {
 	cls := make([]*redis.Client, len(nodes))
 	for i, n := range nodes {
 		cls[i] = redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
@@ -108,11 +115,11 @@ func (c *RedisCluster) waitOn(ctx context.Context, nodes []*Redis, what string, 
 			}
 		}
 		if all {
-			return
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			c.t.Fatalf("cluster: timed out waiting for %s", what)
+			return fmt.Errorf("cluster: timed out waiting for %s", what)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -122,8 +129,16 @@ func (c *RedisCluster) waitOn(ctx context.Context, nodes []*Redis, what string, 
 // every slot, and every replica's link to its master is up.
 func (c *RedisCluster) waitOK(ctx context.Context) {
 	c.t.Helper()
+	if err := c.AwaitOK(ctx); err != nil {
+		c.t.Fatalf("%v", err)
+	}
+}
+
+// AwaitOK is waitOK that returns an error instead of failing the test (when ctx
+// ends first), for callers outside the test's goroutine (dlock check's faults).
+func (c *RedisCluster) AwaitOK(ctx context.Context) error {
 	var want string
-	c.waitFor(ctx, "cluster_state:ok and one slot map on every node", func(cl *redis.Client) bool {
+	return awaitOn(ctx, c.Nodes, "cluster_state:ok and one slot map on every node", func(cl *redis.Client) bool {
 		info, err := cl.ClusterInfo(ctx).Result()
 		if err != nil || !strings.Contains(info, "cluster_state:ok") {
 			return false
@@ -404,4 +419,76 @@ func slotOwner(ctx context.Context, cl *redis.Client, slot int) (string, string)
 		}
 	}
 	return "", ""
+}
+
+// NodeAt returns the node at addr (host:port), or nil if there is none.
+func (c *RedisCluster) NodeAt(addr string) *Redis {
+	for _, n := range c.Nodes {
+		if n.Addr() == addr {
+			return n
+		}
+	}
+	return nil
+}
+
+// Replicas returns the nodes that are replicas now, as the node from answers
+// CLUSTER NODES, without failing the test: roles change with every failover.
+func (c *RedisCluster) Replicas(ctx context.Context, from *Redis) ([]*Redis, error) {
+	cl := redis.NewClient(&redis.Options{Addr: from.Addr(), MaxRetries: -1})
+	defer cl.Close()
+	nodes, err := cl.ClusterNodes(ctx).Result()
+	if err != nil {
+		return nil, fmt.Errorf("CLUSTER NODES on %s: %w", from.Addr(), err)
+	}
+	var rs []*Redis
+	for line := range strings.Lines(nodes) {
+		if f := strings.Fields(line); len(f) > 2 && strings.Contains(f[2], "slave") {
+			if n := c.NodeAt(strings.Split(f[1], "@")[0]); n != nil {
+				rs = append(rs, n)
+			}
+		}
+	}
+	return rs, nil
+}
+
+// Shard returns the master of the slot of key and its replicas, as the node from
+// sees them, without failing the test.
+func (c *RedisCluster) Shard(ctx context.Context, from *Redis, key string) (master *Redis, replicas []*Redis, err error) {
+	cl := redis.NewClient(&redis.Options{Addr: from.Addr(), MaxRetries: -1})
+	defer cl.Close()
+	slot, err := cl.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		return nil, nil, fmt.Errorf("CLUSTER KEYSLOT on %s: %w", from.Addr(), err)
+	}
+	addr, id := slotOwner(ctx, cl, int(slot))
+	if master = c.NodeAt(addr); master == nil {
+		return nil, nil, fmt.Errorf("%s knows no master of slot %d", from.Addr(), slot)
+	}
+	nodes, err := cl.ClusterNodes(ctx).Result()
+	if err != nil {
+		return nil, nil, fmt.Errorf("CLUSTER NODES on %s: %w", from.Addr(), err)
+	}
+	for line := range strings.Lines(nodes) {
+		if f := strings.Fields(line); len(f) > 3 && strings.Contains(f[2], "slave") && f[3] == id {
+			if n := c.NodeAt(strings.Split(f[1], "@")[0]); n != nil {
+				replicas = append(replicas, n)
+			}
+		}
+	}
+	return master, replicas, nil
+}
+
+// AwaitSlotOwner waits until every node of nodes names owner as the master of the
+// slot of key, or returns an error when ctx ends.
+func (c *RedisCluster) AwaitSlotOwner(ctx context.Context, nodes []*Redis, key string, owner *Redis) error {
+	cl := redis.NewClient(&redis.Options{Addr: owner.Addr(), MaxRetries: -1})
+	defer cl.Close()
+	slot, err := cl.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		return fmt.Errorf("CLUSTER KEYSLOT on %s: %w", owner.Addr(), err)
+	}
+	return awaitOn(ctx, nodes, fmt.Sprintf("every node to name %s the master of slot %d", owner.Addr(), slot), func(cl *redis.Client) bool {
+		addr, _ := slotOwner(ctx, cl, int(slot))
+		return addr == owner.Addr()
+	})
 }

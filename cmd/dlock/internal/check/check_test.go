@@ -286,6 +286,31 @@ func TestRunSentinelFailover(t *testing.T) {
 	}
 }
 
+// The same on Redis Cluster: every replica is cut off, the master of a fresh
+// grant's slot dies and its replica takes over. Without WAIT a second worker may
+// get the lost key while the first holds it (P1 > 0, fencing keeps P3 = 0); with
+// replicas=1 no grant completes while the replicas are cut off: safe.
+func TestRunClusterFailover(t *testing.T) {
+	var o Outcome
+	for run := 1; run <= 2; run++ {
+		o = runSentinelCell(t, "cluster-async", true, 4, 30*time.Second)
+		r := o.Report
+		if r.P3.Count != 0 || o.Verdict == VerdictUnexpected {
+			t.Fatalf("cluster-async fenced: P3 %d in %d failovers, verdict %q", r.P3.Count, r.Summary.Faults, o.Verdict)
+		}
+		if r.P1.Count > 0 && o.Verdict == VerdictDetected {
+			break
+		}
+		if run == 2 {
+			t.Errorf("cluster-async fenced: no second holder in two runs of %d failovers (verdict %q)", r.Summary.Faults, o.Verdict)
+		}
+	}
+	o = runSentinelCell(t, "cluster-replica", false, 1, 20*time.Second)
+	if r := o.Report; o.Verdict != VerdictAsExpected || !r.Safe() {
+		t.Errorf("cluster-replica: verdict %q, P1 %d, P3 %d, P4 %d: %v", o.Verdict, r.P1.Count, r.P3.Count, r.P4.Count, r.Violations())
+	}
+}
+
 func runSentinelCell(t *testing.T, setup string, fenced bool, injections int, d time.Duration) Outcome {
 	t.Helper()
 	cfg := testConfig(t, setup, FaultFailover, fenced)

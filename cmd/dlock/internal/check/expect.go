@@ -21,7 +21,7 @@ func Expect(setupName, faultName string, fenced bool) Expectation {
 	switch {
 	case setupName == "redis" && faultName == FaultKill:
 		e.LockSafe, e.Why = false, "a restart without persistence loses every lock key, so a second client gets a lock the first still holds"
-	case (setupName == "redis-async" || setupName == "sentinel-async") && faultName == FaultFailover:
+	case (setupName == "redis-async" || setupName == "sentinel-async" || setupName == "cluster-async") && faultName == FaultFailover:
 		// The token counter is replicated as late as the lock, but every token is
 		// max(counter+1, server clock): the promoted replica's tokens are above
 		// those the dead master issued, so P4 stays 0 and fencing holds.

@@ -106,7 +106,7 @@ func addFault(f *fault) { faults[f.name] = f }
 func init() {
 	addFault(&fault{name: FaultNone, doc: "no fault: the baseline"})
 	addFault(&fault{name: FaultKill, doc: "kill -9 the server and restart it at once", setups: []string{"redis", "redis-aof", "postgres", "mariadb"}, inject: injectKill})
-	addFault(&fault{name: FaultFailover, doc: "cut the replication stream so the replica lags, let a worker lock on the master meanwhile, kill -9 the master, promote the lagging replica, point clients at it (on the sentinel setups the sentinels promote it and clients find it through them); the old master returns as a replica", setups: []string{"redis-replica", "redis-async", "sentinel-replica", "sentinel-async"}, inject: injectFailover})
+	addFault(&fault{name: FaultFailover, doc: "cut the replication stream so the replica lags, let a worker lock on the master meanwhile, kill -9 the master, promote the lagging replica, point clients at it (on the sentinel setups the sentinels promote it and clients find it through them; on the cluster setups every replica is stopped and cut off, the master of a fresh grant's slot killed, its replica resumed and promoted with CLUSTER FAILOVER TAKEOVER, and clients follow the slot map); the old master returns as a replica", setups: []string{"redis-replica", "redis-async", "sentinel-replica", "sentinel-async", "cluster-replica", "cluster-async"}, inject: injectFailover})
 	addFault(&fault{name: FaultLeader, doc: "kill -9 the leader of the etcd cluster or ZooKeeper ensemble; restart it after 2 TTL", setups: []string{"etcd", "zk"}, recovers: true, inject: injectLeader})
 	addFault(&fault{name: FaultDrop, doc: "cut one worker off 2 of the 5 Redlock nodes, so its grants hold a bare majority; once it holds one, a node of its 3 drops every lock key early, as if its clock jumped forward", setups: []string{"redlock"}, inject: injectDrop})
 	addFault(&fault{name: FaultPause, doc: "SIGSTOP a worker inside its critical section (a long GC pause) for 1.5 TTL and until another worker wrote its key (at most 5 TTL), then SIGCONT", inject: injectPause})
@@ -212,6 +212,9 @@ func injectFailover(ctx context.Context, r *run) error {
 	if tg.sentinel != nil {
 		return injectSentinelFailover(ctx, r)
 	}
+	if tg.cluster != nil {
+		return injectClusterFailover(ctx, r)
+	}
 	old, next := tg.redis, tg.replica
 	if err := setToxic(tg.repl, "stall", "downstream", true); err != nil {
 		return err
@@ -303,6 +306,136 @@ func injectSentinelFailover(ctx context.Context, r *run) error {
 	}
 	tg.redis, tg.replica = next, old
 	return tg.linkReplica()
+}
+
+// injectClusterFailover is injectFailover on a cluster setup, without a proxy
+// (cluster replicas dial the address their master announces): it stops every
+// replica (SIGSTOP) and has every master drop its replication links (CLIENT KILL
+// TYPE replica), so that what the masters write from then on reaches no replica:
+// the stopped replicas cannot reconnect, and a link dropped before a grant carries
+// nothing of it to be read after SIGCONT. It waits up to a TTL for a fresh grant
+// on a key free when the links dropped and makes its holder linger, kills -9 the
+// master of that key's slot, resumes the replicas, promotes the dead master's
+// replica with CLUSTER FAILOVER TAKEOVER and waits until every live node names it
+// the slot's master. The old master restarts empty, rejoins as a replica of the
+// new one, and the fault waits until the whole cluster is in order again, ready
+// for the next injection. With replicas=1 no grant completes while the replicas
+// are cut off (WAIT gets no ack: ErrNotReplicated) and nothing is lost.
+func injectClusterFailover(ctx context.Context, r *run) error {
+	tg, c := r.tg, r.tg.cluster
+	if tg.healed == 0 {
+		// A worker opens its client once: one that starts while a master is dead
+		// fails. Let every worker write once before the first kill.
+		r.awaitRecovery(ctx, 1, recoveryWait(r.ttl))
+	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	var replicas []*testserver.Redis
+	var err error
+	for _, n := range c.Nodes { // the first that answers
+		if replicas, err = c.Replicas(ctx, n); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	var masters []*testserver.Redis
+	for _, n := range c.Nodes {
+		if !slices.Contains(replicas, n) {
+			masters = append(masters, n)
+		}
+	}
+	// As on Sentinel, the story is a key free on every node, granted on its
+	// master only (a key held when the links drop is on the replica already).
+	held := r.heldKeys()
+	time.Sleep(20 * time.Millisecond) // a release just before: replicated by now
+	for k := range r.heldKeys() {
+		held[k] = true
+	}
+	for _, n := range replicas {
+		n.Pause()
+	}
+	stopped := true
+	resume := func() {
+		if stopped {
+			for _, n := range replicas {
+				n.Resume()
+			}
+			stopped = false
+		}
+	}
+	defer resume()
+	for _, m := range masters {
+		cl := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+		err := cl.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err()
+		cl.Close()
+		if err != nil {
+			return fmt.Errorf("master %s: CLIENT KILL TYPE replica: %w", m.Addr(), err)
+		}
+	}
+	cut := history.Now()
+	r.event(history.Fault, FaultFailover, "redis cluster", fmt.Sprintf("%d replicas stopped (SIGSTOP), their links to the masters dropped: they fall behind", len(replicas)))
+	p, op := r.freshHolderOf(ctx, cut, r.ttl, func(op history.Op) bool { return !held[op.Key] })
+	key := op.Key
+	if p != nil {
+		p.send(ctlLinger)
+	} else {
+		// Fail over the master of a key of the workload all the same: its
+		// waiters and holders must come through it.
+		key = fmt.Sprintf("k%d", r.rnd.IntN(r.cfg.Keys)) // the workers' key names
+	}
+	slotKey := "{=" + key + "}" // hashes like every name of the lock (redislock's cluster layout)
+	old, next, err := c.Shard(ctx, masters[0], slotKey)
+	if err != nil {
+		return err
+	}
+	if len(next) != 1 || !slices.Contains(replicas, next[0]) {
+		return fmt.Errorf("the master %s of %s has replicas %v, want one stopped replica", old.Addr(), key, next)
+	}
+	if p != nil {
+		r.event(history.Note, FaultFailover, workerName(p), fmt.Sprintf("granted %s (lease %d, token %d) on the master %s while its replica %s is cut off; the key was free when the links dropped", op.Key, op.Lease, op.Token, old.Addr(), next[0].Addr()))
+	} else {
+		r.event(history.Note, FaultFailover, "redis cluster", fmt.Sprintf("no lock on a key free when the links dropped was granted while the replicas were cut off; failing over the master %s of %s all the same", old.Addr(), key))
+	}
+	r.event(history.Note, FaultFailover, "redis cluster", "kill -9 the master at "+old.Addr())
+	killed := time.Now()
+	old.Kill()
+	resume()
+	promoted := next[0]
+	cl := redis.NewClient(&redis.Options{Addr: promoted.Addr(), MaxRetries: -1})
+	err = cl.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err()
+	cl.Close()
+	if err != nil {
+		return fmt.Errorf("CLUSTER FAILOVER TAKEOVER on %s: %w", promoted.Addr(), err)
+	}
+	var live []*testserver.Redis
+	for _, n := range c.Nodes {
+		if n != old {
+			live = append(live, n)
+		}
+	}
+	if err := c.AwaitSlotOwner(ctx, live, slotKey, promoted); err != nil {
+		if parent.Err() != nil {
+			return nil // the run is over
+		}
+		return err
+	}
+	tg.healed = history.Now()
+	r.event(history.Heal, FaultFailover, "redis cluster", fmt.Sprintf("replicas resumed; %s took over the slots of %s, every live node agrees %v after the kill", promoted.Addr(), old.Addr(), time.Since(killed).Round(time.Millisecond)))
+	// The old master comes back empty and rejoins as a replica of the new one.
+	if err := old.Restart(); err != nil {
+		return err
+	}
+	if err := c.AwaitOK(ctx); err != nil {
+		if parent.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	r.event(history.Note, FaultFailover, "redis cluster", fmt.Sprintf("%s rejoined as a replica; the cluster is in order %v after the kill", old.Addr(), time.Since(killed).Round(time.Millisecond)))
+	return nil
 }
 
 // awaitPromotion waits until every sentinel reports n as the master and n reports

@@ -100,6 +100,15 @@ func init() {
 	}
 	addSetup(sentinel("sentinel-replica", "redis-server master + replica + 3 sentinels (quorum 2) that fail over (down after 500ms), the lock waits for 1 replica ack (WAIT), no persistence, TTL at least 10s", "replicas=1&replica_timeout=100ms"))
 	addSetup(sentinel("sentinel-async", "redis-server master + replica + 3 sentinels (quorum 2) that fail over (down after 500ms), asynchronous replication (no WAIT), no persistence, TTL at least 10s", ""))
+	cluster := func(name, describe, query string) *setup {
+		return &setup{name: name, describe: describe, hold: fullTTL, roundTTL: clusterTTL,
+			start: func(tb testserver.TB, _ time.Duration) *target {
+				c := testserver.StartRedisCluster(tb, 3, 1)
+				return &target{direct: c.URL(query), cluster: c}
+			}}
+	}
+	addSetup(cluster("cluster-replica", "Redis Cluster, 3 masters with 1 replica each (node timeout 2s), the lock waits for 1 replica ack (WAIT), no persistence, TTL at least 3s", "replicas=1&replica_timeout=100ms"))
+	addSetup(cluster("cluster-async", "Redis Cluster, 3 masters with 1 replica each (node timeout 2s), asynchronous replication (no WAIT), no persistence, TTL at least 3s", ""))
 	addSetup(&setup{name: "redlock", describe: "Redlock over 5 redis-server masters, no persistence; each worker reaches each node through its own TCP proxy", hold: fullTTL, roundTTL: asIs,
 		start: func(tb testserver.TB, _ time.Duration) *target {
 			nodes := testserver.StartRedisNodes(tb, 5)
@@ -197,6 +206,14 @@ const (
 
 func sentinelTTL(ttl time.Duration) time.Duration { return max(ttl, sentinelMinTTL) }
 
+// clusterMinTTL is the shortest TTL of the cluster setups: longer than the
+// failover fault takes from the kill of a slot's master to its replica's
+// takeover, and the clients to find the new master, so that a grant lost with
+// the master may still be held when the new master grants the key again.
+const clusterMinTTL = 3 * time.Second
+
+func clusterTTL(ttl time.Duration) time.Duration { return max(ttl, clusterMinTTL) }
+
 // tuneSentinels sets the sentinels' down-after-milliseconds and failover-timeout
 // (SENTINEL SET, on every sentinel).
 func (t *target) tuneSentinels() error {
@@ -238,8 +255,9 @@ type target struct {
 	upstream string                   // the address proxies forward to
 
 	redis, replica *testserver.Redis
-	sentinel       *testserver.Sentinel // sentinel setups: redis is the master, replica its replica
-	healed         int64                // sentinel setups: when the last failover healed (history time)
+	sentinel       *testserver.Sentinel     // sentinel setups: redis is the master, replica its replica
+	cluster        *testserver.RedisCluster // cluster setups
+	healed         int64                    // sentinel and cluster setups: when the last failover healed (history time)
 	nodes          []*testserver.Redis
 	etcd           *testserver.EtcdCluster
 	zk             *testserver.ZooKeeperEnsemble
