@@ -541,13 +541,16 @@ func TestRunElection(t *testing.T) {
 		t.Run(c.setup+"/"+c.fault, func(t *testing.T) {
 			cfg := testConfig(t, "", "", true)
 			cfg.Election = true
-			cfg.TTL, cfg.Interval, cfg.Duration = time.Second, 2*time.Second, 6*time.Second
+			cfg.TTL, cfg.Interval, cfg.Duration = time.Second, 2*time.Second, 8*time.Second
 			o := RunCell(ctxT(t, 2*time.Minute), Cell{Setup: c.setup, Fault: c.fault, Fenced: true}, cfg, t.TempDir())
 			if o.Report == nil {
 				t.Fatalf("run failed: %s", o.RunError)
 			}
 			r := o.Report
-			if r.Summary.Faults == 0 || r.Summary.AcquiresOK < 5 {
+			// A loaded machine may let one leader keep its term across a fault
+			// (redis-aof keeps the lease through kill -9): two leaderships and a
+			// fault are enough for the cell to have run.
+			if r.Summary.Faults == 0 || r.Summary.AcquiresOK < 2 {
 				t.Fatalf("faults %d, leaderships %d: the cell did not run", r.Summary.Faults, r.Summary.AcquiresOK)
 			}
 			if o.Verdict != VerdictAsExpected || r.P1.Count != 0 || r.P3.Count != 0 || r.P4.Count != 0 {
