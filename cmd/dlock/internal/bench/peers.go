@@ -548,12 +548,8 @@ func openPgRow(ctx context.Context, u *url.URL) (peerConn, error) {
 				if tag.RowsAffected() == 1 {
 					break
 				}
-				t := time.NewTimer(peerRowPoll)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-					return nil, ctx.Err()
+				if err := pollPause(ctx); err != nil {
+					return nil, err
 				}
 			}
 			return func(ctx context.Context) error {
@@ -660,12 +656,8 @@ func openMySQLRow(ctx context.Context, u *url.URL) (peerConn, error) {
 				if err != nil {
 					return nil, err
 				}
-				t := time.NewTimer(peerRowPoll)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-					return nil, ctx.Err()
+				if err := pollPause(ctx); err != nil {
+					return nil, err
 				}
 			}
 			return func(ctx context.Context) error {
@@ -680,4 +672,16 @@ func openMySQLRow(ctx context.Context, u *url.URL) (peerConn, error) {
 		},
 		close: closeMySQL(db, conn),
 	}, nil
+}
+
+// pollPause waits peerRowPoll, the row-polling peers' interval, or until ctx ends.
+func pollPause(ctx context.Context) error {
+	t := time.NewTimer(peerRowPoll)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
