@@ -1,0 +1,155 @@
+package mysqllock
+
+import (
+	"context"
+	"fmt"
+)
+
+// statements is the SQL the backend sends, written for its table (newStatements).
+type statements struct {
+	acquire, heldTTL, owned, refresh, release, handoff, inspect, force string
+	enqueue, mark, withdraw, waitState, grants, sleep, lapse           string
+	queue, list, setValue                                              string
+}
+
+// released is the expiry of a released row: long past.
+const released = "1000-01-01 00:00:00"
+
+func newStatements(table string) statements {
+	t := "`" + table + "`"
+	qt := "`" + table + queueSuffix + "`"
+	const now = "UTC_TIMESTAMP(6)"
+	// mine is the caller's place (lock_key, owner).
+	mine := "(SELECT m.id FROM " + qt + " m WHERE m.lock_key = ? AND m.owner = ?)"
+	// handoff releases the row of a key (comparing the owner, or not: ForceRelease)
+	// and grants it to the first live place after the last one handed the key, in
+	// one statement: the place's owner, value and TTL (on the server clock), a new
+	// token, handed = the place's id. LAST_INSERT_ID returns that place's listening
+	// connection (0: no live place, the row is released and unmarked). The
+	// assignments do not read each other (a multi-table UPDATE does not promise
+	// their order).
+	handoff := func(where string) string {
+		return "UPDATE " + t + " l LEFT JOIN " + qt + " p ON p.id = (SELECT q.id FROM " + qt + " q WHERE q.lock_key = l.lock_key" +
+			" AND q.id > l.handed AND q.expires_at > " + now + " ORDER BY q.id LIMIT 1) SET " +
+			"l.token = IF(p.id IS NULL, l.token, l.token + 1), " +
+			"l.owner = IFNULL(p.owner, ''), l.value = p.value, " +
+			"l.expires_at = IF(p.id IS NULL, '" + released + "', " + now + " + INTERVAL p.ttl MICROSECOND), " +
+			"l.handed = IFNULL(p.id, l.handed), " +
+			"l.queued = (LAST_INSERT_ID(IFNULL(p.conn, 0)) <> 0) " +
+			"WHERE l.lock_key = ? AND " + where + "l.expires_at > " + now
+	}
+	return statements{
+		acquire: "INSERT INTO " + t + " (lock_key, owner, value, token, expires_at) VALUES (?, ?, ?, " +
+			"LAST_INSERT_ID(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000)), " + now + " + INTERVAL ? MICROSECOND) " +
+			"ON DUPLICATE KEY UPDATE " +
+			// @dlock_free: the row is free (released or expired) and no live
+			// place of another owner, not yet handed the key, is queued ahead of
+			// the caller's (FIFO).
+			"token = LAST_INSERT_ID(IF(@dlock_free := (expires_at <= " + now + " AND NOT EXISTS (SELECT 1 FROM " + qt +
+			" a WHERE a.lock_key = ? AND a.owner <> ? AND a.expires_at > " + now + " AND a.id > handed" +
+			" AND a.id < IFNULL(" + mine + ", 18446744073709551615))), token + 1, token)), " +
+			// The caller's place, if any, has had its turn: a release does not
+			// hand the key to it again.
+			"handed = IF(@dlock_free, GREATEST(handed, IFNULL(" + mine + ", 0)), handed), " +
+			// owner is assigned before expires_at, which still holds the old
+			// expiry when its own condition is read (assignments run left to right).
+			"owner = IF(@dlock_free, VALUES(owner), owner), " +
+			// @dlock_set: granted, or re-entered (Reenter, the caller's own live
+			// row): the value and the expiry are the request's.
+			"value = IF(@dlock_set := (@dlock_free OR (? AND owner = VALUES(owner) AND expires_at > " + now + ")), VALUES(value), value), " +
+			"expires_at = IF(@dlock_set, VALUES(expires_at), expires_at)",
+		heldTTL: "SELECT TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at) FROM " + t + " WHERE lock_key = ? AND expires_at > " + now,
+		owned:   "SELECT token FROM " + t + " WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
+		refresh: "UPDATE " + t + " SET expires_at = " + now + " + INTERVAL ? MICROSECOND WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
+		// The plain release is for a row with no place queued; a queued row is
+		// left to handoff.
+		release: "UPDATE " + t + " SET owner = '', value = NULL, expires_at = '" + released + "' WHERE lock_key = ? AND owner = ? AND expires_at > " + now + " AND queued = 0",
+		handoff: handoff("l.owner = ? AND "),
+		force:   handoff(""),
+		inspect: "SELECT owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
+			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + " AND q.id > l.handed) FROM " + t + " l WHERE lock_key = ? AND expires_at > " + now,
+		// A place's nonce is written by the insert alone: a grant handed to the
+		// place is claimed only by the waiter whose insert made it.
+		enqueue: "INSERT INTO " + qt + " (lock_key, owner, value, conn, ttl, nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND) " +
+			"ON DUPLICATE KEY UPDATE conn = VALUES(conn), value = VALUES(value), ttl = VALUES(ttl), expires_at = VALUES(expires_at)",
+		mark:     "UPDATE " + t + " SET queued = 1 WHERE lock_key = ? AND queued = 0",
+		withdraw: "DELETE FROM " + qt + " WHERE lock_key = ? AND owner = ?",
+		// lapse ends a place that gives up: no handoff picks it after this.
+		lapse: "UPDATE " + qt + " SET expires_at = '" + released + "' WHERE lock_key = ? AND owner = ?",
+		// waitState, for a refused waiting attempt: the holder's TTL left, whether
+		// the key was handed to the caller's place on this client's listening
+		// connection (and its token), and whether that place has had its turn.
+		waitState: "SELECT IF(l.expires_at > " + now + ", TIMESTAMPDIFF(MICROSECOND, " + now + ", l.expires_at), 0), " +
+			"IFNULL(l.owner = ? AND l.expires_at > " + now + " AND m.id = l.handed, 0), IFNULL(m.nonce, ''), l.token, IFNULL(m.id <= l.handed, 0), l.queued, l.owner = ? AND l.expires_at > " + now + " " +
+			"FROM " + t + " l LEFT JOIN " + qt + " m ON m.lock_key = l.lock_key AND m.owner = ? WHERE l.lock_key = ?",
+		// grants: the live grants handed to places of a listening connection.
+		// sleep: the listener's sleep, unless a grant not yet delivered is
+		// there already (handed before the sleep began, its KILL lost).
+		sleep: "SELECT IF(EXISTS(SELECT 1 FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
+			"WHERE q.conn = ? AND l.expires_at > " + now + " AND q.id NOT IN (%s)), 0, SLEEP(3600))",
+		grants: "SELECT q.id, q.lock_key, q.owner, q.nonce, l.token FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
+			"WHERE q.conn = ? AND l.expires_at > " + now,
+		setValue: "UPDATE " + t + " SET value = ? WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
+		queue: "SELECT q.owner, q.value, TIMESTAMPDIFF(MICROSECOND, " + now + ", q.expires_at) FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now +
+			" AND q.id > IFNULL((SELECT l.handed FROM " + t + " l WHERE l.lock_key = q.lock_key), 0) ORDER BY q.id",
+		list: "SELECT lock_key, owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
+			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + " AND q.id > l.handed) FROM " + t +
+			" l WHERE lock_key >= ? AND LEFT(lock_key, ?) = ? AND expires_at > " + now + " ORDER BY lock_key",
+	}
+}
+
+// ensureSchema creates the tables unless they exist. The existence check comes
+// first so that a user without the CREATE privilege can use tables made for it.
+func (b *Backend) ensureSchema(ctx context.Context) error {
+	t, qt := "`"+b.table+"`", "`"+b.table+queueSuffix+"`"
+	_, err1 := b.db.ExecContext(ctx, "SELECT lock_key, owner, value, token, expires_at, queued, handed FROM "+t+" LIMIT 0")
+	_, err2 := b.db.ExecContext(ctx, "SELECT id, lock_key, owner, value, conn, ttl, nonce, expires_at FROM "+qt+" LIMIT 0")
+	if err1 == nil && err2 == nil {
+		return nil
+	}
+	// Columns added since the first version: tables made before get them here.
+	added := [][]string{
+		{"value VARBINARY(4096) NULL", "handed BIGINT UNSIGNED NOT NULL DEFAULT 0"},
+		{"value VARBINARY(4096) NULL", "ttl BIGINT UNSIGNED NOT NULL DEFAULT 0", "nonce VARBINARY(16) NOT NULL DEFAULT ''"},
+	}
+	for i, err := range []error{err1, err2} {
+		if err != nil && isErr(err, 1054) { // ER_BAD_FIELD_ERROR: a table made before a column
+			name := []string{t, qt}[i]
+			for _, col := range added[i] {
+				_, err = b.db.ExecContext(ctx, "ALTER TABLE "+name+" ADD COLUMN "+col)
+				if err != nil && !isErr(err, 1060) { // ER_DUP_FIELDNAME: there already
+					return fmt.Errorf("add a column to %s: %w", name, err)
+				}
+			}
+		} else if err != nil && !isErr(err, 1146) { // ER_NO_SUCH_TABLE
+			return fmt.Errorf("read table %s: %w", b.table, err)
+		}
+	}
+	for _, ddl := range []string{
+		"CREATE TABLE IF NOT EXISTS " + t + " (" +
+			"lock_key VARBINARY(512) NOT NULL PRIMARY KEY, " +
+			"owner VARBINARY(128) NOT NULL, " +
+			"value VARBINARY(4096) NULL, " +
+			"token BIGINT UNSIGNED NOT NULL, " +
+			"expires_at DATETIME(6) NOT NULL, " +
+			"queued TINYINT NOT NULL DEFAULT 0, " +
+			"handed BIGINT UNSIGNED NOT NULL DEFAULT 0" +
+			") ENGINE=InnoDB",
+		"CREATE TABLE IF NOT EXISTS " + qt + " (" +
+			"id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, " +
+			"lock_key VARBINARY(512) NOT NULL, " +
+			"owner VARBINARY(128) NOT NULL, " +
+			"value VARBINARY(4096) NULL, " +
+			"conn BIGINT UNSIGNED NOT NULL, " +
+			"ttl BIGINT UNSIGNED NOT NULL DEFAULT 0, " +
+			"nonce VARBINARY(16) NOT NULL DEFAULT '', " +
+			"expires_at DATETIME(6) NOT NULL, " +
+			"UNIQUE KEY place (lock_key, owner), KEY conn (conn)" +
+			") ENGINE=InnoDB",
+	} {
+		if _, err := b.db.ExecContext(ctx, ddl); err != nil {
+			return fmt.Errorf("create table %s: %w", b.table, err)
+		}
+	}
+	return nil
+}
