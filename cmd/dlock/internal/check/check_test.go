@@ -266,24 +266,7 @@ func TestRunSentinelFailover(t *testing.T) {
 	// renewal, while other stale keys of the promoted replica stall waiters for a
 	// TTL: about 4 failovers in 10 let one in. Give it up to six failovers, 50 s at
 	// most, and a second run of as many if the first let none in (about 1 in 20).
-	var o Outcome
-	for run := 1; run <= 2; run++ {
-		o = runSentinelCell(t, "sentinel-async", true, 6, 50*time.Second)
-		r := o.Report
-		if r.P3.Count != 0 || o.Verdict == VerdictUnexpected {
-			t.Fatalf("sentinel-async fenced: P3 %d in %d failovers, verdict %q", r.P3.Count, r.Summary.Faults, o.Verdict)
-		}
-		if r.P1.Count > 0 && o.Verdict == VerdictDetected {
-			break
-		}
-		if run == 2 {
-			t.Errorf("sentinel-async fenced: no second holder in two runs of %d failovers (verdict %q)", r.Summary.Faults, o.Verdict)
-		}
-	}
-	o = runSentinelCell(t, "sentinel-replica", false, 1, 30*time.Second)
-	if r := o.Report; o.Verdict != VerdictAsExpected || !r.Safe() {
-		t.Errorf("sentinel-replica: verdict %q, P1 %d, P3 %d, P4 %d: %v", o.Verdict, r.P1.Count, r.P3.Count, r.P4.Count, r.Violations())
-	}
+	failoverPair(t, "sentinel", 6, 50*time.Second, 30*time.Second)
 }
 
 // The same on Redis Cluster: every replica is cut off, the master of a fresh
@@ -291,27 +274,35 @@ func TestRunSentinelFailover(t *testing.T) {
 // get the lost key while the first holds it (P1 > 0, fencing keeps P3 = 0); with
 // replicas=1 no grant completes while the replicas are cut off: safe.
 func TestRunClusterFailover(t *testing.T) {
-	var o Outcome
+	failoverPair(t, "cluster", 4, 30*time.Second, 20*time.Second)
+}
+
+// failoverPair runs the failover fault on NAME-async, fenced, with up to
+// injections failovers in async (and a second run if the first let no second
+// holder in): a second holder must be detected and P3 stay 0; then once on
+// NAME-replica, unfenced, for at most replica: safe.
+func failoverPair(t *testing.T, name string, injections int, async, replica time.Duration) {
+	t.Helper()
 	for run := 1; run <= 2; run++ {
-		o = runSentinelCell(t, "cluster-async", true, 4, 30*time.Second)
+		o := runFailoverCell(t, name+"-async", true, injections, async)
 		r := o.Report
 		if r.P3.Count != 0 || o.Verdict == VerdictUnexpected {
-			t.Fatalf("cluster-async fenced: P3 %d in %d failovers, verdict %q", r.P3.Count, r.Summary.Faults, o.Verdict)
+			t.Fatalf("%s-async fenced: P3 %d in %d failovers, verdict %q", name, r.P3.Count, r.Summary.Faults, o.Verdict)
 		}
 		if r.P1.Count > 0 && o.Verdict == VerdictDetected {
 			break
 		}
 		if run == 2 {
-			t.Errorf("cluster-async fenced: no second holder in two runs of %d failovers (verdict %q)", r.Summary.Faults, o.Verdict)
+			t.Errorf("%s-async fenced: no second holder in two runs of %d failovers (verdict %q)", name, r.Summary.Faults, o.Verdict)
 		}
 	}
-	o = runSentinelCell(t, "cluster-replica", false, 1, 20*time.Second)
+	o := runFailoverCell(t, name+"-replica", false, 1, replica)
 	if r := o.Report; o.Verdict != VerdictAsExpected || !r.Safe() {
-		t.Errorf("cluster-replica: verdict %q, P1 %d, P3 %d, P4 %d: %v", o.Verdict, r.P1.Count, r.P3.Count, r.P4.Count, r.Violations())
+		t.Errorf("%s-replica: verdict %q, P1 %d, P3 %d, P4 %d: %v", name, o.Verdict, r.P1.Count, r.P3.Count, r.P4.Count, r.Violations())
 	}
 }
 
-func runSentinelCell(t *testing.T, setup string, fenced bool, injections int, d time.Duration) Outcome {
+func runFailoverCell(t *testing.T, setup string, fenced bool, injections int, d time.Duration) Outcome {
 	t.Helper()
 	cfg := testConfig(t, setup, FaultFailover, fenced)
 	cfg.Duration, cfg.Injections, cfg.Keys = d, injections, 8
