@@ -1,6 +1,7 @@
 // Package mysqlops registers the storeops store of the mysql and mariadb schemes: a
 // database/sql pool with go-sql-driver/mysql (mysqllock's driver), the floor (INSERT
-// and DELETE of a row) and the statements the server counted (Questions).
+// and DELETE of a row, each a statement prepared once: one round trip) and the
+// statements the server counted (Questions).
 package mysqlops
 
 import (
@@ -34,8 +35,9 @@ const floorTable = "dlock_floor"
 var dlockParams = []string{"table", "max_conns", "ttl", "renew", "drift", "owner", "linger", "strict"}
 
 type store struct {
-	db    *sql.DB
-	reads atomic.Int64 // Ops reads so far, each a statement the server counted
+	db       *sql.DB
+	ins, del *sql.Stmt    // the floor's statements, prepared once
+	reads    atomic.Int64 // Ops reads so far, each a statement the server counted
 }
 
 // DSN turns a mysql:// dlock URL into a go-sql-driver/mysql DSN: its user, password,
@@ -86,7 +88,17 @@ func openMySQL(ctx context.Context, u *url.URL) (storeops.Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("storeops: connect to %s: %w", driver.Redact(u), err)
 	}
-	return &store{db: db}, nil
+	// Prepared once, as mysqllock prepares its own: a statement with parameters
+	// sent unprepared costs a prepare and an execute, two round trips.
+	s := &store{db: db}
+	if s.ins, err = db.PrepareContext(ctx, "INSERT INTO "+floorTable+" VALUES (?, ?, 0, UTC_TIMESTAMP(6) + INTERVAL 15 SECOND)"); err == nil {
+		s.del, err = db.PrepareContext(ctx, "DELETE FROM "+floorTable+" WHERE lock_key = ? AND owner = ?")
+	}
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("storeops: prepare the floor: %w", err)
+	}
+	return s, nil
 }
 
 // FloorCycle implements Store with the least a lock on a table does: INSERT a row
@@ -94,14 +106,14 @@ func openMySQL(ctx context.Context, u *url.URL) (storeops.Store, error) {
 // statement (autocommit).
 func (s *store) FloorCycle(ctx context.Context, key string) error {
 	owner := driver.RandomHex(8)
-	res, err := s.db.ExecContext(ctx, "INSERT INTO "+floorTable+" VALUES (?, ?, 0, UTC_TIMESTAMP(6) + INTERVAL 15 SECOND)", key, owner)
+	res, err := s.ins.ExecContext(ctx, key, owner)
 	if err != nil {
 		return fmt.Errorf("storeops: floor insert: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
 		return errors.New("storeops: floor insert: no row inserted")
 	}
-	if _, err := s.db.ExecContext(ctx, "DELETE FROM "+floorTable+" WHERE lock_key = ? AND owner = ?", key, owner); err != nil {
+	if _, err := s.del.ExecContext(ctx, key, owner); err != nil {
 		return fmt.Errorf("storeops: floor delete: %w", err)
 	}
 	return nil
@@ -123,4 +135,11 @@ func (s *store) Ops(ctx context.Context) (int64, error) {
 func (s *store) OpsSource() string { return "MySQL statements received (Questions)" }
 
 // Close implements Store.
-func (s *store) Close() error { return s.db.Close() }
+func (s *store) Close() error {
+	for _, st := range []*sql.Stmt{s.ins, s.del} {
+		if st != nil {
+			st.Close()
+		}
+	}
+	return s.db.Close()
+}

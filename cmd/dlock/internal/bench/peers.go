@@ -602,6 +602,11 @@ func openMySQLGetLock(ctx context.Context, u *url.URL) (peerConn, error) {
 	if err != nil {
 		return peerConn{}, err
 	}
+	get, rel, err := prepare2(ctx, conn, `SELECT GET_LOCK(?, 3600)`, `SELECT RELEASE_LOCK(?)`)
+	if err != nil {
+		_ = closeMySQL(db, conn)()
+		return peerConn{}, err
+	}
 	return peerConn{
 		acquire: func(ctx context.Context, key string) (func(context.Context) error, error) {
 			name := mysqlLockName(key)
@@ -609,7 +614,7 @@ func openMySQLGetLock(ctx context.Context, u *url.URL) (peerConn, error) {
 				// GET_LOCK waits in the server, 1 if granted, 0 on its timeout
 				// (an hour; asked again then).
 				var got sql.NullInt64
-				if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 3600)`, name).Scan(&got); err != nil {
+				if err := get.QueryRowContext(ctx, name).Scan(&got); err != nil {
 					return nil, err
 				}
 				if got.Valid && got.Int64 == 1 {
@@ -618,7 +623,7 @@ func openMySQLGetLock(ctx context.Context, u *url.URL) (peerConn, error) {
 			}
 			return func(ctx context.Context) error {
 				var ok sql.NullInt64
-				if err := conn.QueryRowContext(ctx, `SELECT RELEASE_LOCK(?)`, name).Scan(&ok); err != nil {
+				if err := rel.QueryRowContext(ctx, name).Scan(&ok); err != nil {
 					return err
 				}
 				if !ok.Valid || ok.Int64 != 1 {
@@ -631,6 +636,22 @@ func openMySQLGetLock(ctx context.Context, u *url.URL) (peerConn, error) {
 	}, nil
 }
 
+// prepare2 prepares two statements on conn, as a user who cares about round trips
+// would (a statement with parameters sent unprepared costs two); they are closed
+// with the connection.
+func prepare2(ctx context.Context, conn *sql.Conn, q1, q2 string) (*sql.Stmt, *sql.Stmt, error) {
+	s1, err := conn.PrepareContext(ctx, q1)
+	if err != nil {
+		return nil, nil, err
+	}
+	s2, err := conn.PrepareContext(ctx, q2)
+	if err != nil {
+		s1.Close()
+		return nil, nil, err
+	}
+	return s1, s2, nil
+}
+
 func openMySQLRow(ctx context.Context, u *url.URL) (peerConn, error) {
 	db, conn, err := mysqlConn(ctx, u)
 	if err != nil {
@@ -641,10 +662,15 @@ func openMySQLRow(ctx context.Context, u *url.URL) (peerConn, error) {
 		_ = closeMySQL(db, conn)()
 		return peerConn{}, err
 	}
+	ins, del, err := prepare2(ctx, conn, `INSERT IGNORE INTO `+peerRowTable+` (lock_key) VALUES (?)`, `DELETE FROM `+peerRowTable+` WHERE lock_key = ?`)
+	if err != nil {
+		_ = closeMySQL(db, conn)()
+		return peerConn{}, err
+	}
 	return peerConn{
 		acquire: func(ctx context.Context, key string) (func(context.Context) error, error) {
 			for {
-				res, err := conn.ExecContext(ctx, `INSERT IGNORE INTO `+peerRowTable+` (lock_key) VALUES (?)`, key)
+				res, err := ins.ExecContext(ctx, key)
 				var me *mysql.MySQLError
 				if errors.As(err, &me) && me.Number == 1213 { // deadlock victim: try again
 					err = nil
@@ -661,7 +687,7 @@ func openMySQLRow(ctx context.Context, u *url.URL) (peerConn, error) {
 				}
 			}
 			return func(ctx context.Context) error {
-				res, err := conn.ExecContext(ctx, `DELETE FROM `+peerRowTable+` WHERE lock_key = ?`, key)
+				res, err := del.ExecContext(ctx, key)
 				if err == nil {
 					if n, _ := res.RowsAffected(); n != 1 {
 						err = driver.ErrNotHeld
