@@ -74,6 +74,12 @@
 // DELETE floor; otherwise it hands the key on (see Waiting). Expiry is computed by the server, UTC_TIMESTAMP(6) + TTL,
 // so client clocks (and the session time zone) never matter.
 //
+// The statements with parameters that the hot paths run are prepared once on each
+// connection that first runs them (server-side prepared statements, about 15 per
+// connection of the pool, counted against max_prepared_stmt_count, closed by
+// Close), so that each is one round trip; database/sql would otherwise prepare,
+// run and close every one of them (two round trips).
+//
 // # Waiting
 //
 // MySQL has no LISTEN/NOTIFY. Each client keeps one listening connection (opened by
@@ -225,6 +231,7 @@ type Backend struct {
 	own      bool
 	closed   atomic.Bool
 	q        statements
+	stmts    prepared // the hot statements of q, prepared
 	lst      *listener
 	places   sync.Map       // placeKey -> *place: places this client queued
 	hot      sync.Map       // key -> struct{}: granted to a queued place (its release hands the key on at once)
@@ -254,6 +261,11 @@ func newBackend(ctx context.Context, db *sql.DB, opts []Option) (*Backend, error
 		return nil, err
 	}
 	b.q = newStatements(b.table)
+	stmts, err := b.q.prepare(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	b.stmts = stmts
 	b.lst = newListener(b)
 	return b, nil
 }
@@ -397,7 +409,7 @@ func (b *Backend) refused(ctx context.Context, req driver.Request) (driver.Grant
 func (b *Backend) waitState(ctx context.Context, key, owner string) (ws waitState, err error) {
 	var handed bool
 	var nonce []byte
-	err = b.db.QueryRowContext(ctx, b.q.waitState, owner, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued, &ws.mine)
+	err = b.queryRow(ctx, b.q.waitState, owner, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued, &ws.mine)
 	if errors.Is(err, sql.ErrNoRows) {
 		return waitState{}, nil
 	}
@@ -453,7 +465,7 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant
 		// A re-entry that set the same expiry (within the same microsecond)
 		// changed nothing: read whether the row is the caller's.
 		var tok uint64
-		err := b.db.QueryRowContext(ctx, b.q.owned, req.Key, req.Owner).Scan(&tok)
+		err := b.queryRow(ctx, b.q.owned, req.Key, req.Owner).Scan(&tok)
 		if err == nil {
 			return driver.Grant{Token: tok}, true, nil
 		}
@@ -467,7 +479,7 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant
 // held returns the HeldError of a refused attempt, with the holder's TTL left.
 func (b *Backend) held(ctx context.Context, key string) error {
 	var us int64
-	err := b.db.QueryRowContext(ctx, b.q.heldTTL, key).Scan(&us)
+	err := b.queryRow(ctx, b.q.heldTTL, key).Scan(&us)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return b.ctxErr(ctx, err)
 	}
@@ -498,7 +510,7 @@ func (b *Backend) updateOwned(ctx context.Context, key, owner, stmt string, args
 		return nil
 	}
 	var tok uint64
-	err = b.db.QueryRowContext(ctx, b.q.owned, key, owner).Scan(&tok)
+	err = b.queryRow(ctx, b.q.owned, key, owner).Scan(&tok)
 	if errors.Is(err, sql.ErrNoRows) {
 		return driver.ErrNotHeld
 	}
@@ -557,7 +569,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	var tok uint64
 	var us int64
 	var waiters int
-	err := b.db.QueryRowContext(ctx, b.q.inspect, key).Scan(&owner, &val, &tok, &us, &waiters)
+	err := b.queryRow(ctx, b.q.inspect, key).Scan(&owner, &val, &tok, &us, &waiters)
 	if errors.Is(err, sql.ErrNoRows) {
 		return driver.Info{}, driver.ErrNotHeld
 	}
@@ -600,6 +612,7 @@ func (b *Backend) Close() error {
 	}
 	b.lst.close()
 	b.drops.Wait()
+	b.stmts.close()
 	if b.own {
 		return b.db.Close()
 	}
@@ -613,7 +626,13 @@ func (b *Backend) Close() error {
 // READ), which can meet a waiter's upsert of its place.
 func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	for i := 0; ; i++ {
-		res, err := b.db.ExecContext(ctx, query, args...)
+		var res sql.Result
+		var err error
+		if st := b.stmts[query]; st != nil {
+			res, err = st.ExecContext(ctx, args...)
+		} else {
+			res, err = b.db.ExecContext(ctx, query, args...)
+		}
 		if err == nil || i == 16 || !isErr(err, 1213) || ctx.Err() != nil {
 			return res, err
 		}
@@ -632,4 +651,12 @@ func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Resu
 func isErr(err error, number uint16) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && me.Number == number
+}
+
+// queryRow runs a query of one row, prepared if it is one of the hot statements.
+func (b *Backend) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := b.stmts[query]; st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	return b.db.QueryRowContext(ctx, query, args...)
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -242,16 +241,37 @@ func (l *listener) ensure(ctx context.Context) (uint64, error) {
 		conn.Close()
 		return 0, err
 	}
+	// The listener's two statements, prepared on its connection (one round
+	// trip each), before its id is known to any release that could KILL them.
+	sleep, err := conn.PrepareContext(ctx, l.b.q.sleep)
+	if err != nil {
+		conn.Close()
+		return 0, err
+	}
+	grants, err := conn.PrepareContext(ctx, l.b.q.grants)
+	if err != nil {
+		sleep.Close()
+		conn.Close()
+		return 0, err
+	}
 	lctx, cancel := context.WithCancel(context.Background())
 	l.id, l.cancel, l.done = id, cancel, make(chan struct{})
-	go l.loop(lctx, conn, id, l.done)
+	go l.loop(lctx, conn, sleep, grants, id, l.done)
 	return id, nil
 }
 
-func (l *listener) loop(ctx context.Context, conn *sql.Conn, id uint64, done chan struct{}) {
+func (l *listener) loop(ctx context.Context, conn *sql.Conn, sleep, grants *sql.Stmt, id uint64, done chan struct{}) {
 	defer close(done)
 	defer conn.Close()
+	defer sleep.Close()
+	defer grants.Close()
 	delivered := map[uint64]bool{} // places whose grant was delivered, while they are there
+	l.run(ctx, id, delivered, sleep, grants)
+}
+
+// run is the listener's loop: sleep until a KILL QUERY (or a grant not yet
+// delivered), deliver the grants, again; on an error it stops.
+func (l *listener) run(ctx context.Context, id uint64, delivered map[uint64]bool, sleep, grants *sql.Stmt) {
 	for {
 		// The sleep checks for grants not yet delivered first: a KILL QUERY
 		// that came between two statements (and ended none) is not lost. A KILL
@@ -261,12 +281,12 @@ func (l *listener) loop(ctx context.Context, conn *sql.Conn, id uint64, done cha
 			ids += "," + strconv.FormatUint(p, 10)
 		}
 		var slept int
-		err := conn.QueryRowContext(ctx, fmt.Sprintf(l.b.q.sleep, ids), id).Scan(&slept)
+		err := sleep.QueryRowContext(ctx, id, ids).Scan(&slept)
 		if err != nil && ctx.Err() == nil && isErr(err, 1317) { // interrupted
 			err = nil
 		}
 		for i := 0; err == nil; i++ {
-			err = l.deliver(ctx, conn, id, delivered)
+			err = l.deliver(ctx, grants, id, delivered)
 			if err == nil || ctx.Err() != nil || !isErr(err, 1317) || i == 3 {
 				break
 			}
@@ -274,23 +294,29 @@ func (l *listener) loop(ctx context.Context, conn *sql.Conn, id uint64, done cha
 			err = nil
 		}
 		if err != nil {
-			l.wakeAll()
-			l.mu.Lock()
-			l.id = 0
-			l.mu.Unlock()
-			if ctx.Err() == nil {
-				time.Sleep(10 * time.Millisecond)
-			}
+			l.stop(ctx)
 			return
 		}
+	}
+}
+
+// stop ends the listening connection's use after an error: every waiter is woken
+// (its attempt finds what it was waiting for, or waits again on a new connection).
+func (l *listener) stop(ctx context.Context) {
+	l.wakeAll()
+	l.mu.Lock()
+	l.id = 0
+	l.mu.Unlock()
+	if ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
 // deliver reads the grants handed to the places of this listening connection (one
 // read) and gives each to its waiter. A grant whose waiter is gone is left to that
 // waiter's Stop, which hands it on. delivered is updated to the places read.
-func (l *listener) deliver(ctx context.Context, conn *sql.Conn, id uint64, delivered map[uint64]bool) error {
-	rows, err := conn.QueryContext(ctx, l.b.q.grants, id)
+func (l *listener) deliver(ctx context.Context, grants *sql.Stmt, id uint64, delivered map[uint64]bool) error {
+	rows, err := grants.QueryContext(ctx, id)
 	if err != nil {
 		return err
 	}
