@@ -31,6 +31,67 @@ func TestHandoff(t *testing.T) {
 	t.Run("HandedGrant", func(t *testing.T) { testHandedGrant(t, srv) })
 	t.Run("CancelledWaiterHandsOn", func(t *testing.T) { testCancelledWaiterHandsOn(t, srv) })
 	t.Run("CrashedWaiterLapses", func(t *testing.T) { testCrashedWaiterLapses(t, srv) })
+	t.Run("RequeueGoesLast", func(t *testing.T) { testRequeueGoesLast(t, srv) })
+}
+
+// A waiter granted the key through its place that queues again at once (its old
+// place not yet deleted: the new one replaces it) goes to the end of the line,
+// behind a place made in between, and is handed the key after it.
+func testRequeueGoesLast(t *testing.T, srv *testserver.MariaDB) {
+	a, b, c := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer a.Close()
+	defer b.Close()
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := a.Acquire(ctx, driver.Request{Key: "rq", Owner: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	wb := queueWaiter(t, b, "rq", "b", 30*time.Second)
+	if err := a.Release(ctx, "rq", "a"); err != nil {
+		t.Fatal(err)
+	}
+	<-wb.C()
+	req := driver.Request{Key: "rq", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute}
+	if _, err := b.Acquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := wb.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	wc := queueWaiter(t, c, "rq", "c", 30*time.Second)
+	if err := b.Release(ctx, "rq", "b"); err != nil {
+		t.Fatal(err)
+	}
+	<-wc.C()
+	wb = queueWaiter(t, b, "rq", "b", 30*time.Second)
+	db := admin(t, srv)
+	var places int
+	if err := db.QueryRow("SELECT COUNT(*) FROM dlock_locks_queue WHERE lock_key = 'rq' AND owner = 'b'").Scan(&places); err != nil || places != 1 {
+		t.Fatalf("places of b: %d, %v; want 1", places, err)
+	}
+	if _, err := c.Acquire(ctx, driver.Request{Key: "rq", Owner: "c", TTL: 30 * time.Second, Wait: true, Patience: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wc.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, "rq", "c"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wb.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("b, queued again, was not handed the key")
+	}
+	if _, err := b.Acquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := wb.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "rq", "b"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A release grants the key to the first place on the server (a new token, the

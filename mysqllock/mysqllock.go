@@ -105,7 +105,9 @@
 // read, no write) and gives each to its waiter, whose next Acquire returns it
 // without a statement, with Grant.Age counted from when the place was first
 // written (the key was handed after that). The place, which had its turn, is
-// deleted in the background. The listener's sleep first checks for grants it has
+// deleted in the background 50 ms later, unless its owner queues again on this
+// client first: the new place then replaces it (REPLACE, a new id at the end of
+// the line), one write where a deletion and an insert were two. The listener's sleep first checks for grants it has
 // not delivered, so a KILL that came between two of its statements is not lost;
 // a wake-up lost otherwise (a connection lost) is covered by the core's bounded
 // fallback retry, whose attempt claims a grant handed to the caller's own place
@@ -133,7 +135,8 @@
 // pool's other connections are shared, at most max_conns in all). A handoff is one
 // write (the release, which grants the key) and a KILL by the releaser, and one read
 // by the woken listener; the waiter's place costs one write to make (and a read of
-// the row), and one to delete, off the handoff's path.
+// the row), and one to delete, off the handoff's path (none when its owner queues
+// again within 50 ms: the new place replaces it).
 //
 // # Several keys at once
 //
@@ -236,8 +239,8 @@ type Backend struct {
 	places   sync.Map       // placeKey -> *place: places this client queued
 	hot      sync.Map       // key -> struct{}: granted to a queued place (its release hands the key on at once)
 	handedOn sync.Map       // key -> time.Time: when this client last handed the key to a waiter
-	dropping sync.Map       // placeKey -> chan struct{}: closed when the deletion is done
-	drops    sync.WaitGroup // deletions of places that had their turn, under way
+	dropping sync.Map       // placeKey -> *drop: the deletion of a place that had its turn
+	drops    sync.WaitGroup // deletions of places that had their turn, scheduled or under way
 }
 
 var (
@@ -611,6 +614,7 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.lst.close()
+	b.flushDrops()
 	b.drops.Wait()
 	b.stmts.close()
 	if b.own {

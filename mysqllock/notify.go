@@ -39,13 +39,22 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 		return false, b.ctxErr(ctx, err)
 	}
 	pk := placeKey{req.Key, req.Owner}
-	if d, ok := b.dropping.Load(pk); ok {
-		<-d.(chan struct{}) // the deletion of this owner's last place first
+	stmt := b.q.enqueue
+	if v, ok := b.dropping.Load(pk); ok {
+		if d := v.(*drop); d.cancel(b) {
+			b.dropping.CompareAndDelete(pk, d)
+			// This owner's last place, which had its turn, is still there:
+			// the new place replaces it (deleted and inserted at the end of
+			// the line, in one statement).
+			stmt = b.q.requeue
+		} else {
+			<-d.done // the deletion of this owner's last place first
+		}
 	}
 	// Remembered before the insert is sent: a withdrawal deletes the place even
 	// if the reply to the insert never came.
 	v, had := b.places.LoadOrStore(pk, newPlace())
-	if _, err := b.exec(ctx, b.q.enqueue, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
+	if _, err := b.exec(ctx, stmt, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
 	return !had, nil
@@ -62,8 +71,10 @@ func (b *Backend) dropPlace(ctx context.Context, key, owner string) error {
 
 // dropPlaceAsync deletes, in the background, the place of a waiter that was
 // granted the key: the place has had its turn (no release hands it the key
-// again), so the grant need not wait for the deletion. A new place of the same
-// owner waits for it (queue).
+// again), so the grant need not wait for the deletion. The deletion waits
+// dropDelay first: a new place of the same owner made before then replaces the
+// old one in the statement that makes it (queue), which saves the deletion's
+// commit; a new place made while the deletion runs waits for it.
 func (b *Backend) dropPlaceAsync(key, owner string) {
 	pk := placeKey{key, owner}
 	if _, ok := b.places.LoadAndDelete(pk); !ok {
@@ -72,19 +83,84 @@ func (b *Backend) dropPlaceAsync(key, owner string) {
 	// Granted after queueing: the key is contended, and its release (by this
 	// client, most likely) hands it on at once.
 	b.hot.Store(key, struct{}{})
-	done := make(chan struct{})
-	if old, loaded := b.dropping.Swap(pk, done); loaded {
-		<-old.(chan struct{})
-	}
+	// Held until the timer is set: a cancel waits for it.
+	d := &drop{done: make(chan struct{})}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	b.drops.Add(1)
-	go func() {
-		defer b.drops.Done()
-		defer b.dropping.CompareAndDelete(pk, done)
-		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = b.exec(ctx, b.q.withdraw, key, owner)
-	}()
+	if old, loaded := b.dropping.Swap(pk, d); loaded {
+		// The deletion scheduled before deletes the same row: this one does.
+		if o := old.(*drop); !o.cancel(b) {
+			<-o.done
+		}
+	}
+	d.timer = time.AfterFunc(dropDelay, func() { d.run(b, pk) })
+}
+
+// dropDelay is how long the deletion of a place that had its turn waits for a
+// new place of the same owner to replace it.
+const dropDelay = 50 * time.Millisecond
+
+// drop is the deletion of a place that had its turn, scheduled by dropPlaceAsync.
+type drop struct {
+	mu    sync.Mutex
+	state int // dropPending, dropRunning or dropCancelled
+	timer *time.Timer
+	done  chan struct{} // closed when the deletion is done or cancelled
+}
+
+const (
+	dropPending = iota
+	dropRunning
+	dropCancelled
+)
+
+// run deletes the place unless the deletion was cancelled.
+func (d *drop) run(b *Backend, pk placeKey) {
+	d.mu.Lock()
+	if d.state != dropPending {
+		d.mu.Unlock()
+		return
+	}
+	d.state = dropRunning
+	d.mu.Unlock()
+	defer b.drops.Done()
+	defer b.dropping.CompareAndDelete(pk, d)
+	defer close(d.done)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = b.exec(ctx, b.q.withdraw, pk.key, pk.owner)
+}
+
+// cancel cancels the deletion if it has not started, and reports whether it did
+// (the place is then still there).
+func (d *drop) cancel(b *Backend) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state != dropPending {
+		return false
+	}
+	d.state = dropCancelled
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+	close(d.done)
+	b.drops.Done()
+	return true
+}
+
+// flushDrops runs at once the deletions still waiting (Close).
+func (b *Backend) flushDrops() {
+	b.dropping.Range(func(k, v any) bool {
+		d := v.(*drop)
+		d.mu.Lock()
+		pending := d.state == dropPending && d.timer != nil && d.timer.Stop()
+		d.mu.Unlock()
+		if pending {
+			go d.run(b, k.(placeKey))
+		}
+		return true
+	})
 }
 
 // wake ends the sleep of the listening connection conn (KILL QUERY), whose client

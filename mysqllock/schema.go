@@ -9,7 +9,7 @@ import (
 // statements is the SQL the backend sends, written for its table (newStatements).
 type statements struct {
 	acquire, heldTTL, owned, refresh, release, handoff, inspect, force string
-	enqueue, mark, withdraw, waitState, grants, sleep, lapse           string
+	enqueue, requeue, mark, withdraw, waitState, grants, sleep, lapse  string
 	queue, list, setValue                                              string
 }
 
@@ -23,7 +23,7 @@ type prepared map[string]*sql.Stmt
 func (q *statements) prepare(ctx context.Context, db *sql.DB) (prepared, error) {
 	p := prepared{}
 	for _, s := range []string{q.acquire, q.heldTTL, q.owned, q.refresh, q.release, q.handoff, q.force,
-		q.enqueue, q.mark, q.withdraw, q.waitState, q.lapse, q.setValue} {
+		q.enqueue, q.requeue, q.mark, q.withdraw, q.waitState, q.lapse, q.setValue} {
 		st, err := db.PrepareContext(ctx, s)
 		if err != nil {
 			p.close()
@@ -100,6 +100,10 @@ func newStatements(table string) statements {
 		// place is claimed only by the waiter whose insert made it.
 		enqueue: "INSERT INTO " + qt + " (lock_key, owner, value, conn, ttl, nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND) " +
 			"ON DUPLICATE KEY UPDATE conn = VALUES(conn), value = VALUES(value), ttl = VALUES(ttl), expires_at = VALUES(expires_at)",
+		// requeue makes a new place where the owner's last place, which had its
+		// turn, may still be: REPLACE deletes that one and inserts the new one
+		// with a new id (at the end of the line).
+		requeue:  "REPLACE INTO " + qt + " (lock_key, owner, value, conn, ttl, nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND)",
 		mark:     "UPDATE " + t + " SET queued = 1 WHERE lock_key = ? AND queued = 0",
 		withdraw: "DELETE FROM " + qt + " WHERE lock_key = ? AND owner = ?",
 		// lapse ends a place that gives up: no handoff picks it after this.
