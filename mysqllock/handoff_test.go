@@ -212,3 +212,38 @@ func testCrashedWaiterLapses(t *testing.T, srv *testserver.MariaDB) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A server at its limit of prepared statements (max_prepared_stmt_count) gets the
+// statements unprepared, as before they were prepared once: locking and handoffs
+// work.
+func TestPreparedStatementLimit(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	exec(t, admin(t, srv), "SET GLOBAL max_prepared_stmt_count = 5")
+	a, b := open(t, srv.URL()), open(t, srv.URL())
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	g0, err := a.Acquire(ctx, driver.Request{Key: "lim", Owner: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := queueWaiter(t, b, "lim", "b", 30*time.Second)
+	if err := a.Release(ctx, "lim", "a"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wake-up")
+	}
+	g, err := b.Acquire(ctx, driver.Request{Key: "lim", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute})
+	if err != nil || g.Token != g0.Token+1 {
+		t.Fatalf("handed grant: %+v, %v; want token %d", g, err, g0.Token+1)
+	}
+	if err := w.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "lim", "b"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -76,9 +76,10 @@
 //
 // The statements with parameters that the hot paths run are prepared once on each
 // connection that first runs them (server-side prepared statements, about 15 per
-// connection of the pool, counted against max_prepared_stmt_count, closed by
-// Close), so that each is one round trip; database/sql would otherwise prepare,
-// run and close every one of them (two round trips).
+// connection of the pool, counted against the server's max_prepared_stmt_count,
+// closed by Close), so that each is one round trip; database/sql would otherwise
+// prepare, run and close every one of them (two round trips). A server at that
+// limit gets the statement as before (prepared, run and closed).
 //
 // # Waiting
 //
@@ -634,7 +635,8 @@ func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Resu
 		var err error
 		if st := b.stmts[query]; st != nil {
 			res, err = st.ExecContext(ctx, args...)
-		} else {
+		}
+		if st := b.stmts[query]; st == nil || isErr(err, errTooManyPrepared) {
 			res, err = b.db.ExecContext(ctx, query, args...)
 		}
 		if err == nil || i == 16 || !isErr(err, 1213) || ctx.Err() != nil {
@@ -652,6 +654,10 @@ func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Resu
 	}
 }
 
+// errTooManyPrepared is ER_MAX_PREPARED_STMT_COUNT_REACHED: the server holds
+// max_prepared_stmt_count prepared statements already.
+const errTooManyPrepared = 1461
+
 func isErr(err error, number uint16) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && me.Number == number
@@ -660,7 +666,9 @@ func isErr(err error, number uint16) bool {
 // queryRow runs a query of one row, prepared if it is one of the hot statements.
 func (b *Backend) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
 	if st := b.stmts[query]; st != nil {
-		return st.QueryRowContext(ctx, args...)
+		if r := st.QueryRowContext(ctx, args...); !isErr(r.Err(), errTooManyPrepared) {
+			return r
+		}
 	}
 	return b.db.QueryRowContext(ctx, query, args...)
 }

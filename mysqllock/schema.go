@@ -20,6 +20,8 @@ type statements struct {
 type prepared map[string]*sql.Stmt
 
 // prepare prepares the statements of q that the hot paths run with parameters.
+// A server that holds max_prepared_stmt_count prepared statements already gets
+// none (the backend then sends them as before).
 func (q *statements) prepare(ctx context.Context, db *sql.DB) (prepared, error) {
 	p := prepared{}
 	for _, s := range []string{q.acquire, q.heldTTL, q.owned, q.refresh, q.release, q.handoff, q.force,
@@ -27,6 +29,9 @@ func (q *statements) prepare(ctx context.Context, db *sql.DB) (prepared, error) 
 		st, err := db.PrepareContext(ctx, s)
 		if err != nil {
 			p.close()
+			if isErr(err, errTooManyPrepared) {
+				return prepared{}, nil
+			}
 			return nil, err
 		}
 		p[s] = st
