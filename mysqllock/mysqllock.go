@@ -106,9 +106,11 @@
 // read, no write) and gives each to its waiter, whose next Acquire returns it
 // without a statement, with Grant.Age counted from when the place was first
 // written (the key was handed after that). The place, which had its turn, is
-// deleted in the background 50 ms later, unless its owner queues again on this
-// client first: the new place then replaces it (REPLACE, a new id at the end of
-// the line), one write where a deletion and an insert were two. The listener's sleep first checks for grants it has
+// deleted in the background, within 100 ms, in one statement with the other
+// places of the client that had their turn meanwhile (one commit for them all);
+// if its owner queues again on this client first, the new place replaces it
+// (REPLACE, a new id at the end of the line), one write where a deletion and an
+// insert were two. Until then it is passed over like any place that had its turn. The listener's sleep first checks for grants it has
 // not delivered, so a KILL that came between two of its statements is not lost;
 // a wake-up lost otherwise (a connection lost) is covered by the core's bounded
 // fallback retry, whose attempt claims a grant handed to the caller's own place
@@ -136,8 +138,8 @@
 // pool's other connections are shared, at most max_conns in all). A handoff is one
 // write (the release, which grants the key) and a KILL by the releaser, and one read
 // by the woken listener; the waiter's place costs one write to make (and a read of
-// the row), and one to delete, off the handoff's path (none when its owner queues
-// again within 50 ms: the new place replaces it).
+// the row), and a share of one to delete, off the handoff's path (none when its
+// owner queues again first: the new place replaces it).
 //
 // # Several keys at once
 //
@@ -242,6 +244,9 @@ type Backend struct {
 	handedOn sync.Map       // key -> time.Time: when this client last handed the key to a waiter
 	dropping sync.Map       // placeKey -> *drop: the deletion of a place that had its turn
 	drops    sync.WaitGroup // deletions of places that had their turn, scheduled or under way
+	dmu      sync.Mutex
+	dq       []*drop     // deletions scheduled, under dmu
+	dtimer   *time.Timer // runs them (runDrops), nil if none is scheduled; under dmu
 }
 
 var (

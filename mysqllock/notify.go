@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,10 +72,11 @@ func (b *Backend) dropPlace(ctx context.Context, key, owner string) error {
 
 // dropPlaceAsync deletes, in the background, the place of a waiter that was
 // granted the key: the place has had its turn (no release hands it the key
-// again), so the grant need not wait for the deletion. The deletion waits
-// dropDelay first: a new place of the same owner made before then replaces the
-// old one in the statement that makes it (queue), which saves the deletion's
-// commit; a new place made while the deletion runs waits for it.
+// again), so the grant need not wait for the deletion. Deletions wait up to
+// dropDelay and run together, one statement (one commit) for all the places of
+// this client that had their turn meanwhile; a new place of the same owner made
+// before then replaces the old one in the statement that makes it (queue), and
+// one made while the deletion runs waits for it.
 func (b *Backend) dropPlaceAsync(key, owner string) {
 	pk := placeKey{key, owner}
 	if _, ok := b.places.LoadAndDelete(pk); !ok {
@@ -83,10 +85,7 @@ func (b *Backend) dropPlaceAsync(key, owner string) {
 	// Granted after queueing: the key is contended, and its release (by this
 	// client, most likely) hands it on at once.
 	b.hot.Store(key, struct{}{})
-	// Held until the timer is set: a cancel waits for it.
-	d := &drop{done: make(chan struct{})}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d := &drop{pk: pk, done: make(chan struct{})}
 	b.drops.Add(1)
 	if old, loaded := b.dropping.Swap(pk, d); loaded {
 		// The deletion scheduled before deletes the same row: this one does.
@@ -94,18 +93,26 @@ func (b *Backend) dropPlaceAsync(key, owner string) {
 			<-o.done
 		}
 	}
-	d.timer = time.AfterFunc(dropDelay, func() { d.run(b, pk) })
+	b.dmu.Lock()
+	b.dq = append(b.dq, d)
+	if b.dtimer == nil {
+		b.dtimer = time.AfterFunc(dropDelay, b.runDrops)
+	}
+	b.dmu.Unlock()
 }
 
-// dropDelay is how long the deletion of a place that had its turn waits for a
-// new place of the same owner to replace it.
-const dropDelay = 50 * time.Millisecond
+// dropDelay is how long the deletion of a place that had its turn waits, for
+// others to run with it and for a new place of the same owner to replace it.
+const dropDelay = 100 * time.Millisecond
+
+// dropBatch is the most places one deletion statement names.
+const dropBatch = 64
 
 // drop is the deletion of a place that had its turn, scheduled by dropPlaceAsync.
 type drop struct {
+	pk    placeKey
 	mu    sync.Mutex
-	state int // dropPending, dropRunning or dropCancelled
-	timer *time.Timer
+	state int           // dropPending, dropRunning or dropCancelled
 	done  chan struct{} // closed when the deletion is done or cancelled
 }
 
@@ -115,21 +122,52 @@ const (
 	dropCancelled
 )
 
-// run deletes the place unless the deletion was cancelled.
-func (d *drop) run(b *Backend, pk placeKey) {
-	d.mu.Lock()
-	if d.state != dropPending {
+// runDrops deletes the places whose deletion is scheduled and not cancelled.
+func (b *Backend) runDrops() {
+	b.dmu.Lock()
+	ds := b.dq
+	b.dq, b.dtimer = nil, nil
+	b.dmu.Unlock()
+	var run []*drop
+	for _, d := range ds {
+		d.mu.Lock()
+		if d.state == dropPending {
+			d.state = dropRunning
+			run = append(run, d)
+		}
 		d.mu.Unlock()
-		return
 	}
-	d.state = dropRunning
-	d.mu.Unlock()
-	defer b.drops.Done()
-	defer b.dropping.CompareAndDelete(pk, d)
-	defer close(d.done)
+	for len(run) > 0 {
+		n := min(len(run), dropBatch)
+		b.deletePlaces(run[:n])
+		for _, d := range run[:n] {
+			close(d.done)
+			b.dropping.CompareAndDelete(d.pk, d)
+			b.drops.Done()
+		}
+		run = run[n:]
+	}
+}
+
+// deletePlaces deletes the places of ds in one statement.
+func (b *Backend) deletePlaces(ds []*drop) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, _ = b.exec(ctx, b.q.withdraw, pk.key, pk.owner)
+	if len(ds) == 1 {
+		_, _ = b.exec(ctx, b.q.withdraw, ds[0].pk.key, ds[0].pk.owner)
+		return
+	}
+	var q strings.Builder
+	q.WriteString(b.q.withdrawMany)
+	args := make([]any, 0, 2*len(ds))
+	for i, d := range ds {
+		if i > 0 {
+			q.WriteString(" OR ")
+		}
+		q.WriteString("(lock_key = ? AND owner = ?)")
+		args = append(args, d.pk.key, d.pk.owner)
+	}
+	_, _ = b.exec(ctx, q.String(), args...)
 }
 
 // cancel cancels the deletion if it has not started, and reports whether it did
@@ -141,9 +179,6 @@ func (d *drop) cancel(b *Backend) bool {
 		return false
 	}
 	d.state = dropCancelled
-	if d.timer != nil {
-		d.timer.Stop()
-	}
 	close(d.done)
 	b.drops.Done()
 	return true
@@ -151,16 +186,12 @@ func (d *drop) cancel(b *Backend) bool {
 
 // flushDrops runs at once the deletions still waiting (Close).
 func (b *Backend) flushDrops() {
-	b.dropping.Range(func(k, v any) bool {
-		d := v.(*drop)
-		d.mu.Lock()
-		pending := d.state == dropPending && d.timer != nil && d.timer.Stop()
-		d.mu.Unlock()
-		if pending {
-			go d.run(b, k.(placeKey))
-		}
-		return true
-	})
+	b.dmu.Lock()
+	now := b.dtimer != nil && b.dtimer.Stop()
+	b.dmu.Unlock()
+	if now {
+		b.runDrops()
+	}
 }
 
 // wake ends the sleep of the listening connection conn (KILL QUERY), whose client

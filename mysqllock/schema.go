@@ -9,7 +9,8 @@ import (
 // statements is the SQL the backend sends, written for its table (newStatements).
 type statements struct {
 	acquire, heldTTL, owned, refresh, release, handoff, inspect, force string
-	enqueue, requeue, mark, withdraw, waitState, grants, sleep, lapse  string
+	enqueue, requeue, mark, withdraw, withdrawMany, waitState          string
+	grants, sleep, lapse                                               string
 	queue, list, setValue                                              string
 }
 
@@ -111,6 +112,9 @@ func newStatements(table string) statements {
 		requeue:  "REPLACE INTO " + qt + " (lock_key, owner, value, conn, ttl, nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND)",
 		mark:     "UPDATE " + t + " SET queued = 1 WHERE lock_key = ? AND queued = 0",
 		withdraw: "DELETE FROM " + qt + " WHERE lock_key = ? AND owner = ?",
+		// withdrawMany is followed by (lock_key = ? AND owner = ?) OR ... for
+		// each place (deletePlaces).
+		withdrawMany: "DELETE FROM " + qt + " WHERE ",
 		// lapse ends a place that gives up: no handoff picks it after this.
 		lapse: "UPDATE " + qt + " SET expires_at = '" + released + "' WHERE lock_key = ? AND owner = ?",
 		// waitState, for a refused waiting attempt: the holder's TTL left, whether
