@@ -218,10 +218,27 @@ func testCrashedWaiterLapses(t *testing.T, srv *testserver.MariaDB) {
 // work.
 func TestPreparedStatementLimit(t *testing.T) {
 	srv := testserver.StartMariaDB(t)
-	exec(t, admin(t, srv), "SET GLOBAL max_prepared_stmt_count = 5")
+	db := admin(t, srv)
+	exec(t, db, "SET GLOBAL max_prepared_stmt_count = 10")
 	a, b := open(t, srv.URL()), open(t, srv.URL())
 	defer a.Close()
 	defer b.Close()
+	// The statements each Open prepared before the limit are closed (the
+	// client does not wait for the server to have done so).
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var name string
+		var n int
+		if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Prepared_stmt_count'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d prepared statements left after Open at the limit", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	ctx := context.Background()
 	g0, err := a.Acquire(ctx, driver.Request{Key: "lim", Owner: "a", TTL: time.Minute})
 	if err != nil {
