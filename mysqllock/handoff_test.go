@@ -31,6 +31,67 @@ func TestHandoff(t *testing.T) {
 	t.Run("HandedGrant", func(t *testing.T) { testHandedGrant(t, srv) })
 	t.Run("CancelledWaiterHandsOn", func(t *testing.T) { testCancelledWaiterHandsOn(t, srv) })
 	t.Run("CrashedWaiterLapses", func(t *testing.T) { testCrashedWaiterLapses(t, srv) })
+	t.Run("RequeueGoesLast", func(t *testing.T) { testRequeueGoesLast(t, srv) })
+}
+
+// A waiter granted the key through its place that queues again at once (its old
+// place not yet deleted: the new one replaces it) goes to the end of the line,
+// behind a place made in between, and is handed the key after it.
+func testRequeueGoesLast(t *testing.T, srv *testserver.MariaDB) {
+	a, b, c := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer a.Close()
+	defer b.Close()
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := a.Acquire(ctx, driver.Request{Key: "rq", Owner: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	wb := queueWaiter(t, b, "rq", "b", 30*time.Second)
+	if err := a.Release(ctx, "rq", "a"); err != nil {
+		t.Fatal(err)
+	}
+	<-wb.C()
+	req := driver.Request{Key: "rq", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute}
+	if _, err := b.Acquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := wb.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	wc := queueWaiter(t, c, "rq", "c", 30*time.Second)
+	if err := b.Release(ctx, "rq", "b"); err != nil {
+		t.Fatal(err)
+	}
+	<-wc.C()
+	wb = queueWaiter(t, b, "rq", "b", 30*time.Second)
+	db := admin(t, srv)
+	var places int
+	if err := db.QueryRow("SELECT COUNT(*) FROM dlock_locks_queue WHERE lock_key = 'rq' AND owner = 'b'").Scan(&places); err != nil || places != 1 {
+		t.Fatalf("places of b: %d, %v; want 1", places, err)
+	}
+	if _, err := c.Acquire(ctx, driver.Request{Key: "rq", Owner: "c", TTL: 30 * time.Second, Wait: true, Patience: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wc.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, "rq", "c"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wb.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("b, queued again, was not handed the key")
+	}
+	if _, err := b.Acquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := wb.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "rq", "b"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A release grants the key to the first place on the server (a new token, the
@@ -149,5 +210,57 @@ func testCrashedWaiterLapses(t *testing.T, srv *testserver.MariaDB) {
 			t.Fatalf("c's attempt: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A server at its limit of prepared statements (max_prepared_stmt_count) gets the
+// statements unprepared, as before they were prepared once: locking and handoffs
+// work.
+func TestPreparedStatementLimit(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	db := admin(t, srv)
+	exec(t, db, "SET GLOBAL max_prepared_stmt_count = 10")
+	a, b := open(t, srv.URL()), open(t, srv.URL())
+	defer a.Close()
+	defer b.Close()
+	// The statements each Open prepared before the limit are closed (the
+	// client does not wait for the server to have done so).
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var name string
+		var n int
+		if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Prepared_stmt_count'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d prepared statements left after Open at the limit", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx := context.Background()
+	g0, err := a.Acquire(ctx, driver.Request{Key: "lim", Owner: "a", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := queueWaiter(t, b, "lim", "b", 30*time.Second)
+	if err := a.Release(ctx, "lim", "a"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wake-up")
+	}
+	g, err := b.Acquire(ctx, driver.Request{Key: "lim", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute})
+	if err != nil || g.Token != g0.Token+1 {
+		t.Fatalf("handed grant: %+v, %v; want token %d", g, err, g0.Token+1)
+	}
+	if err := w.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "lim", "b"); err != nil {
+		t.Fatal(err)
 	}
 }

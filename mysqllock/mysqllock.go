@@ -74,6 +74,13 @@
 // DELETE floor; otherwise it hands the key on (see Waiting). Expiry is computed by the server, UTC_TIMESTAMP(6) + TTL,
 // so client clocks (and the session time zone) never matter.
 //
+// The statements with parameters that the hot paths run are prepared once on each
+// connection that first runs them (server-side prepared statements, about 15 per
+// connection of the pool, counted against the server's max_prepared_stmt_count,
+// closed by Close), so that each is one round trip; database/sql would otherwise
+// prepare, run and close every one of them (two round trips). A server at that
+// limit gets the statement as before (prepared, run and closed).
+//
 // # Waiting
 //
 // MySQL has no LISTEN/NOTIFY. Each client keeps one listening connection (opened by
@@ -99,7 +106,11 @@
 // read, no write) and gives each to its waiter, whose next Acquire returns it
 // without a statement, with Grant.Age counted from when the place was first
 // written (the key was handed after that). The place, which had its turn, is
-// deleted in the background. The listener's sleep first checks for grants it has
+// deleted in the background, within 100 ms, in one statement with the other
+// places of the client that had their turn meanwhile (one commit for them all);
+// if its owner queues again on this client first, the new place replaces it
+// (REPLACE, a new id at the end of the line), one write where a deletion and an
+// insert were two. Until then it is passed over like any place that had its turn. The listener's sleep first checks for grants it has
 // not delivered, so a KILL that came between two of its statements is not lost;
 // a wake-up lost otherwise (a connection lost) is covered by the core's bounded
 // fallback retry, whose attempt claims a grant handed to the caller's own place
@@ -127,7 +138,8 @@
 // pool's other connections are shared, at most max_conns in all). A handoff is one
 // write (the release, which grants the key) and a KILL by the releaser, and one read
 // by the woken listener; the waiter's place costs one write to make (and a read of
-// the row), and one to delete, off the handoff's path.
+// the row), and a share of one to delete, off the handoff's path (none when its
+// owner queues again first: the new place replaces it).
 //
 // # Several keys at once
 //
@@ -225,12 +237,16 @@ type Backend struct {
 	own      bool
 	closed   atomic.Bool
 	q        statements
+	stmts    prepared // the hot statements of q, prepared
 	lst      *listener
 	places   sync.Map       // placeKey -> *place: places this client queued
 	hot      sync.Map       // key -> struct{}: granted to a queued place (its release hands the key on at once)
 	handedOn sync.Map       // key -> time.Time: when this client last handed the key to a waiter
-	dropping sync.Map       // placeKey -> chan struct{}: closed when the deletion is done
-	drops    sync.WaitGroup // deletions of places that had their turn, under way
+	dropping sync.Map       // placeKey -> *drop: the deletion of a place that had its turn
+	drops    sync.WaitGroup // deletions of places that had their turn, scheduled or under way
+	dmu      sync.Mutex
+	dq       []*drop     // deletions scheduled, under dmu
+	dtimer   *time.Timer // runs them (runDrops), nil if none is scheduled; under dmu
 }
 
 var (
@@ -254,6 +270,11 @@ func newBackend(ctx context.Context, db *sql.DB, opts []Option) (*Backend, error
 		return nil, err
 	}
 	b.q = newStatements(b.table)
+	stmts, err := b.q.prepare(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	b.stmts = stmts
 	b.lst = newListener(b)
 	return b, nil
 }
@@ -397,7 +418,7 @@ func (b *Backend) refused(ctx context.Context, req driver.Request) (driver.Grant
 func (b *Backend) waitState(ctx context.Context, key, owner string) (ws waitState, err error) {
 	var handed bool
 	var nonce []byte
-	err = b.db.QueryRowContext(ctx, b.q.waitState, owner, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued, &ws.mine)
+	err = b.queryRow(ctx, b.q.waitState, owner, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued, &ws.mine)
 	if errors.Is(err, sql.ErrNoRows) {
 		return waitState{}, nil
 	}
@@ -453,7 +474,7 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant
 		// A re-entry that set the same expiry (within the same microsecond)
 		// changed nothing: read whether the row is the caller's.
 		var tok uint64
-		err := b.db.QueryRowContext(ctx, b.q.owned, req.Key, req.Owner).Scan(&tok)
+		err := b.queryRow(ctx, b.q.owned, req.Key, req.Owner).Scan(&tok)
 		if err == nil {
 			return driver.Grant{Token: tok}, true, nil
 		}
@@ -467,7 +488,7 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant
 // held returns the HeldError of a refused attempt, with the holder's TTL left.
 func (b *Backend) held(ctx context.Context, key string) error {
 	var us int64
-	err := b.db.QueryRowContext(ctx, b.q.heldTTL, key).Scan(&us)
+	err := b.queryRow(ctx, b.q.heldTTL, key).Scan(&us)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return b.ctxErr(ctx, err)
 	}
@@ -498,7 +519,7 @@ func (b *Backend) updateOwned(ctx context.Context, key, owner, stmt string, args
 		return nil
 	}
 	var tok uint64
-	err = b.db.QueryRowContext(ctx, b.q.owned, key, owner).Scan(&tok)
+	err = b.queryRow(ctx, b.q.owned, key, owner).Scan(&tok)
 	if errors.Is(err, sql.ErrNoRows) {
 		return driver.ErrNotHeld
 	}
@@ -557,7 +578,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	var tok uint64
 	var us int64
 	var waiters int
-	err := b.db.QueryRowContext(ctx, b.q.inspect, key).Scan(&owner, &val, &tok, &us, &waiters)
+	err := b.queryRow(ctx, b.q.inspect, key).Scan(&owner, &val, &tok, &us, &waiters)
 	if errors.Is(err, sql.ErrNoRows) {
 		return driver.Info{}, driver.ErrNotHeld
 	}
@@ -599,7 +620,9 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.lst.close()
+	b.flushDrops()
 	b.drops.Wait()
+	b.stmts.close()
 	if b.own {
 		return b.db.Close()
 	}
@@ -613,7 +636,14 @@ func (b *Backend) Close() error {
 // READ), which can meet a waiter's upsert of its place.
 func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	for i := 0; ; i++ {
-		res, err := b.db.ExecContext(ctx, query, args...)
+		var res sql.Result
+		var err error
+		if st := b.stmts[query]; st != nil {
+			res, err = st.ExecContext(ctx, args...)
+		}
+		if st := b.stmts[query]; st == nil || isErr(err, errTooManyPrepared) {
+			res, err = b.db.ExecContext(ctx, query, args...)
+		}
 		if err == nil || i == 16 || !isErr(err, 1213) || ctx.Err() != nil {
 			return res, err
 		}
@@ -629,7 +659,21 @@ func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Resu
 	}
 }
 
+// errTooManyPrepared is ER_MAX_PREPARED_STMT_COUNT_REACHED: the server holds
+// max_prepared_stmt_count prepared statements already.
+const errTooManyPrepared = 1461
+
 func isErr(err error, number uint16) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && me.Number == number
+}
+
+// queryRow runs a query of one row, prepared if it is one of the hot statements.
+func (b *Backend) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := b.stmts[query]; st != nil {
+		if r := st.QueryRowContext(ctx, args...); !isErr(r.Err(), errTooManyPrepared) {
+			return r
+		}
+	}
+	return b.db.QueryRowContext(ctx, query, args...)
 }

@@ -5,8 +5,8 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"errors"
-	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,13 +40,22 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 		return false, b.ctxErr(ctx, err)
 	}
 	pk := placeKey{req.Key, req.Owner}
-	if d, ok := b.dropping.Load(pk); ok {
-		<-d.(chan struct{}) // the deletion of this owner's last place first
+	stmt := b.q.enqueue
+	if v, ok := b.dropping.Load(pk); ok {
+		if d := v.(*drop); d.cancel(b) {
+			b.dropping.CompareAndDelete(pk, d)
+			// This owner's last place, which had its turn, is still there:
+			// the new place replaces it (deleted and inserted at the end of
+			// the line, in one statement).
+			stmt = b.q.requeue
+		} else {
+			<-d.done // the deletion of this owner's last place first
+		}
 	}
 	// Remembered before the insert is sent: a withdrawal deletes the place even
 	// if the reply to the insert never came.
 	v, had := b.places.LoadOrStore(pk, newPlace())
-	if _, err := b.exec(ctx, b.q.enqueue, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
+	if _, err := b.exec(ctx, stmt, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
 	return !had, nil
@@ -63,8 +72,11 @@ func (b *Backend) dropPlace(ctx context.Context, key, owner string) error {
 
 // dropPlaceAsync deletes, in the background, the place of a waiter that was
 // granted the key: the place has had its turn (no release hands it the key
-// again), so the grant need not wait for the deletion. A new place of the same
-// owner waits for it (queue).
+// again), so the grant need not wait for the deletion. Deletions wait up to
+// dropDelay and run together, one statement (one commit) for all the places of
+// this client that had their turn meanwhile; a new place of the same owner made
+// before then replaces the old one in the statement that makes it (queue), and
+// one made while the deletion runs waits for it.
 func (b *Backend) dropPlaceAsync(key, owner string) {
 	pk := placeKey{key, owner}
 	if _, ok := b.places.LoadAndDelete(pk); !ok {
@@ -73,19 +85,113 @@ func (b *Backend) dropPlaceAsync(key, owner string) {
 	// Granted after queueing: the key is contended, and its release (by this
 	// client, most likely) hands it on at once.
 	b.hot.Store(key, struct{}{})
-	done := make(chan struct{})
-	if old, loaded := b.dropping.Swap(pk, done); loaded {
-		<-old.(chan struct{})
-	}
+	d := &drop{pk: pk, done: make(chan struct{})}
 	b.drops.Add(1)
-	go func() {
-		defer b.drops.Done()
-		defer b.dropping.CompareAndDelete(pk, done)
-		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = b.exec(ctx, b.q.withdraw, key, owner)
-	}()
+	if old, loaded := b.dropping.Swap(pk, d); loaded {
+		// The deletion scheduled before deletes the same row: this one does.
+		if o := old.(*drop); !o.cancel(b) {
+			<-o.done
+		}
+	}
+	b.dmu.Lock()
+	b.dq = append(b.dq, d)
+	if b.dtimer == nil {
+		b.dtimer = time.AfterFunc(dropDelay, b.runDrops)
+	}
+	b.dmu.Unlock()
+}
+
+// dropDelay is how long the deletion of a place that had its turn waits, for
+// others to run with it and for a new place of the same owner to replace it.
+const dropDelay = 100 * time.Millisecond
+
+// dropBatch is the most places one deletion statement names.
+const dropBatch = 64
+
+// drop is the deletion of a place that had its turn, scheduled by dropPlaceAsync.
+type drop struct {
+	pk    placeKey
+	mu    sync.Mutex
+	state int           // dropPending, dropRunning or dropCancelled
+	done  chan struct{} // closed when the deletion is done or cancelled
+}
+
+const (
+	dropPending = iota
+	dropRunning
+	dropCancelled
+)
+
+// runDrops deletes the places whose deletion is scheduled and not cancelled.
+func (b *Backend) runDrops() {
+	b.dmu.Lock()
+	ds := b.dq
+	b.dq, b.dtimer = nil, nil
+	b.dmu.Unlock()
+	var run []*drop
+	for _, d := range ds {
+		d.mu.Lock()
+		if d.state == dropPending {
+			d.state = dropRunning
+			run = append(run, d)
+		}
+		d.mu.Unlock()
+	}
+	for len(run) > 0 {
+		n := min(len(run), dropBatch)
+		b.deletePlaces(run[:n])
+		for _, d := range run[:n] {
+			close(d.done)
+			b.dropping.CompareAndDelete(d.pk, d)
+			b.drops.Done()
+		}
+		run = run[n:]
+	}
+}
+
+// deletePlaces deletes the places of ds in one statement.
+func (b *Backend) deletePlaces(ds []*drop) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if len(ds) == 1 {
+		_, _ = b.exec(ctx, b.q.withdraw, ds[0].pk.key, ds[0].pk.owner)
+		return
+	}
+	var q strings.Builder
+	q.WriteString(b.q.withdrawMany)
+	args := make([]any, 0, 2*len(ds))
+	for i, d := range ds {
+		if i > 0 {
+			q.WriteString(" OR ")
+		}
+		q.WriteString("(lock_key = ? AND owner = ?)")
+		args = append(args, d.pk.key, d.pk.owner)
+	}
+	_, _ = b.exec(ctx, q.String(), args...)
+}
+
+// cancel cancels the deletion if it has not started, and reports whether it did
+// (the place is then still there).
+func (d *drop) cancel(b *Backend) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state != dropPending {
+		return false
+	}
+	d.state = dropCancelled
+	close(d.done)
+	b.drops.Done()
+	return true
+}
+
+// flushDrops runs at once the deletions still waiting (Close).
+func (b *Backend) flushDrops() {
+	b.dmu.Lock()
+	now := b.dtimer != nil && b.dtimer.Stop()
+	b.dmu.Unlock()
+	if now {
+		b.runDrops()
+	}
 }
 
 // wake ends the sleep of the listening connection conn (KILL QUERY), whose client
@@ -242,16 +348,37 @@ func (l *listener) ensure(ctx context.Context) (uint64, error) {
 		conn.Close()
 		return 0, err
 	}
+	// The listener's two statements, prepared on its connection (one round
+	// trip each), before its id is known to any release that could KILL them.
+	sleep, err := conn.PrepareContext(ctx, l.b.q.sleep)
+	if err != nil {
+		conn.Close()
+		return 0, err
+	}
+	grants, err := conn.PrepareContext(ctx, l.b.q.grants)
+	if err != nil {
+		sleep.Close()
+		conn.Close()
+		return 0, err
+	}
 	lctx, cancel := context.WithCancel(context.Background())
 	l.id, l.cancel, l.done = id, cancel, make(chan struct{})
-	go l.loop(lctx, conn, id, l.done)
+	go l.loop(lctx, conn, sleep, grants, id, l.done)
 	return id, nil
 }
 
-func (l *listener) loop(ctx context.Context, conn *sql.Conn, id uint64, done chan struct{}) {
+func (l *listener) loop(ctx context.Context, conn *sql.Conn, sleep, grants *sql.Stmt, id uint64, done chan struct{}) {
 	defer close(done)
 	defer conn.Close()
+	defer sleep.Close()
+	defer grants.Close()
 	delivered := map[uint64]bool{} // places whose grant was delivered, while they are there
+	l.run(ctx, id, delivered, sleep, grants)
+}
+
+// run is the listener's loop: sleep until a KILL QUERY (or a grant not yet
+// delivered), deliver the grants, again; on an error it stops.
+func (l *listener) run(ctx context.Context, id uint64, delivered map[uint64]bool, sleep, grants *sql.Stmt) {
 	for {
 		// The sleep checks for grants not yet delivered first: a KILL QUERY
 		// that came between two statements (and ended none) is not lost. A KILL
@@ -261,12 +388,12 @@ func (l *listener) loop(ctx context.Context, conn *sql.Conn, id uint64, done cha
 			ids += "," + strconv.FormatUint(p, 10)
 		}
 		var slept int
-		err := conn.QueryRowContext(ctx, fmt.Sprintf(l.b.q.sleep, ids), id).Scan(&slept)
+		err := sleep.QueryRowContext(ctx, id, ids).Scan(&slept)
 		if err != nil && ctx.Err() == nil && isErr(err, 1317) { // interrupted
 			err = nil
 		}
 		for i := 0; err == nil; i++ {
-			err = l.deliver(ctx, conn, id, delivered)
+			err = l.deliver(ctx, grants, id, delivered)
 			if err == nil || ctx.Err() != nil || !isErr(err, 1317) || i == 3 {
 				break
 			}
@@ -274,23 +401,29 @@ func (l *listener) loop(ctx context.Context, conn *sql.Conn, id uint64, done cha
 			err = nil
 		}
 		if err != nil {
-			l.wakeAll()
-			l.mu.Lock()
-			l.id = 0
-			l.mu.Unlock()
-			if ctx.Err() == nil {
-				time.Sleep(10 * time.Millisecond)
-			}
+			l.stop(ctx)
 			return
 		}
+	}
+}
+
+// stop ends the listening connection's use after an error: every waiter is woken
+// (its attempt finds what it was waiting for, or waits again on a new connection).
+func (l *listener) stop(ctx context.Context) {
+	l.wakeAll()
+	l.mu.Lock()
+	l.id = 0
+	l.mu.Unlock()
+	if ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
 // deliver reads the grants handed to the places of this listening connection (one
 // read) and gives each to its waiter. A grant whose waiter is gone is left to that
 // waiter's Stop, which hands it on. delivered is updated to the places read.
-func (l *listener) deliver(ctx context.Context, conn *sql.Conn, id uint64, delivered map[uint64]bool) error {
-	rows, err := conn.QueryContext(ctx, l.b.q.grants, id)
+func (l *listener) deliver(ctx context.Context, grants *sql.Stmt, id uint64, delivered map[uint64]bool) error {
+	rows, err := grants.QueryContext(ctx, id)
 	if err != nil {
 		return err
 	}

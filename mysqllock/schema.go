@@ -2,14 +2,48 @@ package mysqllock
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 )
 
 // statements is the SQL the backend sends, written for its table (newStatements).
 type statements struct {
 	acquire, heldTTL, owned, refresh, release, handoff, inspect, force string
-	enqueue, mark, withdraw, waitState, grants, sleep, lapse           string
+	enqueue, requeue, mark, withdraw, withdrawMany, waitState          string
+	grants, sleep, lapse                                               string
 	queue, list, setValue                                              string
+}
+
+// prepared are the statements of the backend's hot paths, prepared once (on each
+// connection of the pool as it first runs them): a statement with parameters is
+// then one round trip (COM_STMT_EXECUTE), where database/sql would otherwise
+// prepare, execute and close it every time (two round trips and a third packet).
+type prepared map[string]*sql.Stmt
+
+// prepare prepares the statements of q that the hot paths run with parameters.
+// A server that holds max_prepared_stmt_count prepared statements already gets
+// none (the backend then sends them as before).
+func (q *statements) prepare(ctx context.Context, db *sql.DB) (prepared, error) {
+	p := prepared{}
+	for _, s := range []string{q.acquire, q.heldTTL, q.owned, q.refresh, q.release, q.handoff, q.force,
+		q.enqueue, q.requeue, q.mark, q.withdraw, q.waitState, q.lapse, q.setValue} {
+		st, err := db.PrepareContext(ctx, s)
+		if err != nil {
+			p.close()
+			if isErr(err, errTooManyPrepared) {
+				return prepared{}, nil
+			}
+			return nil, err
+		}
+		p[s] = st
+	}
+	return p, nil
+}
+
+func (p prepared) close() {
+	for _, st := range p {
+		st.Close()
+	}
 }
 
 // released is the expiry of a released row: long past.
@@ -72,8 +106,15 @@ func newStatements(table string) statements {
 		// place is claimed only by the waiter whose insert made it.
 		enqueue: "INSERT INTO " + qt + " (lock_key, owner, value, conn, ttl, nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND) " +
 			"ON DUPLICATE KEY UPDATE conn = VALUES(conn), value = VALUES(value), ttl = VALUES(ttl), expires_at = VALUES(expires_at)",
+		// requeue makes a new place where the owner's last place, which had its
+		// turn, may still be: REPLACE deletes that one and inserts the new one
+		// with a new id (at the end of the line).
+		requeue:  "REPLACE INTO " + qt + " (lock_key, owner, value, conn, ttl, nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND)",
 		mark:     "UPDATE " + t + " SET queued = 1 WHERE lock_key = ? AND queued = 0",
 		withdraw: "DELETE FROM " + qt + " WHERE lock_key = ? AND owner = ?",
+		// withdrawMany is followed by (lock_key = ? AND owner = ?) OR ... for
+		// each place (deletePlaces).
+		withdrawMany: "DELETE FROM " + qt + " WHERE ",
 		// lapse ends a place that gives up: no handoff picks it after this.
 		lapse: "UPDATE " + qt + " SET expires_at = '" + released + "' WHERE lock_key = ? AND owner = ?",
 		// waitState, for a refused waiting attempt: the holder's TTL left, whether
@@ -85,8 +126,11 @@ func newStatements(table string) statements {
 		// grants: the live grants handed to places of a listening connection.
 		// sleep: the listener's sleep, unless a grant not yet delivered is
 		// there already (handed before the sleep began, its KILL lost).
+		// The places already delivered are a comma-separated list of ids
+		// (FIND_IN_SET), so that the statement's text does not change and it
+		// is prepared once.
 		sleep: "SELECT IF(EXISTS(SELECT 1 FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
-			"WHERE q.conn = ? AND l.expires_at > " + now + " AND q.id NOT IN (%s)), 0, SLEEP(3600))",
+			"WHERE q.conn = ? AND l.expires_at > " + now + " AND FIND_IN_SET(q.id, ?) = 0), 0, SLEEP(3600))",
 		grants: "SELECT q.id, q.lock_key, q.owner, q.nonce, l.token FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
 			"WHERE q.conn = ? AND l.expires_at > " + now,
 		setValue: "UPDATE " + t + " SET value = ? WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
