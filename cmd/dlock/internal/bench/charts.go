@@ -24,6 +24,8 @@ const (
 	ChartHandoffLatency = "handoff-latency.png"
 	ChartWaitersRate    = "waiters-throughput.png"
 	ChartWaitersCost    = "waiters-cost.png"
+	// ChartPeers is written only when peers ran (Config.Peers).
+	ChartPeers = "peers-hot-key.png"
 )
 
 // chart size: small enough for a repository, large enough to read.
@@ -33,8 +35,10 @@ const chartW, chartH = 6 * vg.Inch, 3.6 * vg.Inch
 // their paths: the distribution of uncontended cycle latencies (dlock solid, floor
 // dashed) and of hot-key handoff latencies, per backend, as cumulative distributions
 // on a log scale; and handoffs per second and cost per handoff against the number of
-// waiters. The latency charts need the samples of a Run in this process; a Result
-// read back from JSON draws only the waiter charts.
+// waiters; when peers ran, the hot key's acquisitions per second of every dlock
+// backend beside its store's peers, with each one's fairness. The latency charts
+// need the samples of a Run in this process; a Result read back from JSON draws the
+// others.
 func (r *Result) WriteCharts(dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -102,7 +106,97 @@ func (r *Result) WriteCharts(dir string) ([]string, error) {
 		addLine(p, ops, br.Name+" server ops", i, false)
 		addLine(p, calls, br.Name+" driver calls", i, true)
 	}
-	return files, save(p, ChartWaitersCost)
+	if err := save(p, ChartWaitersCost); err != nil {
+		return files, err
+	}
+	if p := r.peersChart(); p != nil {
+		return files, save(p, ChartPeers)
+	}
+	return files, nil
+}
+
+// peersChart draws the hot key's acquisitions per second of each dlock backend
+// that has peers and of those peers, a bar each, grouped by store (dlock first,
+// in colour; peers in grey), with the worst round's fairness (min/max
+// acquisitions per worker) above each bar. It returns nil when no peer ran.
+func (r *Result) peersChart() *chart {
+	type bar struct {
+		name string
+		rate float64
+		fair Float
+		peer bool
+	}
+	var bars []bar
+	for _, br := range r.ok() {
+		if br.Peer || br.Store == "" || br.HotKey.PerSecond <= 0 {
+			continue
+		}
+		n := 0
+		for _, p := range r.ok() {
+			if p.Peer && p.Store == br.Store && p.can(WorkHotKey) && p.HotKey.PerSecond > 0 {
+				if n == 0 {
+					bars = append(bars, bar{br.Name, br.HotKey.PerSecond, br.HotKey.MinMax, false})
+				}
+				bars = append(bars, bar{p.Name, p.HotKey.PerSecond, p.HotKey.MinMax, true})
+				n++
+			}
+		}
+	}
+	if len(bars) == 0 {
+		return nil
+	}
+	where := "not pinned"
+	if r.Machine.Pinned != "" {
+		where = "pinned to CPU " + r.Machine.Pinned
+	}
+	p := newChart(fmt.Sprintf("Hot key, %d workers, %s: dlock beside the peers (fairness min/max above)", r.Settings.Workers, where))
+	p.Y.Label.Text = "acquisitions/s (log scale)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = powerTicks{label: func(v float64) string { return fmtRate(v) }}
+	p.decades = true
+	// A log axis has no zero: the bars rise from the power of ten below the
+	// lowest of them.
+	lo := bars[0].rate
+	for _, b := range bars {
+		lo = min(lo, b.rate)
+	}
+	lo = decadeBelow(lo)
+	names := make([]string, len(bars))
+	var labels plotter.XYLabels
+	for i, b := range bars {
+		names[i] = b.name
+		base, err1 := plotter.NewBarChart(plotter.Values{lo}, vg.Points(14)) // not drawn
+		bc, err2 := plotter.NewBarChart(plotter.Values{b.rate - lo}, vg.Points(14))
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		base.XMin, bc.XMin = float64(i), float64(i)
+		bc.StackOn(base)
+		bc.LineStyle.Width = 0
+		bc.Color = colour(0)
+		if b.peer {
+			bc.Color = color.Gray{Y: 0xa0}
+		}
+		p.Add(bc)
+		if b.fair.Valid() {
+			labels.XYs = append(labels.XYs, plotter.XY{X: float64(i), Y: b.rate * 1.15})
+			labels.Labels = append(labels.Labels, strconv.FormatFloat(float64(b.fair), 'f', 2, 64))
+		}
+	}
+	if l, err := plotter.NewLabels(labels); err == nil {
+		for i := range l.TextStyle {
+			l.TextStyle[i].Font.Size = vg.Points(7)
+			l.TextStyle[i].XAlign = draw.XCenter
+		}
+		p.Add(l)
+	}
+	p.NominalX(names...)
+	p.X.Tick.Label.Rotation = math.Pi / 4
+	p.X.Tick.Label.XAlign = draw.XRight
+	p.X.Tick.Label.YAlign = draw.YCenter
+	p.legend.Add("dlock", &plotter.BarChart{Color: colour(0)})
+	p.legend.Add("peer", &plotter.BarChart{Color: color.Gray{Y: 0xa0}})
+	return p
 }
 
 func (r *Result) hasSamples() bool {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -67,8 +68,15 @@ func TestRunPeers(t *testing.T) {
 	if strings.Contains(md, "NaN") {
 		t.Errorf("markdown shows NaN:\n%s", md)
 	}
-	if _, err := res.WriteCharts(t.TempDir()); err != nil {
+	files, err := res.WriteCharts(t.TempDir())
+	if err != nil {
 		t.Fatal(err)
+	}
+	if len(files) != 5 || filepath.Base(files[4]) != ChartPeers {
+		t.Errorf("charts with peers: %v, want the four and %s", files, ChartPeers)
+	}
+	for _, f := range files {
+		checkPNG(t, f)
 	}
 }
 
