@@ -23,7 +23,7 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 	if len(value) > 0 {
 		args = append(args, value)
 	}
-	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (int64, error) {
+	r := fanoutFor(ctx, b, driver.Holder{Key: key, Owner: owner}, b.all(), func(ctx context.Context, n *node) (int64, error) {
 		return setValueScript.Run(ctx, n.rdb, keys, args...).Int64()
 	})
 	ok, failed := 0, 0

@@ -216,10 +216,11 @@ type Backend struct {
 	mu      sync.Mutex
 	closed  bool
 	closing chan struct{}
-	fence   map[string]uint64       // key -> largest counter seen, for proposals
-	grants  map[driver.Holder]grant // grants made here, to repair nodes
-	yield   map[string]yielding     // key -> a recent release woke a waiter
-	wakeCh  string                  // this client's wake-up channel
+	fence   map[string]uint64         // key -> largest counter seen, for proposals
+	grants  map[driver.Holder]grant   // grants made here, to repair nodes
+	flights map[driver.Holder]*flight // calls still under way after a fan-out returned early
+	yield   map[string]yielding       // key -> a recent release woke a waiter
+	wakeCh  string                    // this client's wake-up channel
 	waiters map[driver.Holder]*waiter
 	recent  []*release            // the latest releases that woke a waiter here
 	notify  bool                  // subscriber connections started

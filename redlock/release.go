@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/dlockio/dlock/driver"
 )
 
 // Refresh implements driver.Backend: it extends the lock on every node and succeeds
@@ -14,7 +16,8 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	keys := b.keys(key)[:2] // lock, fence
 	g := b.grantOf(key, owner)
 	tok, pttl := g.token, ms(ttl)
-	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (int64, error) {
+	h := driver.Holder{Key: key, Owner: owner}
+	r := fanoutFor(ctx, b, h, b.all(), func(ctx context.Context, n *node) (int64, error) {
 		return refreshScript.Run(ctx, n.rdb, keys, owner, pttl, tok, refreshOnly).Int64()
 	})
 	ok, failed := 0, 0
@@ -41,7 +44,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 			if len(g.value) > 0 {
 				args = append(args, g.value)
 			}
-			fanout(ctx, b, absent, func(ctx context.Context, n *node) (int64, error) {
+			fanoutFor(ctx, b, h, absent, func(ctx context.Context, n *node) (int64, error) {
 				return refreshScript.Run(ctx, n.rdb, keys, args...).Int64()
 			})
 		}
@@ -64,7 +67,26 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	b.forget(key, owner)
 	start := time.Now()
-	r := b.releaseAll(ctx, b.all(), key, owner)
+	// Return once a majority released it: the slowest nodes finish in the
+	// background, and a waiter one of them names is yielded to as well.
+	decided := func(r *results[any]) bool {
+		n := 0
+		for i, v := range r.vals {
+			if r.errs[i] != nil {
+				continue
+			}
+			if _, woke := v.(string); woke || v == any(int64(released)) {
+				n++
+			}
+		}
+		return n >= b.quorum
+	}
+	late := func(_ int, v any, err error) {
+		if w, ok := v.(string); ok && err == nil {
+			b.alsoYieldTo(key, w, min(max(2*time.Since(start), time.Millisecond), maxYield))
+		}
+	}
+	r := b.releaseRace(ctx, b.all(), key, owner, decided, late)
 	releasedOn, failed := 0, 0
 	var woken []string
 	for i := range b.nodes {
@@ -99,10 +121,15 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 
 // releaseAll runs release.lua on the given nodes, with one nonce for them all.
 func (b *Backend) releaseAll(ctx context.Context, idx []int, key, owner string) results[any] {
+	return b.releaseRace(ctx, idx, key, owner, nil, nil)
+}
+
+// releaseRace is releaseAll with race's decided and late.
+func (b *Backend) releaseRace(ctx context.Context, idx []int, key, owner string, decided func(*results[any]) bool, late func(int, any, error)) results[any] {
 	keys, prefix, nonce := b.releaseKeys(key), b.waiterPrefix(key), b.newNonce()
-	return fanout(ctx, b, idx, func(ctx context.Context, n *node) (any, error) {
+	return race(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (any, error) {
 		return releaseScript.Run(ctx, n.rdb, keys, owner, prefix, nonce, key).Result()
-	})
+	}, decided, late)
 }
 
 // releaseOn releases the owner's lock on the given nodes, ignoring failures (the
