@@ -17,10 +17,13 @@ const notQueued = -1
 
 // acqReply is one node's reply to acquire.lua (see its header).
 type acqReply struct {
-	status  int64 // statusHeld, statusFresh or statusReentry
+	status  int64 // statusHeld (statusReserved too, with reserved set), statusFresh or statusReentry
 	counter uint64
-	x       int64 // token (fresh, re-entry) or pttl (held)
-	rank    int64 // held: the owner's place in the wait set, notQueued if not there
+	x       int64 // token (fresh, re-entry) or pttl (held, reserved)
+	rank    int64 // held, reserved: the owner's place in the wait set, notQueued if not there
+	// reserved: held only by the reservation for a woken waiter (status is then
+	// statusHeld, x the reservation's pttl)
+	reserved bool
 }
 
 func parseAcq(v any, err error) (acqReply, error) {
@@ -37,6 +40,11 @@ func parseAcq(v any, err error) (acqReply, error) {
 			return acqReply{}, fmt.Errorf("unexpected script reply %v", v)
 		}
 	}
+	if n[0] == statusReserved {
+		// Free, but reserved for the waiter a release woke: held, for a
+		// moment (see attempt.reserved).
+		return acqReply{status: statusHeld, counter: uint64(max(n[1], 0)), x: n[2], rank: n[3], reserved: true}, nil
+	}
 	return acqReply{status: n[0], counter: uint64(max(n[1], 0)), x: n[2], rank: n[3]}, nil
 }
 
@@ -50,13 +58,19 @@ type attempt struct {
 	r        results[acqReply]
 	// outcome, when phase one returned early (see race), carries whether the
 	// attempt succeeded to the handling of the late replies.
-	outcome chan bool
+	outcome  chan bool
+	decided1 bool // decide was called
 
 	granted []int   // nodes that granted (fresh or re-entry)
 	unknown []int   // nodes whose reply is unknown
 	held    []int64 // pttl of nodes held by another owner
-	maxSeen uint64  // the largest counter or token any node reported
-	ahead   int64   // the least rank in the wait sets of the held nodes, -1 if none
+	// reserved: the largest pttl of the nodes where the key was free but reserved
+	// for a woken waiter, 0 if none. Such an attempt asks the nodes again once
+	// the reservation lapses, rather than wait for a wake-up that may not come
+	// (the woken waiter may be gone).
+	reserved int64
+	maxSeen  uint64 // the largest counter or token any node reported
+	ahead    int64  // the least rank in the wait sets of the held nodes, -1 if none
 }
 
 // Acquire implements driver.Backend: phase one on all nodes, then, unless the
@@ -69,12 +83,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		return driver.Grant{}, err
 	}
 	a := &attempt{b: b, req: req, keys: b.keys(req.Key), start: time.Now(), proposal: b.guess(req.Key), ahead: -1}
-	granted := false
-	defer func() {
-		if a.outcome != nil {
-			a.outcome <- granted
-		}
-	}()
+	defer a.decide(false) // unless decided before
 	a.phaseOne(ctx)
 	a.sort()
 	b.saw(req.Key, a.maxSeen)
@@ -94,7 +103,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	b.saw(req.Key, token)
 	b.remember(req.Key, req.Owner, token, req.Value)
 	a.withdrawElsewhere()
-	granted = true
+	a.decide(true)
 	return driver.Grant{Token: token}, nil
 }
 
@@ -140,7 +149,7 @@ func (a *attempt) phaseOne(ctx context.Context) {
 	call := func(ctx context.Context, n *node) (acqReply, error) {
 		return parseAcq(acquireScript.Run(ctx, n.rdb, keys, args...).Result())
 	}
-	if req.Reenter || a.proposal == 0 {
+	if a.proposal == 0 {
 		a.r = fanoutFor(ctx, b, h, b.all(), call)
 		return
 	}
@@ -166,10 +175,32 @@ func (a *attempt) decided(r *results[acqReply]) bool {
 	return ok >= a.b.quorum
 }
 
+// undoWakes is release.lua's wake argument for giving back a grant of this attempt
+// on a node, given its outcome: no wake-up when the attempt succeeded (its own
+// release will wake) or when another owner holds a majority (whose release will);
+// otherwise the node's waiters may have queued behind this attempt's grant alone,
+// and one is woken, as by any release.
+func (a *attempt) undoWakes(ok bool) string {
+	if ok || len(a.held) >= a.b.quorum {
+		return "0"
+	}
+	return "1"
+}
+
+// decide passes the attempt's outcome to the handling of phase one's late replies,
+// once (the first call wins); it must come before anything that waits for them.
+func (a *attempt) decide(ok bool) {
+	if a.outcome != nil && !a.decided1 {
+		a.decided1 = true
+		a.outcome <- ok
+	}
+}
+
 // late handles a phase-one reply that came after decided returned true, once the
-// attempt's outcome is known: a grant there that is not part of the outcome (the
-// attempt failed after all, or the node granted without accepting the proposal, so
-// its lock carries no token) is released, and a waiter that was granted is
+// attempt's outcome is known: a grant there is released if the attempt failed after
+// all (if it succeeded, the node holds the owner's lock like the others, though
+// perhaps with no token or an earlier one in its value: the token is the one the
+// majority accepted), and a waiter that was granted is
 // withdrawn from a node that recorded it as a waiter (see withdrawElsewhere).
 func (a *attempt) late(i int, v acqReply, err error) {
 	b, req := a.b, a.req
@@ -179,17 +210,20 @@ func (a *attempt) late(i int, v acqReply, err error) {
 	defer cancel()
 	n := b.nodes[i]
 	switch {
-	case err == nil && v.status == statusFresh:
+	case err == nil && v.status != statusHeld:
+		// Granted, fresh or re-entered: kept if the attempt succeeded (the node
+		// holds the owner's lock, as after a restore), else given back.
 		b.saw(req.Key, max(v.counter, uint64(max(v.x, 0))))
-		if !ok || uint64(v.x) != a.proposal {
-			_ = releaseScript.Run(ctx, n.rdb, b.releaseKeys(req.Key), req.Owner, b.waiterPrefix(req.Key), b.newNonce(), req.Key).Err()
+		if !ok {
+			_ = releaseScript.Run(ctx, n.rdb, b.releaseKeys(req.Key), req.Owner, b.waiterPrefix(req.Key), b.newNonce(), req.Key,
+				a.undoWakes(ok)).Err()
 		}
 	case err == nil && v.status == statusHeld:
 		b.saw(req.Key, v.counter)
 		fallthrough
 	default:
 		if ok && req.Wait {
-			_ = withdrawScript.Run(ctx, n.rdb, []string{waitSetKey(b.cfg.prefix, req.Key)}, req.Owner, b.waiterPrefix(req.Key)).Err()
+			_ = withdrawScript.Run(ctx, n.rdb, []string{waitSetKey(b.cfg.prefix, req.Key)}, req.Owner, b.waiterPrefix(req.Key), "0").Err()
 		}
 	}
 }
@@ -203,6 +237,9 @@ func (a *attempt) sort() {
 			a.unknown = append(a.unknown, i)
 		case v.status == statusHeld:
 			a.held = append(a.held, v.x)
+			if v.reserved {
+				a.reserved = max(a.reserved, v.x, 1)
+			}
 			a.maxSeen = max(a.maxSeen, v.counter)
 			if v.rank >= 0 && (a.ahead < 0 || v.rank < a.ahead) {
 				a.ahead = v.rank
@@ -256,6 +293,7 @@ func (a *attempt) settle(ctx context.Context) (uint64, string, []error) {
 // matches driver.ErrLocked. nodeErrs are indexed like b.nodes.
 func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driver.Grant, error) {
 	b, req := a.b, a.req
+	a.decide(false) // before releaseOn, which waits for the late replies
 	// Give back fresh grants and nodes whose reply was lost. A re-entered node held
 	// the owner's earlier grant before this attempt, so it is left as it was.
 	// Without Reenter, a node whose reply was lost may hold a grant of the same
@@ -271,12 +309,15 @@ func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driv
 		undo = append(undo, a.unknown...)
 	}
 	if len(undo) > 0 {
-		b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner)
+		b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner, a.undoWakes(false) == "1")
 	}
 	he := &driver.HeldError{RetryAfter: b.retryAfter(a.held)}
+	if a.reserved > 0 {
+		he.RetryAfter = time.Duration(a.reserved) * time.Millisecond
+	}
 	if req.Wait && len(a.held) > 0 {
 		he.Ahead, he.Queued = int(max(a.ahead, 0)), a.ahead >= 0
-		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0)
+		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0 && a.reserved == 0)
 	}
 	return driver.Grant{}, &QuorumError{Op: "acquire", Key: req.Key, OK: len(a.granted), Need: b.quorum,
 		Nodes: len(b.nodes), Held: len(a.held), Note: note, Err: b.nodeErrors(nodeErrs), held: he}

@@ -56,7 +56,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		// wait for its TTL.
 		qe.notHeld = true
 		b.forget(key, owner)
-		b.releaseOn(context.WithoutCancel(ctx), b.all(), key, owner)
+		b.releaseOn(context.WithoutCancel(ctx), b.all(), key, owner, true)
 	}
 	return qe
 }
@@ -86,7 +86,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 			b.alsoYieldTo(key, w, min(max(2*time.Since(start), time.Millisecond), maxYield))
 		}
 	}
-	r := b.releaseRace(ctx, b.all(), key, owner, decided, late)
+	r := b.releaseRace(ctx, b.all(), key, owner, true, decided, late)
 	releasedOn, failed := 0, 0
 	var woken []string
 	for i := range b.nodes {
@@ -119,23 +119,22 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	return qe
 }
 
-// releaseAll runs release.lua on the given nodes, with one nonce for them all.
-func (b *Backend) releaseAll(ctx context.Context, idx []int, key, owner string) results[any] {
-	return b.releaseRace(ctx, idx, key, owner, nil, nil)
-}
-
-// releaseRace is releaseAll with race's decided and late.
-func (b *Backend) releaseRace(ctx context.Context, idx []int, key, owner string, decided func(*results[any]) bool, late func(int, any, error)) results[any] {
-	keys, prefix, nonce := b.releaseKeys(key), b.waiterPrefix(key), b.newNonce()
+// releaseRace runs release.lua on the given nodes, with one nonce for them all,
+// through race (decided and late may be nil); wake false wakes no waiter.
+func (b *Backend) releaseRace(ctx context.Context, idx []int, key, owner string, wake bool, decided func(*results[any]) bool, late func(int, any, error)) results[any] {
+	keys, prefix, nonce, w := b.releaseKeys(key), b.waiterPrefix(key), b.newNonce(), "0"
+	if wake {
+		w = "1"
+	}
 	return race(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (any, error) {
-		return releaseScript.Run(ctx, n.rdb, keys, owner, prefix, nonce, key).Result()
+		return releaseScript.Run(ctx, n.rdb, keys, owner, prefix, nonce, key, w).Result()
 	}, decided, late)
 }
 
 // releaseOn releases the owner's lock on the given nodes, ignoring failures (the
-// lock expires by itself).
-func (b *Backend) releaseOn(ctx context.Context, idx []int, key, owner string) {
-	b.releaseAll(ctx, idx, key, owner)
+// lock expires by itself); wake false wakes no waiter.
+func (b *Backend) releaseOn(ctx context.Context, idx []int, key, owner string, wake bool) {
+	b.releaseRace(ctx, idx, key, owner, wake, nil, nil)
 }
 
 // newNonce returns an id for one release, the same on every node: this client's id
