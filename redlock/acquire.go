@@ -17,13 +17,10 @@ const notQueued = -1
 
 // acqReply is one node's reply to acquire.lua (see its header).
 type acqReply struct {
-	status  int64 // statusHeld (statusReserved too, with reserved set), statusFresh or statusReentry
+	status  int64 // statusHeld, statusFresh or statusReentry
 	counter uint64
-	x       int64 // token (fresh, re-entry) or pttl (held, reserved)
-	rank    int64 // held, reserved: the owner's place in the wait set, notQueued if not there
-	// reserved: held only by the reservation for a woken waiter (status is then
-	// statusHeld, x the reservation's pttl)
-	reserved bool
+	x       int64 // token (fresh, re-entry) or pttl (held)
+	rank    int64 // held: the owner's place in the wait set, notQueued if not there
 }
 
 func parseAcq(v any, err error) (acqReply, error) {
@@ -39,11 +36,6 @@ func parseAcq(v any, err error) (acqReply, error) {
 		if n[i], ok = a[i].(int64); !ok {
 			return acqReply{}, fmt.Errorf("unexpected script reply %v", v)
 		}
-	}
-	if n[0] == statusReserved {
-		// Free, but reserved for the waiter a release woke: held, for a
-		// moment (see attempt.reserved).
-		return acqReply{status: statusHeld, counter: uint64(max(n[1], 0)), x: n[2], rank: n[3], reserved: true}, nil
 	}
 	return acqReply{status: n[0], counter: uint64(max(n[1], 0)), x: n[2], rank: n[3]}, nil
 }
@@ -64,13 +56,8 @@ type attempt struct {
 	granted []int   // nodes that granted (fresh or re-entry)
 	unknown []int   // nodes whose reply is unknown
 	held    []int64 // pttl of nodes held by another owner
-	// reserved: the largest pttl of the nodes where the key was free but reserved
-	// for a woken waiter, 0 if none. Such an attempt asks the nodes again once
-	// the reservation lapses, rather than wait for a wake-up that may not come
-	// (the woken waiter may be gone).
-	reserved int64
-	maxSeen  uint64 // the largest counter or token any node reported
-	ahead    int64  // the least rank in the wait sets of the held nodes, -1 if none
+	maxSeen uint64  // the largest counter or token any node reported
+	ahead   int64   // the least rank in the wait sets of the held nodes, -1 if none
 }
 
 // Acquire implements driver.Backend: phase one on all nodes, then, unless the
@@ -223,7 +210,7 @@ func (a *attempt) late(i int, v acqReply, err error) {
 		fallthrough
 	default:
 		if ok && req.Wait {
-			_ = withdrawScript.Run(ctx, n.rdb, []string{waitSetKey(b.cfg.prefix, req.Key)}, req.Owner, b.waiterPrefix(req.Key), "0").Err()
+			_ = withdrawScript.Run(ctx, n.rdb, []string{waitSetKey(b.cfg.prefix, req.Key)}, req.Owner, b.waiterPrefix(req.Key)).Err()
 		}
 	}
 }
@@ -237,9 +224,6 @@ func (a *attempt) sort() {
 			a.unknown = append(a.unknown, i)
 		case v.status == statusHeld:
 			a.held = append(a.held, v.x)
-			if v.reserved {
-				a.reserved = max(a.reserved, v.x, 1)
-			}
 			a.maxSeen = max(a.maxSeen, v.counter)
 			if v.rank >= 0 && (a.ahead < 0 || v.rank < a.ahead) {
 				a.ahead = v.rank
@@ -312,12 +296,9 @@ func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driv
 		b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner, a.undoWakes(false) == "1")
 	}
 	he := &driver.HeldError{RetryAfter: b.retryAfter(a.held)}
-	if a.reserved > 0 {
-		he.RetryAfter = time.Duration(a.reserved) * time.Millisecond
-	}
 	if req.Wait && len(a.held) > 0 {
 		he.Ahead, he.Queued = int(max(a.ahead, 0)), a.ahead >= 0
-		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0 && a.reserved == 0)
+		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0)
 	}
 	return driver.Grant{}, &QuorumError{Op: "acquire", Key: req.Key, OK: len(a.granted), Need: b.quorum,
 		Nodes: len(b.nodes), Held: len(a.held), Note: note, Err: b.nodeErrors(nodeErrs), held: he}

@@ -15,10 +15,6 @@ package redlock
 //	                          package documentation)
 //	P:wait 0x1f K     zset    owner ids of waiters, scored by when they started
 //	                          waiting (their client's clock, ms), oldest first
-//	P:wait 0x1f K 0x1f reserved
-//	                  string  the owner id of the waiter the latest release woke
-//	                          here; TTL 20 ms; other waiting attempts find the
-//	                          free key held while it lasts (see wake.lua)
 //	P:waiter 0x1f K 0x1f OWNER
 //	                  string  the waiter's client wake-up channel; its TTL is the
 //	                          waiter's patience, renewed by each of its attempts

@@ -337,33 +337,27 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	if acquired || !queued {
 		return nil
 	}
-	if err := b.withdraw(ctx, w.key, w.owner, b.all(), true); err != nil {
+	if err := b.withdraw(ctx, w.key, w.owner, b.all()); err != nil {
 		return fmt.Errorf("redlock: withdraw waiter %q: %w", w.key, err)
 	}
 	return nil
 }
 
-// withdraw removes owner's place from the wait sets of the given nodes; giveUp (a
-// waiter that stops without the lock) also drops a reservation for it.
-func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int, giveUp bool) error {
-	drop := "0"
-	if giveUp {
-		drop = "1"
-	}
+// withdraw removes owner's place from the wait sets of the given nodes.
+func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int) error {
 	wait, prefix := []string{waitSetKey(b.cfg.prefix, key)}, b.waiterPrefix(key)
 	r := fanoutFor(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (int64, error) {
-		return withdrawScript.Run(ctx, n.rdb, wait, owner, prefix, drop).Int64()
+		return withdrawScript.Run(ctx, n.rdb, wait, owner, prefix).Int64()
 	})
 	return b.nodeErrors(r.errs)
 }
 
-// withdrawAsync is withdraw in the background, for a granted waiter; Close waits
-// for it.
+// withdrawAsync is withdraw in the background; Close waits for it.
 func (b *Backend) withdrawAsync(key, owner string, idx []int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return
 	}
-	b.bg.Go(func() { _ = b.withdraw(context.Background(), key, owner, idx, false) })
+	b.bg.Go(func() { _ = b.withdraw(context.Background(), key, owner, idx) })
 }

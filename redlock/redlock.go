@@ -118,17 +118,13 @@
 // the client of that node's oldest live waiter only. Each client subscribes once to
 // its own channel on every node (one subscriber connection per node, opened on first
 // contention). So one release wakes one waiter whatever the number of waiting
-// clients, and the nodes agree on which one. The release also reserves the key on
-// the node for the woken waiter for 20 ms: a waiting attempt of anyone else finds
-// it held meanwhile (and queues, asking the nodes again when the reservation
-// lapses, in case the woken waiter is gone), so a newcomer does not take the key
-// from the woken waiter on some nodes while it takes the others, leaving neither a
-// majority. A waiter that gives up drops its reservation; a grant ends it. A
-// waiter that is woken but beaten to the key (by an attempt that does not wait, or
-// after the reservation) stays first in line; a client that just handed the key
-// over makes its own next waiting Lock step back for about two round trips, so a
-// tight Lock/Release loop does not keep the key to itself. The order is not strict
-// FIFO (a newcomer can still take a key that happens to be free and unreserved). Lost wake-ups are
+// clients, and the nodes agree on which one. A waiter that is woken but beaten to
+// the key by a newcomer stays first in line; a client that just handed the key over
+// makes its own next waiting Lock step back for about two round trips, so a tight
+// Lock/Release loop does not keep the key to itself. The order is not strict FIFO
+// (a newcomer can still take a key that happens to be free). An attempt that loses
+// to a majority held by another owner gives back what it took without waking a
+// waiter (the holder's release will). Lost wake-ups are
 // covered by the core's fallback timer, bounded by the holder's remaining TTL. A
 // waiter that its last attempt found behind others on a majority of nodes, with
 // every node's subscription up, answers those fallback attempts itself, without a

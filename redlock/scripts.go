@@ -34,7 +34,7 @@ var (
 	refreshScript      = script("lib", "refresh")
 	releaseScript      = script("lib", "wake", "release")
 	forceReleaseScript = script("lib", "wake", "force_release")
-	withdrawScript     = script("lib", "withdraw")
+	withdrawScript     = script("withdraw")
 	inspectScript      = script("inspect")
 	setValueScript     = script("lib", "set_value")
 )
@@ -42,10 +42,9 @@ var (
 // The replies and flags of the scripts, as their headers name them.
 const (
 	// acquire.lua's status, the first element of its reply.
-	statusHeld     = 0
-	statusFresh    = 1
-	statusReentry  = 2
-	statusReserved = 3
+	statusHeld    = 0
+	statusFresh   = 1
+	statusReentry = 2
 
 	// acquire.lua's wait argument.
 	waitNo       = "0" // not waiting

@@ -26,9 +26,6 @@
 --                      its remaining TTL in ms (-1 if unknown); r the owner's rank in
 --                      the wait set (0: oldest), NOT_QUEUED if it is not there. With
 --                      wait 1 or 2 the owner is recorded as a waiter.
---   {RESERVED, c, pttl, r}  the same for a waiting attempt (wait 1 or 2) when the
---                      key is free but reserved for another waiter (see wake.lua);
---                      pttl is the reservation's. A grant ends the reservation.
 -- A grant whose proposal was accepted, and a re-entry that changes the value,
 -- publish on the holder channel (a grant without a token is announced by the
 -- commit that settles it).
@@ -36,7 +33,7 @@ local lockKey, fenceKey, waitKey = KEYS[1], KEYS[2], KEYS[3]
 local owner, ttl, proposal, wait = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local patience, waiterPrefix, channel, since, reenter = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local val = ARGV[10]
-local HELD, FRESH, REENTRY, RESERVED = 0, 1, 2, 3
+local HELD, FRESH, REENTRY = 0, 1, 2
 local NOT_QUEUED = -1
 
 -- leave removes the owner's place, if an earlier attempt may have recorded one.
@@ -52,29 +49,8 @@ local function counter()
   return tonumber(redis.call('GET', fenceKey) or '0')
 end
 
--- queue records the owner as a waiter when the attempt waits, and returns status
--- with pttl.
-local function queue(status, pttl)
-  if wait ~= '0' then
-    redis.call('SET', waiterPrefix .. owner, channel, 'PX', patience)
-    redis.call('ZADD', waitKey, 'NX', since, owner)
-    if redis.call('PTTL', waitKey) < tonumber(patience) then
-      redis.call('PEXPIRE', waitKey, patience)
-    end
-  end
-  return {status, counter(), pttl, redis.call('ZRANK', waitKey, owner) or NOT_QUEUED}
-end
-
 local v = redis.call('GET', lockKey)
 if not v then
-  local reserveKey = waitKey .. RESERVED
-  if wait == '0' then
-    redis.call('DEL', reserveKey)
-  else
-    local r = redis.call('GET', reserveKey)
-    if r and r ~= owner then return queue(RESERVED, redis.call('PTTL', reserveKey)) end
-    if r then redis.call('DEL', reserveKey) end
-  end
   local c = fence(fenceKey)
   leave()
   local p = tonumber(proposal)
@@ -105,4 +81,12 @@ if h == owner then
   leave()
   return {REENTRY, fence(fenceKey), tonumber(t)}
 end
-return queue(HELD, redis.call('PTTL', lockKey))
+if wait ~= '0' then
+  redis.call('SET', waiterPrefix .. owner, channel, 'PX', patience)
+  redis.call('ZADD', waitKey, 'NX', since, owner)
+  if redis.call('PTTL', waitKey) < tonumber(patience) then
+    redis.call('PEXPIRE', waitKey, patience)
+  end
+end
+return {HELD, counter(), redis.call('PTTL', lockKey),
+  redis.call('ZRANK', waitKey, owner) or NOT_QUEUED}

@@ -5,10 +5,7 @@
 -- grant's fencing token once it is known ("0" before, when a value follows), and
 -- the grant's value (any bytes, the rest of the string) if it has one. Owner ids
 -- never contain a space, nor tokens, so the split is unambiguous.
--- SEP separates the parts; HOLDER ends the lock key to name the holder channel;
--- RESERVED ends the wait set key to name the key's reservation: the owner id of the
--- waiter a release just woke, for RESERVE_MS, during which other waiting attempts
--- are refused the free key (see wake.lua and acquire.lua).
+-- SEP separates the parts; HOLDER ends the lock key to name the holder channel.
 -- fence(fenceKey) returns this node's counter; a missing counter (a new key, or a
 -- node that restarted without its data) starts from the server clock in
 -- microseconds, so that it is very likely above every token issued before the loss
@@ -18,8 +15,6 @@
 -- the token as a number; join(owner, t, val) makes a lock value of them.
 local SEP = ' '
 local HOLDER = '\31holder'
-local RESERVED = '\31reserved'
-local RESERVE_MS = 20
 local MICROS_PER_SECOND = 1000000
 
 local function fence(fenceKey)

@@ -7,11 +7,7 @@
 -- so that the waiter's next attempt proposes a token above it and settles it in one
 -- round; waiters whose place lapsed are dropped on the way. The woken waiter keeps
 -- its place until it gets the lock or withdraws, so if another client beats it to
--- the key it is first again at the next release. The key is reserved for the
--- woken waiter for RESERVE_MS: other waiting attempts find it held meanwhile and
--- queue, so that a newcomer does not take it from the waiter on some nodes while
--- the waiter takes the others, and neither gets a majority. nonce is the same on
--- every node for one release;
+-- the key it is first again at the next release. nonce is the same on every node for one release;
 -- name is the lock name. Returns the owner woken, or nil.
 local function wake(waitKey, waiterPrefix, nonce, name, fenceKey)
   while true do
@@ -21,7 +17,6 @@ local function wake(waitKey, waiterPrefix, nonce, name, fenceKey)
     if ch then
       local c = redis.call('GET', fenceKey) or '0'
       redis.call('PUBLISH', ch, nonce .. ' ' .. first .. ' ' .. c .. ' ' .. name)
-      redis.call('SET', waitKey .. RESERVED, first, 'PX', RESERVE_MS)
       return first
     end
     redis.call('ZREM', waitKey, first)
