@@ -67,15 +67,21 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	b.forget(key, owner)
 	start := time.Now()
-	// Return once a majority released it: the slowest nodes finish in the
-	// background, and a waiter one of them names is yielded to as well.
+	// Return once a majority released it, unless a waiter was woken: the slowest
+	// nodes finish in the background, and a waiter one of them names is yielded to
+	// as well. A release that woke a waiter waits for every node, as the
+	// releaser's step back (see yieldTo) is measured on the whole round: ended
+	// sooner, its next Lock competed with the woken waiter more often.
 	decided := func(r *results[any]) bool {
 		n := 0
 		for i, v := range r.vals {
 			if r.errs[i] != nil {
 				continue
 			}
-			if _, woke := v.(string); woke || v == any(int64(released)) {
+			if _, woke := v.(string); woke {
+				return false
+			}
+			if v == any(int64(released)) {
 				n++
 			}
 		}
