@@ -51,7 +51,8 @@ var errPending = errors.New("reply still pending")
 type flight struct{ done []chan struct{} }
 
 // fanoutFor is fanout for the calls of holder h: on each node, it waits for the
-// holder's calls still under way there (see flight) before calling.
+// holder's calls still under way there (see flight) before calling; with no owner
+// in h, for those of every owner of the key.
 func fanoutFor[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f func(context.Context, *node) (T, error)) results[T] {
 	return race(ctx, b, h, idx, f, nil, nil)
 }
@@ -64,8 +65,8 @@ func fanoutFor[T any](ctx context.Context, b *Backend, h driver.Holder, idx []in
 // until then. With decided nil it waits for every reply.
 func race[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f func(context.Context, *node) (T, error),
 	decided func(*results[T]) bool, late func(i int, v T, err error)) results[T] {
-	prev := b.flightOf(h)
-	if prev == nil && decided == nil {
+	prev := b.flightsOf(h)
+	if len(prev) == 0 && decided == nil {
 		return fanout(ctx, b, idx, f)
 	}
 	r := results[T]{vals: make([]T, len(b.nodes)), errs: make([]error, len(b.nodes)), sent: make([]bool, len(b.nodes))}
@@ -82,9 +83,12 @@ func race[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f 
 	for _, i := range idx {
 		r.sent[i], r.errs[i] = true, errPending
 		go func() {
-			if prev != nil && prev.done[i] != nil {
+			for _, p := range prev {
+				if p.done[i] == nil {
+					continue
+				}
 				select {
-				case <-prev.done[i]:
+				case <-p.done[i]:
 				case <-cctx.Done():
 					var zero T
 					ch <- reply{i, zero, cctx.Err()}
@@ -148,11 +152,25 @@ func race[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f 
 	return r
 }
 
-// flightOf returns the holder's calls still under way, or nil.
-func (b *Backend) flightOf(h driver.Holder) *flight {
+// flightsOf returns the holder's calls still under way, or, for a holder with no
+// owner (force release, inspect: calls about the key, whatever its owner), those
+// of every holder of the key.
+func (b *Backend) flightsOf(h driver.Holder) []*flight {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.flights[h]
+	if h.Owner != "" {
+		if f := b.flights[h]; f != nil {
+			return []*flight{f}
+		}
+		return nil
+	}
+	var fs []*flight
+	for k, f := range b.flights {
+		if k.Key == h.Key {
+			fs = append(fs, f)
+		}
+	}
+	return fs
 }
 
 // all returns the indexes of every node.
