@@ -48,6 +48,10 @@ type attempt struct {
 	start    time.Time
 	proposal uint64 // the token proposed in phase one, 0 for none
 	r        results[acqReply]
+	// outcome, when phase one returned early (see race), carries whether the
+	// attempt succeeded to the handling of the late replies.
+	outcome  chan bool
+	decided1 bool // decide was called
 
 	granted []int   // nodes that granted (fresh or re-entry)
 	unknown []int   // nodes whose reply is unknown
@@ -66,6 +70,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		return driver.Grant{}, err
 	}
 	a := &attempt{b: b, req: req, keys: b.keys(req.Key), start: time.Now(), proposal: b.guess(req.Key), ahead: -1}
+	defer a.decide(false) // unless decided before
 	a.phaseOne(ctx)
 	a.sort()
 	b.saw(req.Key, a.maxSeen)
@@ -85,6 +90,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	b.saw(req.Key, token)
 	b.remember(req.Key, req.Owner, token, req.Value)
 	a.withdrawElsewhere()
+	a.decide(true)
 	return driver.Grant{Token: token}, nil
 }
 
@@ -126,9 +132,87 @@ func (a *attempt) phaseOne(ctx context.Context) {
 	if len(req.Value) > 0 {
 		args = append(args, req.Value)
 	}
-	a.r = fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (acqReply, error) {
+	h := driver.Holder{Key: req.Key, Owner: req.Owner}
+	call := func(ctx context.Context, n *node) (acqReply, error) {
 		return parseAcq(acquireScript.Run(ctx, n.rdb, keys, args...).Result())
-	})
+	}
+	if a.proposal == 0 {
+		a.r = fanoutFor(ctx, b, h, b.all(), call)
+		return
+	}
+	a.outcome = make(chan bool, 1)
+	a.r = race(ctx, b, h, b.all(), call, a.decided, a.late)
+}
+
+// decided reports whether phase one's replies so far settle the grant, so that
+// Acquire need not wait for the slowest nodes: a majority granted the lock fresh
+// with the proposal as token, and no node answered anything but that or "held".
+// (Anything else, and a re-entry, is settled with every reply, as before.)
+func (a *attempt) decided(r *results[acqReply]) bool {
+	ok := 0
+	for i, v := range r.vals {
+		switch {
+		case r.errs[i] != nil:
+		case v.status == statusFresh && v.x > 0 && uint64(v.x) == a.proposal:
+			ok++
+		case v.status != statusHeld:
+			return false
+		}
+	}
+	return ok >= a.b.quorum
+}
+
+// undoWakes is release.lua's wake argument for giving back a grant of this attempt
+// on a node, given its outcome: no wake-up when the attempt succeeded (its own
+// release will wake) or when another owner holds a majority (whose release will);
+// otherwise the node's waiters may have queued behind this attempt's grant alone,
+// and one is woken, as by any release.
+func (a *attempt) undoWakes(ok bool) string {
+	if ok || len(a.held) >= a.b.quorum {
+		return "0"
+	}
+	return "1"
+}
+
+// decide passes the attempt's outcome to the handling of phase one's late replies,
+// once (the first call wins); it must come before anything that waits for them.
+func (a *attempt) decide(ok bool) {
+	if a.outcome != nil && !a.decided1 {
+		a.decided1 = true
+		a.outcome <- ok
+	}
+}
+
+// late handles a phase-one reply that came after decided returned true, once the
+// attempt's outcome is known: a grant there is released if the attempt failed after
+// all (if it succeeded, the node holds the owner's lock like the others, though
+// perhaps with no token or an earlier one in its value: the token is the one the
+// majority accepted), and a waiter that was granted is
+// withdrawn from a node that recorded it as a waiter (see withdrawElsewhere).
+func (a *attempt) late(i int, v acqReply, err error) {
+	b, req := a.b, a.req
+	ok := <-a.outcome
+	a.outcome <- ok // for the next late reply
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.nodeTimeout)
+	defer cancel()
+	n := b.nodes[i]
+	switch {
+	case err == nil && v.status != statusHeld:
+		// Granted, fresh or re-entered: kept if the attempt succeeded (the node
+		// holds the owner's lock, as after a restore), else given back.
+		b.saw(req.Key, max(v.counter, uint64(max(v.x, 0))))
+		if !ok {
+			_ = releaseScript.Run(ctx, n.rdb, b.releaseKeys(req.Key), req.Owner, b.waiterPrefix(req.Key), b.newNonce(), req.Key,
+				a.undoWakes(ok)).Err()
+		}
+	case err == nil && v.status == statusHeld:
+		b.saw(req.Key, v.counter)
+		fallthrough
+	default:
+		if ok && req.Wait {
+			_ = withdrawScript.Run(ctx, n.rdb, []string{waitSetKey(b.cfg.prefix, req.Key)}, req.Owner, b.waiterPrefix(req.Key)).Err()
+		}
+	}
 }
 
 // sort sorts the nodes by their phase-one reply.
@@ -193,6 +277,7 @@ func (a *attempt) settle(ctx context.Context) (uint64, string, []error) {
 // matches driver.ErrLocked. nodeErrs are indexed like b.nodes.
 func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driver.Grant, error) {
 	b, req := a.b, a.req
+	a.decide(false) // before releaseOn, which waits for the late replies
 	// Give back fresh grants and nodes whose reply was lost. A re-entered node held
 	// the owner's earlier grant before this attempt, so it is left as it was.
 	// Without Reenter, a node whose reply was lost may hold a grant of the same
@@ -208,7 +293,7 @@ func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driv
 		undo = append(undo, a.unknown...)
 	}
 	if len(undo) > 0 {
-		b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner)
+		b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner, a.undoWakes(false) == "1")
 	}
 	he := &driver.HeldError{RetryAfter: b.retryAfter(a.held)}
 	if req.Wait && len(a.held) > 0 {
@@ -229,6 +314,9 @@ func (a *attempt) withdrawElsewhere() {
 	}
 	var rest []int
 	for i := range a.b.nodes {
+		if a.r.errs[i] == errPending {
+			continue // late: see late
+		}
 		if a.r.errs[i] != nil || a.r.vals[i].status == statusHeld {
 			rest = append(rest, i)
 		}
@@ -248,7 +336,7 @@ func (b *Backend) commit(ctx context.Context, req driver.Request, keys []string,
 		if b.validity(req.TTL, start) <= 0 {
 			return 0, errs, "validity used up while settling the fencing token"
 		}
-		r := fanout(ctx, b, nodes, func(ctx context.Context, n *node) (int64, error) {
+		r := fanoutFor(ctx, b, driver.Holder{Key: req.Key, Owner: req.Owner}, nodes, func(ctx context.Context, n *node) (int64, error) {
 			return commitScript.Run(ctx, n.rdb, keys[:2], req.Owner, t).Int64()
 		})
 		errs = r.errs

@@ -2,6 +2,7 @@ package redlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -36,6 +37,140 @@ func fanout[T any](ctx context.Context, b *Backend, idx []int, f func(context.Co
 	}
 	wg.Wait()
 	return r
+}
+
+// errPending marks, in the results of a fan-out that returned early (see race), a
+// node whose reply had not come yet.
+var errPending = errors.New("reply still pending")
+
+// flight is the calls of one holder still under way after a fan-out returned early:
+// done[i] is closed once node i's call and its late handling are over (nil for a
+// node with nothing pending). The next calls for the holder on node i wait for it,
+// so that every node runs one holder's scripts in the order they were made (a
+// release never overtakes the acquire it undoes).
+type flight struct{ done []chan struct{} }
+
+// fanoutFor is fanout for the calls of holder h: on each node, it waits for the
+// holder's calls still under way there (see flight) before calling; with no owner
+// in h, for those of every owner of the key.
+func fanoutFor[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f func(context.Context, *node) (T, error)) results[T] {
+	return race(ctx, b, h, idx, f, nil, nil)
+}
+
+// race is fanoutFor that returns as soon as decided, called after each reply, says
+// the replies so far settle the outcome; nodes still to answer then have errs[i] ==
+// errPending. Their calls complete in the background (bounded by the node timeout;
+// Close waits for them; the caller's cancellation no longer reaches them), late is
+// called with each of their replies, and the holder's next calls on those nodes wait
+// until then. With decided nil it waits for every reply.
+func race[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f func(context.Context, *node) (T, error),
+	decided func(*results[T]) bool, late func(i int, v T, err error)) results[T] {
+	prev := b.flightsOf(h)
+	if len(prev) == 0 && decided == nil {
+		return fanout(ctx, b, idx, f)
+	}
+	r := results[T]{vals: make([]T, len(b.nodes)), errs: make([]error, len(b.nodes)), sent: make([]bool, len(b.nodes))}
+	// One deadline for the round; the caller's cancellation reaches the calls only
+	// while the caller waits for them.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.nodeTimeout)
+	stop := context.AfterFunc(ctx, cancel)
+	type reply struct {
+		i   int
+		v   T
+		err error
+	}
+	ch := make(chan reply, len(idx))
+	for _, i := range idx {
+		r.sent[i], r.errs[i] = true, errPending
+		go func() {
+			for _, p := range prev {
+				if p.done[i] == nil {
+					continue
+				}
+				select {
+				case <-p.done[i]:
+				case <-cctx.Done():
+					var zero T
+					ch <- reply{i, zero, cctx.Err()}
+					return
+				}
+			}
+			v, err := f(cctx, b.nodes[i])
+			ch <- reply{i, v, err}
+		}()
+	}
+	for got := 1; got <= len(idx); got++ {
+		rp := <-ch
+		if rp.err != nil && ctx.Err() != nil {
+			rp.err = ctx.Err()
+		}
+		r.vals[rp.i], r.errs[rp.i] = rp.v, rp.err
+		if got < len(idx) && decided != nil && decided(&r) {
+			stop()
+			fl := &flight{done: make([]chan struct{}, len(b.nodes))}
+			for i, err := range r.errs {
+				if err == errPending {
+					fl.done[i] = make(chan struct{})
+				}
+			}
+			rest := len(idx) - got
+			drain := func() {
+				for range rest {
+					rp := <-ch
+					if late != nil {
+						late(rp.i, rp.v, rp.err)
+					}
+					close(fl.done[rp.i])
+				}
+				cancel()
+				b.mu.Lock()
+				if b.flights[h] == fl {
+					delete(b.flights, h)
+				}
+				b.mu.Unlock()
+			}
+			b.mu.Lock()
+			b.flights[h] = fl
+			closed := b.closed
+			if !closed {
+				b.bg.Add(1)
+			}
+			b.mu.Unlock()
+			if closed {
+				drain()
+			} else {
+				go func() {
+					defer b.bg.Done()
+					drain()
+				}()
+			}
+			return r
+		}
+	}
+	stop()
+	cancel()
+	return r
+}
+
+// flightsOf returns the holder's calls still under way, or, for a holder with no
+// owner (force release, inspect: calls about the key, whatever its owner), those
+// of every holder of the key.
+func (b *Backend) flightsOf(h driver.Holder) []*flight {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h.Owner != "" {
+		if f := b.flights[h]; f != nil {
+			return []*flight{f}
+		}
+		return nil
+	}
+	var fs []*flight
+	for k, f := range b.flights {
+		if k.Key == h.Key {
+			fs = append(fs, f)
+		}
+	}
+	return fs
 }
 
 // all returns the indexes of every node.

@@ -23,7 +23,7 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 	if len(value) > 0 {
 		args = append(args, value)
 	}
-	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (int64, error) {
+	r := fanoutFor(ctx, b, driver.Holder{Key: key, Owner: owner}, b.all(), func(ctx context.Context, n *node) (int64, error) {
 		return setValueScript.Run(ctx, n.rdb, keys, args...).Int64()
 	})
 	ok, failed := 0, 0
@@ -49,7 +49,7 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 // token is larger, as for any grant.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	keys, prefix, nonce := b.releaseKeys(key), b.waiterPrefix(key), b.newNonce()
-	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (int64, error) {
+	r := fanoutFor(ctx, b, driver.Holder{Key: key}, b.all(), func(ctx context.Context, n *node) (int64, error) {
 		return forceReleaseScript.Run(ctx, n.rdb, keys, prefix, nonce, key).Int64()
 	})
 	deletedOn, failed := 0, 0
@@ -108,7 +108,7 @@ func (b *Backend) inspectNode(ctx context.Context, n *node, keys []string, prefi
 // QuorumError.
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	keys, prefix := b.keys(key), b.waiterPrefix(key)
-	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (view, error) {
+	r := fanoutFor(ctx, b, driver.Holder{Key: key}, b.all(), func(ctx context.Context, n *node) (view, error) {
 		return b.inspectNode(ctx, n, keys, prefix)
 	})
 	byOwner := make(map[string][]view)

@@ -346,7 +346,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 // withdraw removes owner's place from the wait sets of the given nodes.
 func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int) error {
 	wait, prefix := []string{waitSetKey(b.cfg.prefix, key)}, b.waiterPrefix(key)
-	r := fanout(ctx, b, idx, func(ctx context.Context, n *node) (int64, error) {
+	r := fanoutFor(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (int64, error) {
 		return withdrawScript.Run(ctx, n.rdb, wait, owner, prefix).Int64()
 	})
 	return b.nodeErrors(r.errs)

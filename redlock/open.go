@@ -46,7 +46,7 @@ func newBackend(clients []*redis.Client, cfg config) (*Backend, error) {
 	}
 	seen := make(map[string]bool)
 	b := &Backend{quorum: len(clients)/2 + 1, cfg: cfg, closing: make(chan struct{}),
-		fence: make(map[string]uint64), grants: make(map[driver.Holder]grant), yield: make(map[string]yielding),
+		fence: make(map[string]uint64), flights: make(map[driver.Holder]*flight), grants: make(map[driver.Holder]grant), yield: make(map[string]yielding),
 		waiters: make(map[driver.Holder]*waiter), holders: make(map[string]*holderSub)}
 	for _, c := range clients {
 		if c == nil {

@@ -34,7 +34,13 @@
 // # Algorithm
 //
 // Acquire sends one Lua script to all N nodes at once, each call bounded by the node
-// timeout, so a dead or paused node costs at most that much. On each node the script
+// timeout, so a dead or paused node costs at most that much. An acquire whose
+// proposed token a majority accepted, and a release that a majority confirmed,
+// return without waiting for the slowest nodes: their calls finish in the
+// background (a late grant of a failed attempt is given back, a late grant of a
+// granted one kept), and every later call for the same key and owner waits, node by
+// node, for them, so that each node runs one owner's scripts in the order they were
+// made. On each node the script
 // sets the lock with SET NX PX (or extends it when the same owner already holds it)
 // and returns the node's fencing counter. The attempt succeeds only if a majority
 // granted it and the validity left, ttl - elapsed - (ttl*drift + 2ms) with elapsed on
@@ -116,7 +122,9 @@
 // the key by a newcomer stays first in line; a client that just handed the key over
 // makes its own next waiting Lock step back for about two round trips, so a tight
 // Lock/Release loop does not keep the key to itself. The order is not strict FIFO
-// (a newcomer can still take a key that happens to be free). Lost wake-ups are
+// (a newcomer can still take a key that happens to be free). An attempt that loses
+// to a majority held by another owner gives back what it took without waking a
+// waiter (the holder's release will). Lost wake-ups are
 // covered by the core's fallback timer, bounded by the holder's remaining TTL. A
 // waiter that its last attempt found behind others on a majority of nodes, with
 // every node's subscription up, answers those fallback attempts itself, without a
@@ -216,10 +224,11 @@ type Backend struct {
 	mu      sync.Mutex
 	closed  bool
 	closing chan struct{}
-	fence   map[string]uint64       // key -> largest counter seen, for proposals
-	grants  map[driver.Holder]grant // grants made here, to repair nodes
-	yield   map[string]yielding     // key -> a recent release woke a waiter
-	wakeCh  string                  // this client's wake-up channel
+	fence   map[string]uint64         // key -> largest counter seen, for proposals
+	grants  map[driver.Holder]grant   // grants made here, to repair nodes
+	flights map[driver.Holder]*flight // calls still under way after a fan-out returned early
+	yield   map[string]yielding       // key -> a recent release woke a waiter
+	wakeCh  string                    // this client's wake-up channel
 	waiters map[driver.Holder]*waiter
 	recent  []*release            // the latest releases that woke a waiter here
 	notify  bool                  // subscriber connections started

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/dlockio/dlock/driver"
 )
 
 // Refresh implements driver.Backend: it extends the lock on every node and succeeds
@@ -14,7 +16,8 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	keys := b.keys(key)[:2] // lock, fence
 	g := b.grantOf(key, owner)
 	tok, pttl := g.token, ms(ttl)
-	r := fanout(ctx, b, b.all(), func(ctx context.Context, n *node) (int64, error) {
+	h := driver.Holder{Key: key, Owner: owner}
+	r := fanoutFor(ctx, b, h, b.all(), func(ctx context.Context, n *node) (int64, error) {
 		return refreshScript.Run(ctx, n.rdb, keys, owner, pttl, tok, refreshOnly).Int64()
 	})
 	ok, failed := 0, 0
@@ -41,7 +44,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 			if len(g.value) > 0 {
 				args = append(args, g.value)
 			}
-			fanout(ctx, b, absent, func(ctx context.Context, n *node) (int64, error) {
+			fanoutFor(ctx, b, h, absent, func(ctx context.Context, n *node) (int64, error) {
 				return refreshScript.Run(ctx, n.rdb, keys, args...).Int64()
 			})
 		}
@@ -53,7 +56,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		// wait for its TTL.
 		qe.notHeld = true
 		b.forget(key, owner)
-		b.releaseOn(context.WithoutCancel(ctx), b.all(), key, owner)
+		b.releaseOn(context.WithoutCancel(ctx), b.all(), key, owner, true)
 	}
 	return qe
 }
@@ -64,7 +67,32 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	b.forget(key, owner)
 	start := time.Now()
-	r := b.releaseAll(ctx, b.all(), key, owner)
+	// Return once a majority released it, unless a waiter was woken: the slowest
+	// nodes finish in the background, and a waiter one of them names is yielded to
+	// as well. A release that woke a waiter waits for every node, as the
+	// releaser's step back (see yieldTo) is measured on the whole round: ended
+	// sooner, its next Lock competed with the woken waiter more often.
+	decided := func(r *results[any]) bool {
+		n := 0
+		for i, v := range r.vals {
+			if r.errs[i] != nil {
+				continue
+			}
+			if _, woke := v.(string); woke {
+				return false
+			}
+			if v == any(int64(released)) {
+				n++
+			}
+		}
+		return n >= b.quorum
+	}
+	late := func(_ int, v any, err error) {
+		if w, ok := v.(string); ok && err == nil {
+			b.alsoYieldTo(key, w, min(max(2*time.Since(start), time.Millisecond), maxYield))
+		}
+	}
+	r := b.releaseRace(ctx, b.all(), key, owner, true, decided, late)
 	releasedOn, failed := 0, 0
 	var woken []string
 	for i := range b.nodes {
@@ -97,18 +125,22 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	return qe
 }
 
-// releaseAll runs release.lua on the given nodes, with one nonce for them all.
-func (b *Backend) releaseAll(ctx context.Context, idx []int, key, owner string) results[any] {
-	keys, prefix, nonce := b.releaseKeys(key), b.waiterPrefix(key), b.newNonce()
-	return fanout(ctx, b, idx, func(ctx context.Context, n *node) (any, error) {
-		return releaseScript.Run(ctx, n.rdb, keys, owner, prefix, nonce, key).Result()
-	})
+// releaseRace runs release.lua on the given nodes, with one nonce for them all,
+// through race (decided and late may be nil); wake false wakes no waiter.
+func (b *Backend) releaseRace(ctx context.Context, idx []int, key, owner string, wake bool, decided func(*results[any]) bool, late func(int, any, error)) results[any] {
+	keys, prefix, nonce, w := b.releaseKeys(key), b.waiterPrefix(key), b.newNonce(), "0"
+	if wake {
+		w = "1"
+	}
+	return race(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (any, error) {
+		return releaseScript.Run(ctx, n.rdb, keys, owner, prefix, nonce, key, w).Result()
+	}, decided, late)
 }
 
 // releaseOn releases the owner's lock on the given nodes, ignoring failures (the
-// lock expires by itself).
-func (b *Backend) releaseOn(ctx context.Context, idx []int, key, owner string) {
-	b.releaseAll(ctx, idx, key, owner)
+// lock expires by itself); wake false wakes no waiter.
+func (b *Backend) releaseOn(ctx context.Context, idx []int, key, owner string, wake bool) {
+	b.releaseRace(ctx, idx, key, owner, wake, nil, nil)
 }
 
 // newNonce returns an id for one release, the same on every node: this client's id

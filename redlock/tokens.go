@@ -109,6 +109,21 @@ func (b *Backend) yieldTo(key string, woken []string, d time.Duration) {
 	b.yield[key] = yielding{until: time.Now().Add(d), to: woken}
 }
 
+// alsoYieldTo adds a woken waiter to the key's yielding (see yieldTo), for a
+// release's late reply.
+func (b *Backend) alsoYieldTo(key, woken string, d time.Duration) {
+	b.mu.Lock()
+	y, ok := b.yield[key]
+	b.mu.Unlock()
+	switch {
+	case ok && slices.Contains(y.to, woken):
+	case ok && time.Now().Before(y.until):
+		b.yieldTo(key, append(slices.Clip(y.to), woken), time.Until(y.until))
+	default:
+		b.yieldTo(key, []string{woken}, d)
+	}
+}
+
 // yieldFor returns how long a waiting attempt by owner should step back, or 0.
 func (b *Backend) yieldFor(key, owner string) time.Duration {
 	b.mu.Lock()

@@ -3,13 +3,15 @@
 --
 -- KEYS[1] lock, KEYS[2] wait set, KEYS[3] fence counter (read for the wake-up).
 -- ARGV[1] owner, ARGV[2] waiter key prefix, ARGV[3] nonce (the same on every node
--- for one release), ARGV[4] the lock name.
+-- for one release), ARGV[4] the lock name, ARGV[5] wake: 1 wake a waiter, 0 not
+-- (an attempt giving back a grant that lost to a majority held by another owner,
+-- whose release wakes the waiters).
 --
 -- Returns the owner id of the waiter woken, else RELEASED (1) if released,
 -- NOT_HELD (0) if the owner did not hold it here. A release publishes on the
 -- holder channel.
 local lockKey, waitKey, fenceKey = KEYS[1], KEYS[2], KEYS[3]
-local owner, waiterPrefix, nonce, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local owner, waiterPrefix, nonce, name, wakeOne = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local NOT_HELD, RELEASED = 0, 1
 
 local v = redis.call('GET', lockKey)
@@ -17,7 +19,7 @@ if not v then return NOT_HELD end
 if holder(v) ~= owner then return NOT_HELD end
 redis.call('DEL', lockKey)
 redis.call('PUBLISH', lockKey .. HOLDER, '')
-if redis.call('EXISTS', waitKey) == 1 then
+if wakeOne == '1' and redis.call('EXISTS', waitKey) == 1 then
   local woken = wake(waitKey, waiterPrefix, nonce, name, fenceKey)
   if woken then return woken end
 end
