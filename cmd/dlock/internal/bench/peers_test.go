@@ -44,6 +44,16 @@ func TestRunPeers(t *testing.T) {
 			v := br.VsPeers
 			if v == nil || !v.CycleP50.Valid() || !v.HotKey.Valid() || !v.ManyKeys.Valid() || v.CycleBest == "" || v.HotKeyBest == "" {
 				t.Errorf("%s: ratios to the peers %+v", br.Name, v)
+				continue
+			}
+			// Round by round, against the same best peer.
+			if len(v.CycleP50Rounds) != cfg.Rounds || len(v.HotKeyRounds) != cfg.Rounds {
+				t.Errorf("%s: ratios per round %v, %v; want %d each", br.Name, v.CycleP50Rounds, v.HotKeyRounds, cfg.Rounds)
+			}
+			for i, rf := range br.HotKey.Rounds {
+				if rf.PerSecond <= 0 || i < len(v.HotKeyRounds) && !v.HotKeyRounds[i].Valid() {
+					t.Errorf("%s: hot key round %d: %v acq/s, ratio %v", br.Name, i, rf.PerSecond, v.HotKeyRounds)
+				}
 			}
 			continue
 		}

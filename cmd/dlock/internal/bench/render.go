@@ -71,7 +71,7 @@ func (r *Result) writeCycles(b *strings.Builder, ok []*BackendResult) {
 		}
 		row = append(row, fmtRatio(c.Ratio), fmtRatio(c.DriverRatio), per)
 		if peers {
-			row = append(row, br.vsPeer(func(v *PeerRatios) (Float, string) { return v.CycleP50, v.CycleBest }))
+			row = append(row, br.vsPeer(func(v *PeerRatios) (Float, string, []Float) { return v.CycleP50, v.CycleBest, nil }))
 		}
 		return row
 	})
@@ -97,7 +97,7 @@ func (r *Result) writeManyKeys(b *strings.Builder, ok []*BackendResult) {
 		}
 		row := []string{br.label(), fmtRate(m.PerSecond), fmtRateF(m.FloorPerSecond), fmtRatio(m.Ratio)}
 		if peers {
-			row = append(row, br.vsPeer(func(v *PeerRatios) (Float, string) { return v.ManyKeys, v.ManyKeysBest }))
+			row = append(row, br.vsPeer(func(v *PeerRatios) (Float, string, []Float) { return v.ManyKeys, v.ManyKeysBest, nil }))
 		}
 		return row
 	})
@@ -121,7 +121,7 @@ func (r *Result) writeHotKey(b *strings.Builder, ok []*BackendResult) {
 		row := []string{br.label(), fmtRate(h.PerSecond), fmtDur(h.Handoff.P50), fmtDur(h.Handoff.P99), fmtRatio(h.HandoffFloorRatio),
 			fmt.Sprintf("%d-%d", h.MinPerWorker, h.MaxPerWorker), fmtFloat(h.MinMax, 2), fmtFloat(h.Jain, 3)}
 		if peers {
-			row = append(row, br.vsPeer(func(v *PeerRatios) (Float, string) { return v.HotKey, v.HotKeyBest }))
+			row = append(row, br.vsPeer(func(v *PeerRatios) (Float, string, []Float) { return v.HotKey, v.HotKeyBest, nil }))
 		}
 		return row
 	})
@@ -227,7 +227,7 @@ func (r *Result) writePeers(b *strings.Builder, ok []*BackendResult) {
 	}
 	s := r.Settings
 	b.WriteString("\n### Beside the peers\n\n")
-	fmt.Fprintf(b, "Peers are the lock libraries users run on the same stores, measured in this process on the same servers, through the same loops, in the same rounds. They have no fencing tokens, no handoff hooks and no server-operation counts, and are left out of the cost tables. Hot key: %d workers; fairness as above (the worst round). Ratios are dlock's over the best peer of its store: p50 below 1 and acquisitions/s above 1 are dlock ahead.\n\n", s.Workers)
+	fmt.Fprintf(b, "Peers are the lock libraries users run on the same stores, measured in this process on the same servers, through the same loops, in the same rounds. They have no fencing tokens, no handoff hooks and no server-operation counts, and are left out of the cost tables. Hot key: %d workers; fairness as above (the worst round). Ratios are dlock's over the best peer of its store, over the whole run and (in brackets) round by round: p50 below 1 and acquisitions/s above 1 are dlock ahead.\n\n", s.Workers)
 	var rows [][]string
 	for _, store := range []string{StoreRedis, StoreRedlock, StoreEtcd, StoreZK, StorePostgres, StoreMySQL} {
 		for _, br := range ok {
@@ -247,8 +247,8 @@ func (r *Result) writePeers(b *strings.Builder, ok []*BackendResult) {
 				row = append(row, "cannot", "", "")
 			}
 			row = append(row,
-				br.vsPeer(func(v *PeerRatios) (Float, string) { return v.CycleP50, v.CycleBest }),
-				br.vsPeer(func(v *PeerRatios) (Float, string) { return v.HotKey, v.HotKeyBest }))
+				br.vsPeer(func(v *PeerRatios) (Float, string, []Float) { return v.CycleP50, v.CycleBest, v.CycleP50Rounds }),
+				br.vsPeer(func(v *PeerRatios) (Float, string, []Float) { return v.HotKey, v.HotKeyBest, v.HotKeyRounds }))
 			rows = append(rows, row)
 		}
 	}
@@ -284,17 +284,26 @@ func (br *BackendResult) label() string {
 	return br.Name
 }
 
-// vsPeer writes a ratio to the best peer with that peer's name; empty for a peer
-// and for a backend whose store has no peer result.
-func (br *BackendResult) vsPeer(f func(*PeerRatios) (Float, string)) string {
+// vsPeer writes a ratio to the best peer with that peer's name and, with more than
+// one round, the ratio of each round in brackets; empty for a peer and for a
+// backend whose store has no peer result.
+func (br *BackendResult) vsPeer(f func(*PeerRatios) (Float, string, []Float)) string {
 	if br.Peer || br.VsPeers == nil {
 		return ""
 	}
-	v, name := f(br.VsPeers)
+	v, name, rounds := f(br.VsPeers)
 	if !v.Valid() {
 		return "n/a"
 	}
-	return fmtRatio(v) + " " + name
+	s := fmtRatio(v) + " " + name
+	if len(rounds) > 1 {
+		parts := make([]string, len(rounds))
+		for i, r := range rounds {
+			parts[i] = fmtFloat(r, 2)
+		}
+		s += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return s
 }
 
 // cannotRow is the row of a peer that cannot run a workload.

@@ -101,6 +101,11 @@ type PeerRatios struct {
 	ManyKeysBest string `json:"many_keys_best,omitempty"`
 	HotKey       Float  `json:"hot_key"`
 	HotKeyBest   string `json:"hot_key_best,omitempty"`
+	// CycleP50Rounds and HotKeyRounds are the same ratios round by round, against
+	// the same best peer (the rounds interleave every backend, so each pair ran
+	// under the same machine load).
+	CycleP50Rounds []Float `json:"cycle_p50_rounds,omitempty"`
+	HotKeyRounds   []Float `json:"hot_key_rounds,omitempty"`
 }
 
 // CycleResult is the uncontended Lock+Release cycle and its floor.
@@ -163,6 +168,7 @@ type RoundFairness struct {
 	MinMax     Float         `json:"min_max"`
 	Jain       float64       `json:"jain"`
 	HandoffP50 time.Duration `json:"handoff_p50_ns"`
+	PerSecond  float64       `json:"per_second"`
 }
 
 // Cost is what something costs in server operations (NaN when the backend cannot
@@ -205,19 +211,20 @@ func (r *Result) comparePeers() {
 		any := false
 		var cyc time.Duration
 		var many, hot float64
+		var cycPeer, hotPeer *BackendResult
 		for _, p := range r.Backends {
 			if !p.Peer || p.Error != "" || p.Store != br.Store {
 				continue
 			}
 			any = true
 			if p.can(WorkCycle) && p.Cycle.Dlock.P50 > 0 && (cyc == 0 || p.Cycle.Dlock.P50 < cyc) {
-				cyc, v.CycleBest = p.Cycle.Dlock.P50, p.Name
+				cyc, v.CycleBest, cycPeer = p.Cycle.Dlock.P50, p.Name, p
 			}
 			if p.can(WorkManyKeys) && p.ManyKeys.PerSecond > many {
 				many, v.ManyKeysBest = p.ManyKeys.PerSecond, p.Name
 			}
 			if p.can(WorkHotKey) && p.HotKey.PerSecond > hot {
-				hot, v.HotKeyBest = p.HotKey.PerSecond, p.Name
+				hot, v.HotKeyBest, hotPeer = p.HotKey.PerSecond, p.Name, p
 			}
 		}
 		if !any {
@@ -231,6 +238,16 @@ func (r *Result) comparePeers() {
 		}
 		if hot > 0 {
 			v.HotKey = Float(measure.Ratio(br.HotKey.PerSecond, hot))
+		}
+		if cycPeer != nil && len(cycPeer.Cycle.Rounds) == len(br.Cycle.Rounds) {
+			for i, rc := range br.Cycle.Rounds {
+				v.CycleP50Rounds = append(v.CycleP50Rounds, Float(measure.Ratio(float64(rc.P50), float64(cycPeer.Cycle.Rounds[i].P50))))
+			}
+		}
+		if hotPeer != nil && len(hotPeer.HotKey.Rounds) == len(br.HotKey.Rounds) {
+			for i, rf := range br.HotKey.Rounds {
+				v.HotKeyRounds = append(v.HotKeyRounds, Float(measure.Ratio(rf.PerSecond, hotPeer.HotKey.Rounds[i].PerSecond)))
+			}
 		}
 		br.VsPeers = &v
 	}

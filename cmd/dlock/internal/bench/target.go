@@ -246,7 +246,7 @@ func (e *targetEnv) hotKey(ctx context.Context, d time.Duration) error {
 	lo, hi := measure.MinMax(r.Counts)
 	e.res.HotKey.Rounds = append(e.res.HotKey.Rounds, RoundFairness{
 		Counts: r.Counts, MinMax: Float(measure.Ratio(float64(lo), float64(hi))), Jain: measure.Jain(r.Counts),
-		HandoffP50: r.Handoff.Percentile(0.5),
+		HandoffP50: r.Handoff.Percentile(0.5), PerSecond: measure.PerSecond(r.Acquisitions, r.Elapsed),
 	})
 	return nil
 }
