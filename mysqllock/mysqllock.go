@@ -163,6 +163,11 @@
 // each key's count of live places. Both are reads for administrators, not for a hot
 // path.
 //
+// Not offered (yet): semaphores and read-write locks (a Lock with dlock.WithLimit
+// above 1 or dlock.WithShared fails with an error matching dlock.ErrUnsupported,
+// changing nothing), and a holder watch (dlock.Client.Observe reads the key every
+// WithObserveInterval).
+//
 // # Safety model
 //
 // Mutual exclusion holds on one server (or a primary whose failover promotes a
