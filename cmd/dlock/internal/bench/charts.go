@@ -131,15 +131,14 @@ func (r *Result) peersChart() *chart {
 		if br.Peer || br.Store == "" || br.HotKey.PerSecond <= 0 {
 			continue
 		}
-		n := 0
+		var peers []bar
 		for _, p := range r.ok() {
 			if p.Peer && p.Store == br.Store && p.can(WorkHotKey) && p.HotKey.PerSecond > 0 {
-				if n == 0 {
-					bars = append(bars, bar{br.Name, br.HotKey.PerSecond, br.HotKey.MinMax, false})
-				}
-				bars = append(bars, bar{p.Name, p.HotKey.PerSecond, p.HotKey.MinMax, true})
-				n++
+				peers = append(peers, bar{p.Name, p.HotKey.PerSecond, p.HotKey.MinMax, true})
 			}
+		}
+		if len(peers) > 0 {
+			bars = append(append(bars, bar{br.Name, br.HotKey.PerSecond, br.HotKey.MinMax, false}), peers...)
 		}
 	}
 	if len(bars) == 0 {
