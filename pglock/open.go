@@ -73,6 +73,8 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "dlock"
 	}
+	// Plain index scans only (see "Dead rows" in the package documentation).
+	cfg.ConnConfig.RuntimeParams["enable_bitmapscan"] = "off"
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		// libpq waits forever by default; a lock client should not.
 		cfg.ConnConfig.ConnectTimeout = driver.DefaultOpenTimeout

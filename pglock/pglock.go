@@ -358,6 +358,19 @@
 // read-write key as a semaphore of limit 1 and fail their mutex attempts on a live
 // one with driver.ErrLimitMismatch: upgrade them together.
 //
+// # Dead rows
+//
+// Every grant, place and permit is a row that a release or handoff deletes, so a
+// busy key leaves dead rows (and their index entries) behind until VACUUM, which
+// autovacuum runs about once a minute at most. The statements look a key's rows up
+// by index key prefix, and a plain index scan marks the dead entries it passes, so
+// that later scans skip them and a page split drops them; a bitmap index scan
+// marks none and reads them all again on every lookup. dlock's connections
+// therefore run with enable_bitmapscan=off (a session setting sent at connection
+// start; it changes only the plans of dlock's own statements). Measured: on a key
+// whose readers churned about 8,000 permits between vacuums, each permit lookup
+// read 128 index pages by bitmap scan; by plain index scan, a few.
+//
 // # Safety model
 //
 // Mutual exclusion (at most N holders of a semaphore of N) holds on one PostgreSQL

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,35 @@ func TestReadersFast(t *testing.T) {
 	t.Run("Watch", func(t *testing.T) { testReadersWatch(t, srv) })
 	t.Run("LeftRow", func(t *testing.T) { testReadersLeftRow(t, srv) })
 	t.Run("NothingLeft", func(t *testing.T) { testReadersNothingLeft(t, srv) })
+	t.Run("DeadRows", func(t *testing.T) { testReadersDeadRows(t, srv) })
+}
+
+// A key whose permits churn leaves dead rows until VACUUM: the lookups of its
+// permits on the backend's connections must be plain index scans, which mark the
+// dead index entries they pass (a bitmap scan reads them all again each time), so
+// that each lookup's cost follows the live permits, not the churn.
+func testReadersDeadRows(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	b := open(t, srv.URL())
+	defer b.Close()
+	key := drivertest.Key(t, "k")
+	pool := admin(t, srv)
+	permits := pglock.DefaultTable + "_permits"
+	exec(t, pool, `INSERT INTO `+permits+` (key, owner, token, expires_at, shared)
+		SELECT $1, 'dead' || i, i, now() + interval '1 minute', true FROM generate_series(1, 3000) i`, key)
+	exec(t, pool, `DELETE FROM `+permits+` WHERE key = $1`, key)
+	var bitmap string
+	if err := b.Pool().QueryRow(ctx, `SHOW enable_bitmapscan`).Scan(&bitmap); err != nil || bitmap != "off" {
+		t.Fatalf("enable_bitmapscan on the backend's connection: %q, %v", bitmap, err)
+	}
+	var plan string
+	err := b.Pool().QueryRow(ctx, `EXPLAIN (FORMAT TEXT) SELECT FROM `+permits+` WHERE key = $1::text AND expires_at > now()`, key).Scan(&plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(plan, "Index Scan") {
+		t.Fatalf("a key's permits are looked up with %q, not an index scan", plan)
+	}
 }
 
 // keyRows counts the rows of key in the lock table (its own and its places') and

@@ -41,7 +41,8 @@ WITH cur AS (
 	SELECT p.key AS pk, p.owner AS o, p.queue_channel[1] AS c, p.token AS pat, false AS sh
 	FROM {{.Table}} p WHERE EXISTS (SELECT FROM freed) AND (SELECT cur.lim > 1 FROM cur) AND {{template "placeRange"}} AND p.owner <> $2::text
 		AND NOT EXISTS (SELECT FROM rest WHERE rest.owner = p.owner) AND {{template "placeLive"}}
-	ORDER BY p.key LIMIT (SELECT greatest(cur.lim - (SELECT count(*) FROM rest), 0) FROM cur)
+	-- (A Limit node computes its count first, whatever its filter: only when a permit is freed.)
+	ORDER BY p.key LIMIT CASE WHEN EXISTS (SELECT FROM freed) THEN (SELECT greatest(cur.lim - (SELECT count(*) FROM rest), 0) FROM cur) ELSE 0 END
 ), xk AS MATERIALIZED (
 	SELECT p.key AS pk, p.owner AS o, p.queue_channel[1] AS c, p.token AS pat, false AS sh
 	FROM {{.Table}} p WHERE EXISTS (SELECT FROM freed) AND (SELECT cur.lim = 1 FROM cur) AND {{template "placeRange"}} AND NOT p.reserved
@@ -55,7 +56,7 @@ WITH cur AS (
 ), h AS (
 	SELECT * FROM sem_h
 	UNION ALL SELECT * FROM run
-	UNION ALL SELECT * FROM xk WHERE NOT EXISTS (SELECT FROM rest) AND NOT EXISTS (SELECT FROM run)
+	UNION ALL SELECT * FROM xk WHERE EXISTS (SELECT FROM freed) AND NOT EXISTS (SELECT FROM rest) AND NOT EXISTS (SELECT FROM run)
 ), gone AS (
 	DELETE FROM {{.Table}} p WHERE p.key IN (SELECT pk FROM h) RETURNING 1
 ), handed AS (
