@@ -368,8 +368,9 @@
 // marks none and reads them all again on every lookup. dlock's connections
 // therefore run with enable_bitmapscan=off (a session setting sent at connection
 // start; it changes only the plans of dlock's own statements). Measured: on a key
-// whose readers churned about 8,000 permits between vacuums, each permit lookup
-// read 128 index pages by bitmap scan; by plain index scan, a few.
+// whose readers had left about 8,000 dead permits, each permit lookup read 128
+// index pages by bitmap scan, and 4 to 17 by plain index scan (1 to 14 live
+// permits); 16 readers of one key made 1.7 times as many reads per second.
 //
 // # Safety model
 //
