@@ -27,6 +27,49 @@ func TestReadersFast(t *testing.T) {
 	t.Run("LeftRow", func(t *testing.T) { testReadersLeftRow(t, srv) })
 	t.Run("NothingLeft", func(t *testing.T) { testReadersNothingLeft(t, srv) })
 	t.Run("DeadRows", func(t *testing.T) { testReadersDeadRows(t, srv) })
+	t.Run("WatchLockGivenBack", func(t *testing.T) { testReadersWatchLock(t, srv) })
+}
+
+// A reader's grant and release take the key's watch lock for the session and give
+// it back in the same expression (readNotify): after many readers, no connection
+// holds it, and a watch can start.
+func testReadersWatchLock(t *testing.T, srv *testserver.Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	h := harness(t, srv)
+	key := drivertest.Key(t, "k")
+	cs := []*dlock.Client{h.Client(t), h.Client(t), h.Client(t)}
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Go(func() {
+			for range 40 {
+				l, err := c.Lock(ctx, key, dlock.WithShared())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := l.Release(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var held int
+	err := admin(t, srv).QueryRow(ctx, `SELECT count(*) FROM pg_locks l, (SELECT hashtextextended($1::text COLLATE "C", to_regclass($2)::oid::bigint) AS h) w
+		WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid = oid((w.h >> 32) & 4294967295) AND l.objid = oid(w.h & 4294967295)`,
+		key, pglock.DefaultTable).Scan(&held)
+	if err != nil || held != 0 {
+		t.Fatalf("the key's watch lock after the readers: %d holders, %v", held, err)
+	}
+	b := h.Open(t).(*pglock.Backend)
+	defer b.Close()
+	w, err := b.WatchHolder(ctx, key)
+	if err != nil {
+		t.Fatalf("watch after the readers: %v", err)
+	}
+	w.Stop()
 }
 
 // A key whose permits churn leaves dead rows until VACUUM: the lookups of its

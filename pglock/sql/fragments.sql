@@ -20,15 +20,18 @@ so a change no one watches costs a lock-table entry, not a NOTIFY. A try that
 succeeds holds the lock to commit, and a watch takes its lock only after that:
 a change that notifies no one is committed before the watch starts.
 readNotify (called with the data): the notify of a reader's fast grant or
-release, which must not NOTIFY just because another reader's transaction holds
-the watch lock (readers' transactions collide on it, and transactions that NOTIFY
-commit one at a time). It runs after read_lock took the barrier (readerID) in
-the same transaction. Like notify it tries the watch lock exclusively; when that
+release, which must not NOTIFY just because another reader holds the watch lock
+(transactions that NOTIFY commit one at a time). It runs after read_lock took the
+barrier (readerID) in the same transaction. It tries the watch lock exclusively,
+for the session, and gives it back at once, in one expression: unlike notify's
+lock, held to commit, the readers of a key then seldom meet on it; when the try
 fails it notifies only if a watch holds or awaits the lock (pg_locks, read only
-then: it reads every backend's locks). A watch, once it
-holds its lock, waits for the barrier's exclusive lock (watch.go), that is for
-every reader's transaction in flight: a change that notified no one is committed
-before the watch starts.
+then: it reads every backend's locks). The barrier, not the watch lock, orders a
+reader's change before a watch: a watch, once it holds its lock, waits for the
+barrier's exclusive lock (watch.go), that is for every reader's transaction in
+flight, so a change that notified no one is committed before the watch starts.
+(The dlock pool's connections hold no session lock otherwise; nothing between
+the try and the give-back can fail.)
 readerID: the key of the readers' barrier lock of key $1 (another seed than the
 watch lock's, above every oid).
 */}}
@@ -37,7 +40,8 @@ watch lock's, above every oid).
 {{- define "placeLive"}}(p.expires_at > now() OR NOT pg_try_advisory_xact_lock(('x' || substr(p.queue_channel[1], 7, 16))::bit(64)::bigint)){{end -}}
 {{- define "notify"}}{{$k := or .Key "$1::text"}}(CASE WHEN pg_try_advisory_xact_lock(hashtextextended({{$k}} COLLATE "C", {{.TableID}})) THEN true ELSE pg_notify({{.WatchChannel}}, {{$k}}) IS NOT NULL END){{end -}}
 {{- define "readerID"}}hashtextextended($1::text COLLATE "C", {{.TableID}}::bigint + 4294967296){{end -}}
-{{- define "readNotify"}}(CASE WHEN pg_try_advisory_xact_lock(hashtextextended($1::text COLLATE "C", {{.TableID}})) THEN true WHEN EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ShareLock'
+{{- define "readNotify"}}(CASE WHEN pg_try_advisory_lock(hashtextextended($1::text COLLATE "C", {{.TableID}}))
+		THEN pg_advisory_unlock(hashtextextended($1::text COLLATE "C", {{.TableID}})) IS NOT NULL WHEN EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ShareLock'
 		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		AND l.classid = oid((hashtextextended($1::text COLLATE "C", {{.TableID}}) >> 32) & 4294967295)
 		AND l.objid = oid(hashtextextended($1::text COLLATE "C", {{.TableID}}) & 4294967295))
