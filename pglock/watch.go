@@ -225,8 +225,9 @@ func (l *listener) syncWatches(conn *pgconn.PgConn) error {
 	// flight) to end.
 	for _, k := range lock {
 		batch.ExecParams("SELECT pg_advisory_lock_shared("+watchID(l.tableID)+")", [][]byte{[]byte(k)}, nil, nil, nil)
-		// Then wait for the readers' fast grants and releases in flight, which do not
-		// take the watch lock (readNotify in sql/fragments.sql).
+		// Then wait for the readers' fast grants and releases in flight, which give
+		// the watch lock back at once rather than hold it to their commit
+		// (readNotify in sql/fragments.sql).
 		batch.ExecParams("SELECT pg_advisory_lock("+readerID(l.tableID)+")", [][]byte{[]byte(k)}, nil, nil, nil)
 		batch.ExecParams("SELECT pg_advisory_unlock("+readerID(l.tableID)+")", [][]byte{[]byte(k)}, nil, nil, nil)
 	}
