@@ -70,6 +70,15 @@ func race[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f 
 		return fanout(ctx, b, idx, f)
 	}
 	r := results[T]{vals: make([]T, len(b.nodes)), errs: make([]error, len(b.nodes)), sent: make([]bool, len(b.nodes))}
+	if err := ctx.Err(); err != nil {
+		// A caller already gone: every call fails at once, as fanout's do (the
+		// calls below run on a context the caller's cancellation reaches only
+		// through AfterFunc, in its own goroutine, after they may have answered).
+		for _, i := range idx {
+			r.sent[i], r.errs[i] = true, err
+		}
+		return r
+	}
 	// One deadline for the round; the caller's cancellation reaches the calls only
 	// while the caller waits for them.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.nodeTimeout)
