@@ -10,8 +10,9 @@ import (
 // Benchmarks run against a server with its default settings
 // (innodb_flush_log_at_trx_commit=1: every commit waits for a redo log flush, which
 // dominates a cycle on real disks). The floor is an INSERT then a DELETE of a row in
-// a table of the lock table's shape, with the same driver (see floor in
-// mysqllock_test.go). Compare them in the same run only.
+// a table of the lock table's shape, with the same driver, each statement prepared
+// once, as `dlock bench` measures it (internal/storeops/mysqlops). Compare them in
+// the same run only.
 
 // BenchmarkCycle: dlock's cycle, the floor's, and both paired cycle by cycle
 // ("interleaved", whose dlock/floor ratio is the number to compare).

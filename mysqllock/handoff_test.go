@@ -32,6 +32,48 @@ func TestHandoff(t *testing.T) {
 	t.Run("CancelledWaiterHandsOn", func(t *testing.T) { testCancelledWaiterHandsOn(t, srv) })
 	t.Run("CrashedWaiterLapses", func(t *testing.T) { testCrashedWaiterLapses(t, srv) })
 	t.Run("RequeueGoesLast", func(t *testing.T) { testRequeueGoesLast(t, srv) })
+	t.Run("NewcomerReadsMark", func(t *testing.T) { testNewcomerReadsMark(t, srv) })
+}
+
+// A newcomer's attempt, which reads only the row's queued mark, does not pass a
+// live place: the first waiter marks the row, and on a free row that is marked
+// the queue decides (here: the row expired with a waiter queued). Once the place
+// lapses, the newcomer is granted the key.
+func testNewcomerReadsMark(t *testing.T, srv *testserver.MariaDB) {
+	a, b, c := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer a.Close()
+	defer b.Close()
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := a.Acquire(ctx, driver.Request{Key: "nm", Owner: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w := queueWaiter(t, b, "nm", "b", 30*time.Second)
+	defer w.Stop(ctx, false)
+	db := admin(t, srv)
+	var queued int
+	if err := db.QueryRow("SELECT queued FROM dlock_locks WHERE lock_key = 'nm'").Scan(&queued); err != nil || queued != 1 {
+		t.Fatalf("row's mark with a waiter queued: %d, %v; want 1", queued, err)
+	}
+	exec(t, db, "UPDATE dlock_locks SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE lock_key = 'nm'")
+	_, err := c.Acquire(ctx, driver.Request{Key: "nm", Owner: "c", TTL: time.Minute})
+	if !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("newcomer on a free row with a live place = %v, want ErrLocked", err)
+	}
+	exec(t, db, "UPDATE dlock_locks_queue SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE lock_key = 'nm'")
+	g, err := c.Acquire(ctx, driver.Request{Key: "nm", Owner: "c", TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("newcomer once the place lapsed: %v", err)
+	}
+	if g2, err := c.Acquire(ctx, driver.Request{Key: "nm", Owner: "c", TTL: time.Minute, Reenter: true}); err != nil || g2.Token != g.Token {
+		t.Fatalf("re-entry = %+v, %v; want token %d", g2, err, g.Token)
+	}
+	if _, err := a.Acquire(ctx, driver.Request{Key: "nm", Owner: "c", TTL: time.Minute}); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("the same owner without Reenter = %v, want ErrLocked", err)
+	}
+	if err := c.Release(ctx, "nm", "c"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A waiter granted the key through its place that queues again at once (its old

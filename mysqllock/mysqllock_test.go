@@ -16,6 +16,8 @@ import (
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/storeops"
+	_ "github.com/dlockio/dlock/internal/storeops/mysqlops" // the store the harness measures with
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/mysqllock"
 )
@@ -70,20 +72,6 @@ func withQuery(rawURL string, kv ...string) string {
 	return u.String()
 }
 
-// floor is the cheapest table lock with the same driver: INSERT of a row in a table
-// of the lock table's shape, then DELETE of it.
-func floor(t testing.TB, db *sql.DB) func(ctx context.Context, key string) error {
-	exec(t, db, "CREATE TABLE IF NOT EXISTS dlock_floor (lock_key VARBINARY(512) NOT NULL PRIMARY KEY, "+
-		"owner VARBINARY(128) NOT NULL, token BIGINT UNSIGNED NOT NULL, expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB")
-	return func(ctx context.Context, key string) error {
-		if _, err := db.ExecContext(ctx, "INSERT INTO dlock_floor VALUES (?, 'o', 1, UTC_TIMESTAMP(6) + INTERVAL 10 SECOND)", key); err != nil {
-			return err
-		}
-		_, err := db.ExecContext(ctx, "DELETE FROM dlock_floor WHERE lock_key = ?", key)
-		return err
-	}
-}
-
 func harness(t testing.TB, srv *testserver.MariaDB, kv ...string) drivertest.Harness {
 	db := admin(t, srv)
 	rawURL := withQuery(srv.URL(), kv...)
@@ -91,21 +79,25 @@ func harness(t testing.TB, srv *testserver.MariaDB, kv ...string) drivertest.Har
 	if u, _ := url.Parse(rawURL); u.Query().Get("table") != "" {
 		table = u.Query().Get("table")
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// The floor (an INSERT and a DELETE, each prepared once) and the statement
+	// count of `dlock bench`.
+	st, err := storeops.Open(ctx, rawURL)
+	if err != nil {
+		t.Fatalf("storeops: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
 	return drivertest.Harness{
-		Open: func(t testing.TB) driver.Backend { return open(t, rawURL) },
+		Ops:   st.Ops,
+		Floor: st.FloorCycle,
+		Open:  func(t testing.TB) driver.Backend { return open(t, rawURL) },
 		Expire: func(t testing.TB, key string) {
 			exec(t, db, "UPDATE `"+table+"` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)", key)
 		},
 		Fencing:   true,
 		FIFO:      true,
 		RoundTrip: func(ctx context.Context) error { return db.PingContext(ctx) },
-		Ops: func(ctx context.Context) (int64, error) {
-			var name string
-			var n int64
-			err := db.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE 'Questions'").Scan(&name, &n)
-			return n, err
-		},
-		Floor: floor(t, db),
 		Namespace: func(t testing.TB, ns string) (driver.Backend, error) {
 			u, err := url.Parse(withQuery(rawURL, "table", ns))
 			if err != nil {

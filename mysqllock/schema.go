@@ -4,14 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 )
 
 // statements is the SQL the backend sends, written for its table (newStatements).
 type statements struct {
-	acquire, heldTTL, owned, refresh, release, handoff, inspect, force string
-	enqueue, requeue, mark, withdraw, withdrawMany, waitState          string
-	grants, sleep, lapse                                               string
-	queue, list, setValue                                              string
+	acquire, acquireFast, heldTTL, owned, refresh, release, handoff string
+	inspect, force                                                  string
+	enqueue, requeue, mark, withdraw, withdrawMany, waitState       string
+	grants, sleep, lapse                                            string
+	queue, list, setValue                                           string
 }
 
 // prepared are the statements of the backend's hot paths, prepared once (on each
@@ -25,7 +27,7 @@ type prepared map[string]*sql.Stmt
 // none (the backend then sends them as before).
 func (q *statements) prepare(ctx context.Context, db *sql.DB) (prepared, error) {
 	p := prepared{}
-	for _, s := range []string{q.acquire, q.heldTTL, q.owned, q.refresh, q.release, q.handoff, q.force,
+	for _, s := range []string{q.acquire, q.acquireFast, q.heldTTL, q.owned, q.refresh, q.release, q.handoff, q.force,
 		q.enqueue, q.requeue, q.mark, q.withdraw, q.waitState, q.lapse, q.setValue} {
 		st, err := db.PrepareContext(ctx, s)
 		if err != nil {
@@ -45,6 +47,15 @@ func (p prepared) close() {
 		st.Close()
 	}
 }
+
+// What acquireFast's LAST_INSERT_ID says when it refused (affected no row):
+// refusedQueued, the row is free but marked queued (the full acquire decides);
+// refusedHeld, held by another owner (or by the caller without Reenter), plus 1 if
+// the row is marked queued. Tokens are far larger (server microseconds).
+const (
+	refusedQueued = 1
+	refusedHeld   = 2
+)
 
 // released is the expiry of a released row: long past.
 const released = "1000-01-01 00:00:00"
@@ -72,10 +83,24 @@ func newStatements(table string) statements {
 			"l.queued = (LAST_INSERT_ID(IFNULL(p.conn, 0)) <> 0) " +
 			"WHERE l.lock_key = ? AND " + where + "l.expires_at > " + now
 	}
+	// upsert inserts a new key's row, with a first token of the server time in
+	// microseconds, or updates the existing row as the assignments that follow
+	// say. Its parameters: key, owner, value, TTL in microseconds.
+	upsert := "INSERT INTO " + t + " (lock_key, owner, value, token, expires_at) VALUES (?, ?, ?, " +
+		"LAST_INSERT_ID(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000)), " + now + " + INTERVAL ? MICROSECOND) " +
+		"ON DUPLICATE KEY UPDATE "
+	// reentered: the row is the caller's live grant and the request says Reenter
+	// (one parameter) (read before owner is assigned, or once @dlock_free is set).
+	reentered := "(? AND owner = VALUES(owner) AND expires_at > " + now + ")"
+	// take follows the token's assignment, which sets @dlock_free: the owner, and
+	// (@dlock_set: granted, or re-entered) the request's value and expiry. owner
+	// is assigned before expires_at, which still holds the old expiry when its own
+	// condition is read (assignments run left to right).
+	take := "owner = IF(@dlock_free, VALUES(owner), owner), " +
+		"value = IF(@dlock_set := (@dlock_free OR " + reentered + "), VALUES(value), value), " +
+		"expires_at = IF(@dlock_set, VALUES(expires_at), expires_at)"
 	return statements{
-		acquire: "INSERT INTO " + t + " (lock_key, owner, value, token, expires_at) VALUES (?, ?, ?, " +
-			"LAST_INSERT_ID(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000)), " + now + " + INTERVAL ? MICROSECOND) " +
-			"ON DUPLICATE KEY UPDATE " +
+		acquire: upsert +
 			// @dlock_free: the row is free (released or expired) and no live
 			// place of another owner, not yet handed the key, is queued ahead of
 			// the caller's (FIFO).
@@ -84,14 +109,16 @@ func newStatements(table string) statements {
 			" AND a.id < IFNULL(" + mine + ", 18446744073709551615))), token + 1, token)), " +
 			// The caller's place, if any, has had its turn: a release does not
 			// hand the key to it again.
-			"handed = IF(@dlock_free, GREATEST(handed, IFNULL(" + mine + ", 0)), handed), " +
-			// owner is assigned before expires_at, which still holds the old
-			// expiry when its own condition is read (assignments run left to right).
-			"owner = IF(@dlock_free, VALUES(owner), owner), " +
-			// @dlock_set: granted, or re-entered (Reenter, the caller's own live
-			// row): the value and the expiry are the request's.
-			"value = IF(@dlock_set := (@dlock_free OR (? AND owner = VALUES(owner) AND expires_at > " + now + ")), VALUES(value), value), " +
-			"expires_at = IF(@dlock_set, VALUES(expires_at), expires_at)",
+			"handed = IF(@dlock_free, GREATEST(handed, IFNULL(" + mine + ", 0)), handed), " + take,
+		// acquireFast, for a caller with no place: free only if no place is
+		// queued at all (the row's mark), without reading the queue table (each
+		// subquery costs about as much as the rest of the statement). Refused,
+		// it says why through LAST_INSERT_ID (see fastRefusal); re-entered, it
+		// returns the token as acquire does.
+		acquireFast: upsert +
+			"token = IF(@dlock_free := (expires_at <= " + now + " AND queued = 0), LAST_INSERT_ID(token + 1), " +
+			"token + 0 * LAST_INSERT_ID(IF(" + reentered + ", token, IF(expires_at > " + now + ", " +
+			strconv.Itoa(refusedHeld) + " + queued, " + strconv.Itoa(refusedQueued) + ")))), " + take,
 		heldTTL: "SELECT TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at) FROM " + t + " WHERE lock_key = ? AND expires_at > " + now,
 		owned:   "SELECT token FROM " + t + " WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
 		refresh: "UPDATE " + t + " SET expires_at = " + now + " + INTERVAL ? MICROSECOND WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
