@@ -72,7 +72,16 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	knownStat := e.czxid != 0
 	reenter := req.Reenter && e.granted // a re-entry: its value replaces the stored one
 	if own != "" && req.Wait && !e.granted {
-		if w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]; w != nil && w.watching && len(w.preds) > 0 &&
+		w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
+		if w != nil && w.promoted != "" && w.promoted == own && limit == 1 && !req.Shared &&
+			e.session == b.session && e.valueKnown && bytes.Equal(e.value, req.Value) {
+			// A mutex's place whose predecessor, the holder, was deleted: the
+			// lowest child now (see waiter.solo).
+			w.promoted = ""
+			b.mu.Unlock()
+			return b.grant(ctx, e, req)
+		}
+		if w != nil && w.watching && len(w.preds) > 0 &&
 			e.session == b.session && time.Since(w.checked) < recheck && e.valueKnown && bytes.Equal(e.value, req.Value) {
 			// Still queued behind a watched predecessor: answered without a
 			// request (see recheck).
@@ -302,7 +311,7 @@ func (b *Backend) attempt(ctx context.Context, e *entry, req driver.Request) (g 
 	if rw.readers > 0 {
 		ahead = idx - rw.holding(q, keep.seq)
 	}
-	return b.queue(ctx, e, req, preds, data, ahead, sent)
+	return b.queue(ctx, e, req, preds, data, ahead, limit == 1 && !shared && idx == 1, sent)
 }
 
 // grant completes an attempt whose child is first in the queue: the key is held.
@@ -385,7 +394,7 @@ func (b *Backend) keepOldest(ctx context.Context, e *entry, req driver.Request, 
 // A release thus wakes the first in line; its grant wakes the next, which lists
 // the queue and watches the holders: two listings and one write more than a
 // mutex's handoff, whatever the length of the queue.
-func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, preds []string, data bool, ahead int, sent time.Time) (g driver.Grant, err error, again bool) {
+func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, preds []string, data bool, ahead int, solo bool, sent time.Time) (g driver.Grant, err error, again bool) {
 	b.mu.Lock()
 	if e.dead {
 		b.mu.Unlock()
@@ -399,6 +408,10 @@ func (b *Backend) queue(ctx context.Context, e *entry, req driver.Request, preds
 	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 	if w != nil {
 		w.checked, w.ahead = time.Now(), held.Ahead
+		w.solo, w.promoted = "", ""
+		if solo {
+			w.solo = e.name
+		}
 	}
 	arm := w != nil && (w.data != data || !slices.Equal(w.preds, preds))
 	b.mu.Unlock()

@@ -32,6 +32,7 @@ type proxy struct {
 	thenRefuse bool   // and partition once it is cut
 	cuts       int    // lost replies staged so far
 	accepted   int
+	requests   int // client frames after the connect request, pings not counted
 	sessionID  int64
 	passwd     []byte
 	wg         sync.WaitGroup
@@ -200,6 +201,11 @@ func (p *proxy) upstream(pr *pair, drop chan<- int32) {
 			}
 			p.mu.Unlock()
 		}
+		if !first && len(f) >= 12 && int32(binary.BigEndian.Uint32(f[8:12])) != 11 { // not opPing
+			p.mu.Lock()
+			p.requests++
+			p.mu.Unlock()
+		}
 		first = false
 		if _, err := pr.server.Write(f); err != nil {
 			return
@@ -304,6 +310,14 @@ func closeSessionFromOutside(server string, sid int64, passwd []byte) error {
 }
 
 // Accepted reports how many connections the proxy has accepted.
+// Requests returns how many requests clients sent through the proxy, pings and
+// connect requests not counted.
+func (p *proxy) Requests() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.requests
+}
+
 func (p *proxy) Accepted() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -90,6 +90,9 @@ func (b *Backend) onEvent(ev zk.Event) {
 			b.dropLocked(e, false)
 		}
 		for w := range b.predOf[ev.Path] {
+			if ev.Type == zk.EventNodeDeleted && w.solo != "" {
+				w.promoted = w.solo
+			}
 			b.unwatchLocked(w)
 			w.signal()
 		}

@@ -44,6 +44,12 @@ type waiter struct {
 	checked  time.Time // when an attempt last listed the queue on the server
 	ahead    int       // children between the holder and the own child then
 	lost     error     // the session that carried the queued place ended
+	// solo is the name of a mutex's queued child whose predecessor was, at the
+	// last listing, the only child below it (the holder); promoted is set to it
+	// when that predecessor is deleted. No child can come below a child later
+	// (sequence numbers only rise), so the child is then the lowest: the
+	// waiter's next attempt is granted without listing the queue again.
+	solo, promoted string
 }
 
 // placeLost returns the error of a waiting attempt whose queued place went with its

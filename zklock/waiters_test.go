@@ -96,6 +96,82 @@ func TestQueuedWaiterAnswersLocally(t *testing.T) {
 	}
 }
 
+// A mutex's waiter second in line (only the holder below its child at its last
+// listing) is granted without a request once the holder's child is deleted: no
+// child can come below it later. One further back is not: its predecessor, a
+// waiter that gave up, was not the holder, and its next attempt lists the queue
+// and is refused.
+func TestSecondInLineGrantedWithoutListing(t *testing.T) {
+	srv := testserver.StartZooKeeper(t)
+	px := newProxy(t, srv.Addr())
+	ctx := ctxT(t, 60*time.Second)
+	hb := open(t, srv.URL("/dlock"))
+	defer hb.Close()
+	b1 := open(t, srv.URL("/dlock"))
+	defer b1.Close()
+	b2 := open(t, "zk://"+px.Addr()+"/dlock")
+	defer b2.Close()
+	const key = "second-in-line"
+	req := func(owner string) driver.Request {
+		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: true, Patience: time.Minute}
+	}
+	wake := func(w driver.Waiter, who string) {
+		t.Helper()
+		select {
+		case <-w.C():
+		case <-ctx.Done():
+			t.Fatalf("%s was not woken", who)
+		}
+	}
+	if _, err := hb.Acquire(ctx, driver.Request{Key: key, Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w1, err := b1.Watch(ctx, key, "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := b2.Watch(ctx, key, "w2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Stop(ctx, false)
+	for _, q := range []struct {
+		b     driver.Backend
+		owner string
+	}{{b1, "w1"}, {b2, "w2"}} {
+		if _, err := q.b.Acquire(ctx, req(q.owner)); !errors.Is(err, driver.ErrLocked) {
+			t.Fatalf("waiting attempt of %s = %v, want ErrLocked", q.owner, err)
+		}
+	}
+	// w1, in front of w2, gives up: w2 is woken, lists, and is still refused.
+	if err := w1.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	wake(w2, "the waiter behind one that gave up")
+	if _, err := b2.Acquire(ctx, req("w2")); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("attempt after the waiter ahead gave up = %v, want ErrLocked", err)
+	}
+	// Now second in line: the holder's release grants the key without a request.
+	if err := hb.Release(ctx, key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	wake(w2, "the waiter second in line")
+	before := px.Requests()
+	g, err := b2.Acquire(ctx, req("w2"))
+	if err != nil {
+		t.Fatalf("second in line after the release: %v", err)
+	}
+	if n := px.Requests() - before; n != 0 {
+		t.Errorf("the grant took %d requests, want none", n)
+	}
+	if in, err := hb.Inspect(ctx, key); err != nil || in.Owner != "w2" || in.Token != g.Token {
+		t.Fatalf("Inspect = %+v, %v; want w2 with token %d", in, err, g.Token)
+	}
+	if err := b2.Release(ctx, key, "w2"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A waiting Lock whose ZooKeeper session ends fails promptly, with an error that is
 // not ErrLocked, rather than wait on a queued place that is gone: when the session
 // is closed from outside (the backend learns of the expiry on reconnection), and

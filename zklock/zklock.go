@@ -44,7 +44,11 @@
 // below), the lock is granted. Otherwise a TryLock deletes its
 // child and reports ErrLocked; a waiting Lock keeps its place in the queue and sets a
 // watch on its predecessor only (the child just below its own), so a release wakes
-// exactly one waiter and no herd forms. Its later attempts (the core's fallback
+// exactly one waiter and no herd forms. A mutex's waiter that was second in line at
+// its last listing (only the holder's child below its own) is granted without a
+// request when that child is deleted: sequence numbers only rise, so no child can
+// come below it later (one further back lists the queue again, since its
+// predecessor may have been a waiter that gave up). Its later attempts (the core's fallback
 // against a lost wake-up) are answered without a request while that watch is in
 // place, listing the queue again at most every 30 seconds, and report how many
 // are ahead (driver.HeldError.Ahead): a waiter makes no request while it waits,
@@ -95,8 +99,8 @@
 // "h", kept by later writes), which wakes the place behind, now first in line; that
 // one lists the queue and watches the holders. A release thus costs the waiters two
 // wake-ups and listings and the new holder one write (a mutex's handoff costs one
-// wake-up and listing), whatever the length of the queue; the first in line keeps
-// N watches. Several permits freed at once (a force release) go down the queue one
+// wake-up and at most one listing), whatever the length of the queue; the first in
+// line keeps N watches. Several permits freed at once (a force release) go down the queue one
 // grant at a time, each grant waking the next place. A mutex's attempt is
 // unchanged: the same requests and bytes as before.
 //
