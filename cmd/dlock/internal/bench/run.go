@@ -81,9 +81,12 @@ type Config struct {
 	Keys int
 	// Waiters are the queue lengths of the cost-growth workload.
 	Waiters []int
-	// WarmUp runs cycles on each backend before the first round, unrecorded
-	// (a JIT-compiled server needs it). Zero means Duration/4, at most 1s; negative
-	// means none.
+	// WarmUp runs cycles and a hot key on each backend before the first round,
+	// unrecorded (a JIT-compiled server needs it: after a warm-up of 1s, a
+	// ZooKeeper started for the run served dlock, measured first, about a third
+	// slower in round 1 than in rounds 2 and 3, and its peer measured after it
+	// hardly at all; after 4s round 1 was like the others). Zero means Duration,
+	// at most 4s; negative means none.
 	WarmUp time.Duration
 	// Options are given to every client.
 	Options []dlock.Option
@@ -125,7 +128,7 @@ func (c *Config) fill() error {
 		c.Waiters = DefaultWaiters
 	}
 	if c.WarmUp == 0 {
-		c.WarmUp = min(c.Duration/4, time.Second)
+		c.WarmUp = min(c.Duration, 4*time.Second)
 	}
 	return c.Validate()
 }
