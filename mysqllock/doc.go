@@ -95,7 +95,13 @@
 // # Waiting
 //
 // MySQL has no LISTEN/NOTIFY. Each client keeps one listening connection (opened by
-// its first wait, closed by Close) that sleeps in SELECT SLEEP(3600). A refused
+// its first wait, closed by Close) that waits in GET_LOCK for a random lock name
+// that a second connection of the client, its anchor, holds (so the wait lasts
+// until it is ended; if the anchor's connection is lost, the wait returns and the
+// listener starts again on new connections). Not SLEEP(): on MariaDB every
+// sleeping session shares one mutex, and a KILL QUERY that finds it taken retries
+// for up to seconds; under a hot key every KILL took 1-2 s for minutes at a time,
+// where a lock wait, whose mutex is its own, ends at once. A refused
 // attempt that will wait upserts its place (its owner, that connection's
 // CONNECTION_ID(), its grant's TTL and value, a random nonce written by the insert
 // alone, and an expiry of its patience) in the queue table; the first waiter of a
@@ -114,7 +120,7 @@
 // and an expiry of the place's TTL on the server clock, and handed = the place's
 // id (places are handed the key in id order, so every place up to that id has had
 // its turn and none is handed the key twice); the statement returns that place's
-// listening connection through LAST_INSERT_ID, and the releaser ends its sleep with
+// listening connection through LAST_INSERT_ID, and the releaser ends its wait with
 // KILL QUERY <connection id>. With no live place the row is released and
 // unmarked. The woken listener reads the live grants handed to its places (one
 // read, no write) and gives each to its waiter, whose next Acquire returns it
@@ -124,7 +130,7 @@
 // places of the client that had their turn meanwhile (one commit for them all);
 // if its owner queues again on this client first, the new place replaces it
 // (REPLACE, a new id at the end of the line), one write where a deletion and an
-// insert were two. Until then it is passed over like any place that had its turn. The listener's sleep first checks for grants it has
+// insert were two. Until then it is passed over like any place that had its turn. The listener's wait first checks for grants it has
 // not delivered, so a KILL that came between two of its statements is not lost;
 // a wake-up lost otherwise (a connection lost) is covered by the core's bounded
 // fallback retry, whose attempt claims a grant handed to the caller's own place
@@ -151,7 +157,7 @@
 // timer. Connection ids rise and are not reused (until 2^32 on older servers), so a
 // place left by a crashed client names no other session while it lives.
 //
-// Costs: one connection per client for waiting, whatever the number of waiters (the
+// Costs: two connections per client for waiting, whatever the number of waiters (the
 // pool's other connections are shared, at most max_conns in all). A handoff is one
 // write (the release, which grants the key) and a KILL by the releaser, and one read
 // by the woken listener; the waiter's place costs one write to make (and a read of

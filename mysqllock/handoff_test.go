@@ -3,11 +3,13 @@ package mysqllock_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/testserver"
+	"github.com/dlockio/dlock/mysqllock"
 )
 
 // queueWaiter registers a wait of owner on key and makes its first waiting
@@ -33,6 +35,53 @@ func TestHandoff(t *testing.T) {
 	t.Run("CrashedWaiterLapses", func(t *testing.T) { testCrashedWaiterLapses(t, srv) })
 	t.Run("RequeueGoesLast", func(t *testing.T) { testRequeueGoesLast(t, srv) })
 	t.Run("NewcomerReadsMark", func(t *testing.T) { testNewcomerReadsMark(t, srv) })
+	t.Run("AnchorLost", func(t *testing.T) { testAnchorLost(t, srv) })
+}
+
+// A listener whose anchor connection is lost (its wait for the anchor's lock then
+// returns) starts again on new connections: its waiters are woken to queue again
+// with the new connection, and the next release wakes the waiter through it.
+func testAnchorLost(t *testing.T, srv *testserver.MariaDB) {
+	a, b := open(t, srv.URL()), open(t, srv.URL())
+	defer a.Close()
+	defer b.Close()
+	ctx := context.Background()
+	req := driver.Request{Key: "al", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute}
+	if _, err := a.Acquire(ctx, driver.Request{Key: "al", Owner: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w := queueWaiter(t, b, "al", "b", 30*time.Second)
+	defer w.Stop(ctx, false)
+	lid, aid := mysqllock.ListenerIDs(b)
+	if lid == 0 || aid == 0 || lid == aid {
+		t.Fatalf("listener ids %d, %d; want two connections", lid, aid)
+	}
+	exec(t, admin(t, srv), "KILL CONNECTION "+strconv.FormatUint(aid, 10))
+	select {
+	case <-w.C():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not woken when the listener's anchor went")
+	}
+	if _, err := b.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("waiting attempt after the anchor went = %v, want ErrLocked", err)
+	}
+	if lid2, _ := mysqllock.ListenerIDs(b); lid2 == 0 || lid2 == lid {
+		t.Fatalf("listener after the anchor went: %d (was %d), want a new one", lid2, lid)
+	}
+	if err := a.Release(ctx, "al", "a"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the release did not wake the waiter through the new listener")
+	}
+	if _, err := b.Acquire(ctx, req); err != nil {
+		t.Fatalf("woken waiter: %v", err)
+	}
+	if err := b.Release(ctx, "al", "b"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A newcomer's attempt, which reads only the row's queued mark, does not pass a

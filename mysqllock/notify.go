@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -194,7 +195,7 @@ func (b *Backend) flushDrops() {
 	}
 }
 
-// wake ends the sleep of the listening connection conn (KILL QUERY), whose client
+// wake ends the wait of the listening connection conn (KILL QUERY), whose client
 // then reads the grants handed to its places. Errors are dropped: a waiter whose
 // wake-up is lost claims its grant on its fallback attempt.
 func (b *Backend) wake(ctx context.Context, conn uint64) {
@@ -258,18 +259,19 @@ func (w *waiter) wake() {
 	}
 }
 
-// listener is a client's listening connection: it sleeps in DO SLEEP, and a
-// release that hands the key to a place of this client ends the sleep with KILL
-// QUERY. The listener then reads the grants handed to its places (one read) and
+// listener is a client's listening connection: it waits in GET_LOCK for a name
+// its anchor connection holds, and a release that hands the key to a place of
+// this client ends the wait with KILL QUERY. The listener then reads the grants handed to its places (one read) and
 // gives each to its waiter, whose next Acquire returns it.
 type listener struct {
-	b       *Backend
-	mu      sync.Mutex
-	id      uint64 // CONNECTION_ID() of the running connection, 0 if none
-	cancel  context.CancelFunc
-	done    chan struct{}
-	closed  bool
-	waiters map[*waiter]struct{}
+	b        *Backend
+	mu       sync.Mutex
+	id       uint64 // CONNECTION_ID() of the running connection, 0 if none
+	anchorID uint64 // CONNECTION_ID() of its anchor
+	cancel   context.CancelFunc
+	done     chan struct{}
+	closed   bool
+	waiters  map[*waiter]struct{}
 }
 
 func newListener(b *Backend) *listener {
@@ -339,61 +341,94 @@ func (l *listener) ensure(ctx context.Context) (uint64, error) {
 	if l.done != nil {
 		<-l.done // the previous loop is ending
 	}
-	conn, err := l.b.db.Conn(ctx)
+	// The anchor holds the lock name that the listener waits for (see sleep).
+	anchor, err := l.b.db.Conn(ctx)
 	if err != nil {
 		return 0, err
 	}
-	var id uint64
-	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
-		conn.Close()
+	name := "dlock-wake-" + driver.RandomHex(16)
+	var got sql.NullInt64
+	var anchorID uint64
+	if err := anchor.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0), CONNECTION_ID()", name).Scan(&got, &anchorID); err != nil || got.Int64 != 1 {
+		anchor.Close()
+		if err == nil {
+			err = fmt.Errorf("mysqllock: the listener's lock %s was not granted", name)
+		}
 		return 0, err
+	}
+	conn, err := l.b.db.Conn(ctx)
+	if err != nil {
+		anchor.Close()
+		return 0, err
+	}
+	var id uint64
+	fail := func(err error, stmts ...*sql.Stmt) (uint64, error) {
+		for _, st := range stmts {
+			st.Close()
+		}
+		conn.Close()
+		anchor.Close()
+		return 0, err
+	}
+	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		return fail(err)
 	}
 	// The listener's two statements, prepared on its connection (one round
 	// trip each), before its id is known to any release that could KILL them.
 	sleep, err := conn.PrepareContext(ctx, l.b.q.sleep)
 	if err != nil {
-		conn.Close()
-		return 0, err
+		return fail(err)
 	}
 	grants, err := conn.PrepareContext(ctx, l.b.q.grants)
 	if err != nil {
-		sleep.Close()
-		conn.Close()
-		return 0, err
+		return fail(err, sleep)
 	}
 	lctx, cancel := context.WithCancel(context.Background())
-	l.id, l.cancel, l.done = id, cancel, make(chan struct{})
-	go l.loop(lctx, conn, sleep, grants, id, l.done)
+	l.id, l.anchorID, l.cancel, l.done = id, anchorID, cancel, make(chan struct{})
+	go l.loop(lctx, listening{conn, anchor, sleep, grants, id, name}, l.done)
 	return id, nil
 }
 
-func (l *listener) loop(ctx context.Context, conn *sql.Conn, sleep, grants *sql.Stmt, id uint64, done chan struct{}) {
-	defer close(done)
-	defer conn.Close()
-	defer sleep.Close()
-	defer grants.Close()
-	delivered := map[uint64]bool{} // places whose grant was delivered, while they are there
-	l.run(ctx, id, delivered, sleep, grants)
+// listening is a running listener's connections and statements.
+type listening struct {
+	conn, anchor  *sql.Conn
+	sleep, grants *sql.Stmt
+	id            uint64 // conn's CONNECTION_ID()
+	name          string // the lock name the anchor holds
 }
 
-// run is the listener's loop: sleep until a KILL QUERY (or a grant not yet
+func (l *listener) loop(ctx context.Context, c listening, done chan struct{}) {
+	defer close(done)
+	defer c.anchor.Close()
+	defer c.conn.Close()
+	defer c.sleep.Close()
+	defer c.grants.Close()
+	delivered := map[uint64]bool{} // places whose grant was delivered, while they are there
+	l.run(ctx, c, delivered)
+}
+
+// run is the listener's loop: wait until a KILL QUERY (or a grant not yet
 // delivered), deliver the grants, again; on an error it stops.
-func (l *listener) run(ctx context.Context, id uint64, delivered map[uint64]bool, sleep, grants *sql.Stmt) {
+func (l *listener) run(ctx context.Context, c listening, delivered map[uint64]bool) {
 	for {
-		// The sleep checks for grants not yet delivered first: a KILL QUERY
+		// The wait checks for grants not yet delivered first: a KILL QUERY
 		// that came between two statements (and ended none) is not lost. A KILL
-		// ends the sleep with no error, or the check with error 1317.
+		// ends the wait with NULL or error 1317; 1 means the anchor's lock was
+		// free (its connection gone): the listener starts again.
 		ids := "0"
 		for p := range delivered {
 			ids += "," + strconv.FormatUint(p, 10)
 		}
-		var slept int
-		err := sleep.QueryRowContext(ctx, id, ids).Scan(&slept)
+		var slept sql.NullInt64
+		err := c.sleep.QueryRowContext(ctx, c.id, ids, c.name).Scan(&slept)
 		if err != nil && ctx.Err() == nil && isErr(err, 1317) { // interrupted
 			err = nil
 		}
+		if err == nil && slept.Valid && slept.Int64 == 1 {
+			err = errors.New("the listener's anchor connection is gone")
+		}
 		for i := 0; err == nil; i++ {
-			err = l.deliver(ctx, grants, id, delivered)
+			err = l.deliver(ctx, c.grants, c.id, delivered)
 			if err == nil || ctx.Err() != nil || !isErr(err, 1317) || i == 3 {
 				break
 			}

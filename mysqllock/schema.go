@@ -151,13 +151,19 @@ func newStatements(table string) statements {
 			"IFNULL(l.owner = ? AND l.expires_at > " + now + " AND m.id = l.handed, 0), IFNULL(m.nonce, ''), l.token, IFNULL(m.id <= l.handed, 0), l.queued, l.owner = ? AND l.expires_at > " + now + " " +
 			"FROM " + t + " l LEFT JOIN " + qt + " m ON m.lock_key = l.lock_key AND m.owner = ? WHERE l.lock_key = ?",
 		// grants: the live grants handed to places of a listening connection.
-		// sleep: the listener's sleep, unless a grant not yet delivered is
-		// there already (handed before the sleep began, its KILL lost).
+		// sleep: the listener's wait, unless a grant not yet delivered is
+		// there already (handed before the wait began, its KILL lost): 0, or
+		// GET_LOCK of a name the client's anchor connection holds, which waits
+		// until KILL QUERY ends it (NULL or error 1317), or returns 1 if the
+		// anchor is gone. Not SLEEP(): MariaDB's SLEEP waits on one mutex shared
+		// by every sleeping session, and a KILL QUERY that finds it taken
+		// retries for up to seconds (seen: every KILL taking 1-2 s for minutes
+		// under a hot key); a lock wait has a mutex of its own.
 		// The places already delivered are a comma-separated list of ids
 		// (FIND_IN_SET), so that the statement's text does not change and it
 		// is prepared once.
 		sleep: "SELECT IF(EXISTS(SELECT 1 FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
-			"WHERE q.conn = ? AND l.expires_at > " + now + " AND FIND_IN_SET(q.id, ?) = 0), 0, SLEEP(3600))",
+			"WHERE q.conn = ? AND l.expires_at > " + now + " AND FIND_IN_SET(q.id, ?) = 0), 0, GET_LOCK(?, 3600))",
 		grants: "SELECT q.id, q.lock_key, q.owner, q.nonce, l.token FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
 			"WHERE q.conn = ? AND l.expires_at > " + now,
 		setValue: "UPDATE " + t + " SET value = ? WHERE lock_key = ? AND owner = ? AND expires_at > " + now,

@@ -1,0 +1,12 @@
+package mysqllock
+
+// ListenerIDs returns the connection ids of the client's listening connection and
+// of its anchor (0, 0 when no listener runs).
+func ListenerIDs(b *Backend) (listener, anchor uint64) {
+	b.lst.mu.Lock()
+	defer b.lst.mu.Unlock()
+	if b.lst.id == 0 {
+		return 0, 0
+	}
+	return b.lst.id, b.lst.anchorID
+}
