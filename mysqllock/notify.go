@@ -261,8 +261,9 @@ func (w *waiter) wake() {
 
 // listener is a client's listening connection: it waits in GET_LOCK for a name
 // its anchor connection holds, and a release that hands the key to a place of
-// this client ends the wait with KILL QUERY. The listener then reads the grants handed to its places (one read) and
-// gives each to its waiter, whose next Acquire returns it.
+// this client ends the wait with KILL QUERY. The listener then reads the grants
+// handed to its places (one read) and gives each to its waiter, whose next
+// Acquire returns it.
 type listener struct {
 	b        *Backend
 	mu       sync.Mutex
