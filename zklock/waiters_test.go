@@ -1,6 +1,7 @@
 package zklock_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -11,7 +12,29 @@ import (
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
+	"github.com/dlockio/dlock/zklock"
 )
+
+// threeClients starts a ZooKeeper and opens three backends on it, the third
+// through a proxy (URL query q), closed when the test ends.
+func threeClients(t *testing.T, q string) (ctx context.Context, px *proxy, hb, b1, b2 *zklock.Backend) {
+	srv := testserver.StartZooKeeper(t)
+	px = newProxy(t, srv.Addr())
+	ctx = ctxT(t, 60*time.Second)
+	hb, b1 = open(t, srv.URL("/dlock")), open(t, srv.URL("/dlock"))
+	b2 = open(t, "zk://"+px.Addr()+"/dlock"+q)
+	for _, b := range []*zklock.Backend{hb, b1, b2} {
+		t.Cleanup(func() { b.Close() })
+	}
+	return ctx, px, hb, b1, b2
+}
+
+// waitingReq returns a waiting attempt's request on key for an owner.
+func waitingReq(key string) func(owner string) driver.Request {
+	return func(owner string) driver.Request {
+		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: true, Patience: time.Minute}
+	}
+}
 
 // A queued waiter whose watch on its predecessor is in place answers its fallback
 // attempts without a request (each would list the whole queue: at thousands of
@@ -20,19 +43,9 @@ import (
 // answered while the waiter's connection is partitioned away. The chain then still
 // passes the key down once the partition heals.
 func TestQueuedWaiterAnswersLocally(t *testing.T) {
-	srv := testserver.StartZooKeeper(t)
-	px := newProxy(t, srv.Addr())
-	ctx := ctxT(t, 60*time.Second)
-	hb := open(t, srv.URL("/dlock"))
-	defer hb.Close()
-	b1 := open(t, srv.URL("/dlock"))
-	defer b1.Close()
-	b2 := open(t, "zk://"+px.Addr()+"/dlock?session_timeout=20s")
-	defer b2.Close()
 	const key = "local-answers"
-	req := func(owner string) driver.Request {
-		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: true, Patience: time.Minute}
-	}
+	ctx, px, hb, b1, b2 := threeClients(t, "?session_timeout=20s")
+	req := waitingReq(key)
 	if _, err := hb.Acquire(ctx, driver.Request{Key: key, Owner: "holder", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -102,19 +115,9 @@ func TestQueuedWaiterAnswersLocally(t *testing.T) {
 // waiter that gave up, was not the holder, and its next attempt lists the queue
 // and is refused.
 func TestSecondInLineGrantedWithoutListing(t *testing.T) {
-	srv := testserver.StartZooKeeper(t)
-	px := newProxy(t, srv.Addr())
-	ctx := ctxT(t, 60*time.Second)
-	hb := open(t, srv.URL("/dlock"))
-	defer hb.Close()
-	b1 := open(t, srv.URL("/dlock"))
-	defer b1.Close()
-	b2 := open(t, "zk://"+px.Addr()+"/dlock")
-	defer b2.Close()
 	const key = "second-in-line"
-	req := func(owner string) driver.Request {
-		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: true, Patience: time.Minute}
-	}
+	ctx, px, hb, b1, b2 := threeClients(t, "")
+	req := waitingReq(key)
 	wake := func(w driver.Waiter, who string) {
 		t.Helper()
 		select {
