@@ -6,7 +6,7 @@
 //
 // Parameters: table (the lock table, default "dlock_locks", in the URL's database;
 // lower-case letters, digits and "_"); max_conns (the pool's limit of open
-// connections, default 32); these parameters of the Go MySQL driver, under its
+// connections, default 32, at least 3: two wait for wake-ups, see Waiting); these parameters of the Go MySQL driver, under its
 // names: tls (true, skip-verify, preferred or false; the default is false),
 // timeout, readTimeout, writeTimeout, allowCleartextPasswords, allowNativePasswords,
 // allowFallbackToPlaintext, serverPubKey, compress, maxAllowedPacket,

@@ -36,6 +36,36 @@ func TestHandoff(t *testing.T) {
 	t.Run("RequeueGoesLast", func(t *testing.T) { testRequeueGoesLast(t, srv) })
 	t.Run("NewcomerReadsMark", func(t *testing.T) { testNewcomerReadsMark(t, srv) })
 	t.Run("AnchorLost", func(t *testing.T) { testAnchorLost(t, srv) })
+	t.Run("FewestConnections", func(t *testing.T) { testFewestConnections(t, srv) })
+}
+
+// With the fewest connections allowed (max_conns=3: the listener, its anchor, and
+// one for statements), a client hands a key on to its own waiter.
+func testFewestConnections(t *testing.T, srv *testserver.MariaDB) {
+	b := open(t, withQuery(srv.URL(), "max_conns", "3"))
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := b.Acquire(ctx, driver.Request{Key: "fc", Owner: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w := queueWaiter(t, b, "fc", "b", 30*time.Second)
+	defer w.Stop(ctx, false)
+	if err := b.Release(ctx, "fc", "a"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-ctx.Done():
+		t.Fatal("the waiter was not woken")
+	}
+	req := driver.Request{Key: "fc", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute}
+	if _, err := b.Acquire(ctx, req); err != nil {
+		t.Fatalf("woken waiter: %v", err)
+	}
+	if err := b.Release(ctx, "fc", "b"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A listener whose anchor connection is lost (its wait for the anchor's lock then

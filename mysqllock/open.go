@@ -119,8 +119,8 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: mysqllock: URL %s: %v", driver.ErrInvalid, driver.Redact(u), err)
 	}
-	if conns < 2 {
-		return nil, fmt.Errorf("%w: mysqllock: max_conns=%d: at least 2 (one listens for wake-ups)", driver.ErrInvalid, conns)
+	if conns < 3 {
+		return nil, fmt.Errorf("%w: mysqllock: max_conns=%d: at least 3 (two wait for wake-ups)", driver.ErrInvalid, conns)
 	}
 	pool := sql.OpenDB(conn)
 	pool.SetMaxOpenConns(conns)
