@@ -113,7 +113,7 @@ func newStatements(table string) statements {
 		// acquireFast, for a caller with no place: free only if no place is
 		// queued at all (the row's mark), without reading the queue table (each
 		// subquery costs about as much as the rest of the statement). Refused,
-		// it says why through LAST_INSERT_ID (see fastRefusal); re-entered, it
+		// it says why through LAST_INSERT_ID (see refusedHeld); re-entered, it
 		// returns the token as acquire does.
 		acquireFast: upsert +
 			"token = IF(@dlock_free := (expires_at <= " + now + " AND queued = 0), LAST_INSERT_ID(token + 1), " +
