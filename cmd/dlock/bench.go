@@ -86,8 +86,8 @@ so the command always works. The in-process backend is measured whenever
 --duration is the measuring time of each timed workload on each backend, split over
 the rounds: the default run with mem:// and one Redis takes about 18 seconds. Before
 round 1, each backend and peer runs unrecorded cycles and a hot key for --duration (at
-most 4s), so that no server is measured cold (a ZooKeeper just started, whose JIT has
-not compiled its request path yet, is a third slower for a few seconds).
+most 4s), so that servers are not measured cold (a ZooKeeper just started, whose JIT
+has not compiled its request path yet, is a third slower for a while).
 
 Why --pin: on a small virtual machine, a loopback round trip is two wake-ups, and
 when the client and the server run on different CPUs each wake-up may cross CPUs

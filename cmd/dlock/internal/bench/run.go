@@ -84,9 +84,8 @@ type Config struct {
 	// WarmUp runs cycles and a hot key on each backend before the first round,
 	// unrecorded (a JIT-compiled server needs it: after a warm-up of 1s, a
 	// ZooKeeper started for the run served dlock, measured first, about a third
-	// slower in round 1 than in rounds 2 and 3, and its peer measured after it
-	// hardly at all; after 4s round 1 was like the others). Zero means Duration,
-	// at most 4s; negative means none.
+	// slower in round 1 than in rounds 2 and 3 in every run; after 4s, in a third
+	// of the runs). Zero means Duration, at most 4s; negative means none.
 	WarmUp time.Duration
 	// Options are given to every client.
 	Options []dlock.Option
