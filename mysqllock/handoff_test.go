@@ -28,6 +28,16 @@ func queueWaiter(t *testing.T, b driver.Backend, key, owner string, ttl time.Dur
 	return w
 }
 
+// woken fails the test unless w is signalled within 10 seconds.
+func woken(t *testing.T, w driver.Waiter, failure string) {
+	t.Helper()
+	select {
+	case <-w.C():
+	case <-time.After(10 * time.Second):
+		t.Fatal(failure)
+	}
+}
+
 func TestHandoff(t *testing.T) {
 	srv := testserver.StartMariaDB(t)
 	t.Run("HandedGrant", func(t *testing.T) { testHandedGrant(t, srv) })
@@ -54,11 +64,7 @@ func testFewestConnections(t *testing.T, srv *testserver.MariaDB) {
 	if err := b.Release(ctx, "fc", "a"); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-w.C():
-	case <-ctx.Done():
-		t.Fatal("the waiter was not woken")
-	}
+	woken(t, w, "the waiter was not woken")
 	req := driver.Request{Key: "fc", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute}
 	if _, err := b.Acquire(ctx, req); err != nil {
 		t.Fatalf("woken waiter: %v", err)
@@ -87,11 +93,7 @@ func testAnchorLost(t *testing.T, srv *testserver.MariaDB) {
 		t.Fatalf("listener ids %d, %d; want two connections", lid, aid)
 	}
 	exec(t, admin(t, srv), "KILL CONNECTION "+strconv.FormatUint(aid, 10))
-	select {
-	case <-w.C():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter was not woken when the listener's anchor went")
-	}
+	woken(t, w, "the waiter was not woken when the listener's anchor went")
 	if _, err := b.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
 		t.Fatalf("waiting attempt after the anchor went = %v, want ErrLocked", err)
 	}
@@ -101,11 +103,7 @@ func testAnchorLost(t *testing.T, srv *testserver.MariaDB) {
 	if err := a.Release(ctx, "al", "a"); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-w.C():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the release did not wake the waiter through the new listener")
-	}
+	woken(t, w, "the release did not wake the waiter through the new listener")
 	if _, err := b.Acquire(ctx, req); err != nil {
 		t.Fatalf("woken waiter: %v", err)
 	}
@@ -234,11 +232,7 @@ func testHandedGrant(t *testing.T, srv *testserver.MariaDB) {
 	if err != nil || in.Owner != "b" || in.Token != g0.Token+1 || in.TTL > 30*time.Second || in.TTL < 20*time.Second {
 		t.Fatalf("after the release: %+v, %v; want b's grant, token %d, TTL about 30s", in, err, g0.Token+1)
 	}
-	select {
-	case <-w.C():
-	case <-time.After(5 * time.Second):
-		t.Fatal("no wake-up")
-	}
+	woken(t, w, "no wake-up")
 	g, err := b.Acquire(ctx, driver.Request{Key: "h", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute})
 	if err != nil || g.Token != g0.Token+1 || g.Age <= 0 {
 		t.Fatalf("waiter's attempt = %+v, %v; want the handed grant with an Age", g, err)
@@ -369,11 +363,7 @@ func TestPreparedStatementLimit(t *testing.T) {
 	if err := a.Release(ctx, "lim", "a"); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-w.C():
-	case <-time.After(5 * time.Second):
-		t.Fatal("no wake-up")
-	}
+	woken(t, w, "no wake-up")
 	g, err := b.Acquire(ctx, driver.Request{Key: "lim", Owner: "b", TTL: 30 * time.Second, Wait: true, Patience: time.Minute})
 	if err != nil || g.Token != g0.Token+1 {
 		t.Fatalf("handed grant: %+v, %v; want token %d", g, err, g0.Token+1)
