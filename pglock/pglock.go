@@ -372,6 +372,21 @@
 // index pages by bitmap scan, and 4 to 17 by plain index scan (1 to 14 live
 // permits); 16 readers of one key made 1.7 times as many reads per second.
 //
+// # Plans
+//
+// Every statement is prepared once per connection (pgx's statement cache), and
+// dlock's connections run with plan_cache_mode=force_generic_plan (also a session
+// setting sent at connection start), so the server plans each statement once per
+// connection and reuses the plan. By default it plans the first five runs of a
+// prepared statement for their parameters and then keeps doing so whenever the
+// generic plan's estimate is higher, and planning the longer statements (a
+// handoff's, a reader's release) costs milliseconds of server CPU each time.
+// Every statement finds a key's rows by equality or a prefix range on the primary
+// key, a plan that does not depend on the parameters' values. Measured
+// (pg_stat_statements, 16 readers of one key): the reader's release planned on
+// every run, about 0.2 ms each; server CPU per read 1.54-1.62 ms before, 1.32-1.39
+// ms after.
+//
 // # Safety model
 //
 // Mutual exclusion (at most N holders of a semaphore of N) holds on one PostgreSQL

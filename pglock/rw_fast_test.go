@@ -20,7 +20,7 @@ import (
 // TestReadersFast tests the readers' fast grant and release (read_acquire.sql,
 // read_release.sql, read_last.sql) against the promises of a read-write lock.
 func TestReadersFast(t *testing.T) {
-	srv := testserver.StartPostgres(t)
+	srv := testserver.StartPostgres(t, "-c", "shared_preload_libraries=pg_stat_statements", "-c", "pg_stat_statements.track_planning=on")
 	t.Run("Stress", func(t *testing.T) { testReadersStress(t, srv) })
 	t.Run("LastReadersWakeWriter", func(t *testing.T) { testLastReadersWakeWriter(t, srv) })
 	t.Run("Watch", func(t *testing.T) { testReadersWatch(t, srv) })
@@ -28,6 +28,45 @@ func TestReadersFast(t *testing.T) {
 	t.Run("NothingLeft", func(t *testing.T) { testReadersNothingLeft(t, srv) })
 	t.Run("DeadRows", func(t *testing.T) { testReadersDeadRows(t, srv) })
 	t.Run("WatchLockGivenBack", func(t *testing.T) { testReadersWatchLock(t, srv) })
+	t.Run("PlannedOnce", func(t *testing.T) { testReadersPlanned(t, srv) })
+}
+
+// A reader's statements after read_lock run on generic plans, made once per
+// connection: left to choose, with a permit table of many rows (other keys', the
+// statistics up to date) the server plans the last statement of a reader's
+// release (read_wake, a long one) for its parameters on every run.
+func testReadersPlanned(t *testing.T, srv *testserver.Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	pool := admin(t, srv)
+	exec(t, pool, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
+	exec(t, pool, `SELECT pg_stat_statements_reset()`)
+	c := harness(t, srv).Client(t)
+	key := drivertest.Key(t, "k")
+	permits := pglock.DefaultTable + "_permits"
+	exec(t, pool, `INSERT INTO `+permits+` (key, owner, token, expires_at, shared)
+		SELECT 'other' || (i % 100), 'o' || i, i, now() + interval '1 minute', true FROM generate_series(1, 5000) i`)
+	exec(t, pool, `ANALYZE `+permits)
+	const reads = 40
+	for range reads {
+		l, err := c.Lock(ctx, key, dlock.WithShared())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var calls, plans int64
+	// read_wake, by its text with the constants replaced:
+	err := pool.QueryRow(ctx, `SELECT coalesce(sum(calls), 0), coalesce(sum(plans), 0) FROM pg_stat_statements
+		WHERE query LIKE '%AS lim%' AND query LIKE '%current_setting(%'`).Scan(&calls, &plans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls < reads || plans > calls/4 {
+		t.Fatalf("a reader's release: %d runs, %d plans; want %d runs and at most a quarter as many plans", calls, plans, reads)
+	}
 }
 
 // A reader's grant and release take the key's watch lock for the session and give
