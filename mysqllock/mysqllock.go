@@ -579,17 +579,12 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	if b.semErr == nil {
-		var state bool
-		err := b.queryRow(ctx, b.sq.isState, key).Scan(&state)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return b.ctxErr(ctx, err)
-		}
-		if state {
-			return b.semFree(ctx, key, "", false)
-		}
+	err := b.handOn(ctx, b.q.force, key)
+	if errors.Is(err, driver.ErrNotHeld) && b.semErr == nil {
+		// Not a mutex's live row: perhaps a state row, whose permits go.
+		err = b.semFree(ctx, key, "", false)
 	}
-	return b.handOn(ctx, b.q.force, key)
+	return err
 }
 
 // Close implements driver.Backend: when the backend was made by Open, it closes the

@@ -31,7 +31,7 @@ func (b *Backend) prepare(ctx context.Context) (prepared, error) {
 	all := []string{q.acquire, q.acquireFast, q.heldTTL, q.owned, q.refresh, q.release, q.handoff, q.force,
 		q.enqueue, q.requeue, q.mark, q.withdraw, q.waitState, q.lapse, q.setValue}
 	if b.semErr == nil {
-		all = append(all, sq.lockRow, sq.insertState, sq.places, sq.permits, sq.grant, sq.putPermit, sq.extend, sq.reenter,
+		all = append(all, sq.lockRow, sq.insertRow, sq.places, sq.permits, sq.grant, sq.putPermit, sq.extend, sq.reenter,
 			sq.mutexGrant, sq.updatePlace, sq.newPlace, sq.bound, sq.refresh, sq.owned, sq.setValue, sq.release, sq.isState,
 			sq.reset, sq.clearPermits)
 	}
@@ -134,7 +134,8 @@ func newStatements(table string) statements {
 		// left to handoff.
 		release: "UPDATE " + t + " SET owner = '', value = NULL, expires_at = '" + released + "' WHERE lock_key = ? AND owner = ? AND expires_at > " + now + " AND queued = 0",
 		handoff: handoff("l.owner = ? AND "),
-		force:   handoff(""),
+		// force leaves a state row (a semaphore's, see semaphore.go) alone.
+		force: handoff("l.owner <> '" + stateOwner + "' AND "),
 		inspect: "SELECT owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
 			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + " AND q.id > l.handed) FROM " + t + " l WHERE lock_key = ? AND expires_at > " + now,
 		// A place's nonce is written by the insert alone: a grant handed to the

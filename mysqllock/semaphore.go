@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -34,11 +35,12 @@ const stateQueued = 2
 var (
 	errStateRow = errors.New("mysqllock: the key's row is a state row")
 	errMutexRow = errors.New("mysqllock: the key's row is a mutex's")
+	errNoRow    = errors.New("mysqllock: the key has no row")
 )
 
 // semStatements is the SQL of semaphores and read-write locks.
 type semStatements struct {
-	lockRow, insertState, places, permits, grant, putPermit, extend, reenter string
+	lockRow, insertRow, places, permits, grant, putPermit, extend, reenter   string
 	mutexGrant, updatePlace, newPlace, toState, convertHolder, convertPlaces string
 	reset, clearPermits, bound, woke, refresh, owned, setValue, release      string
 	isState, holders                                                         string
@@ -50,9 +52,8 @@ func newSemStatements(table string) semStatements {
 	pt := "`" + table + permitSuffix + "`"
 	const now = "UTC_TIMESTAMP(6)"
 	return semStatements{
-		lockRow: "SELECT owner, IFNULL(value, ''), token, expires_at > " + now + ", handed FROM " + t + " WHERE lock_key = ? FOR UPDATE",
-		insertState: "INSERT INTO " + t + " (lock_key, owner, value, token, expires_at, queued) VALUES (?, '" + stateOwner + "', ?, " +
-			"LAST_INSERT_ID(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000)), @dlock_exp := " + now + " + INTERVAL ? MICROSECOND, " + strconv.Itoa(stateQueued) + ")",
+		lockRow:   "SELECT owner, IFNULL(value, ''), token, expires_at > " + now + ", handed FROM " + t + " WHERE lock_key = ? FOR UPDATE",
+		insertRow: "INSERT IGNORE INTO " + t + " (lock_key, owner, token, expires_at) VALUES (?, '', FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000), '" + released + "')",
 		// places: every place of the key, with whether it is live and not yet
 		// handed the key by a mutex's handoff.
 		places: "SELECT id, owner, lim, shared, conn, expires_at > " + now + " AND id > ? FROM " + qt + " WHERE lock_key = ? ORDER BY id",
@@ -137,8 +138,8 @@ type semState struct {
 	permits []semPermit
 }
 
-// semTx runs fn in a transaction, again (up to 8 times) if InnoDB chose it as a
-// deadlock's victim or two made a new key's row at once.
+// semTx runs fn in a transaction, again (up to 16 times) if InnoDB chose it as a
+// deadlock's victim.
 func (b *Backend) semTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	for i := 0; ; i++ {
 		tx, err := b.db.BeginTx(ctx, nil)
@@ -151,7 +152,15 @@ func (b *Backend) semTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 		} else {
 			_ = tx.Rollback()
 		}
-		if err == nil || i == 8 || !(isErr(err, 1213) || isErr(err, 1062)) || ctx.Err() != nil {
+		if err == nil || i == 16 || !isErr(err, 1213) || ctx.Err() != nil {
+			return err
+		}
+		// After a jittered pause that grows (as exec does).
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(i+1) * int64(time.Millisecond))))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
 			return err
 		}
 	}
@@ -316,6 +325,17 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		out, err = b.semAttempt(ctx, tx, req, limit, conn)
 		return err
 	})
+	if errors.Is(err, errNoRow) {
+		// A new key: its row is made first, released, on its own (a locking
+		// read of a missing row locks a gap, and many attempts inserting into
+		// it at once deadlock), and the attempt runs again.
+		if _, err = b.exec(ctx, b.sq.insertRow, req.Key); err == nil {
+			err = b.semTx(ctx, func(tx *sql.Tx) (err error) {
+				out, err = b.semAttempt(ctx, tx, req, limit, conn)
+				return err
+			})
+		}
+	}
 	if err != nil {
 		if errors.Is(err, errMutexRow) {
 			return driver.Grant{}, err
@@ -353,12 +373,7 @@ func (b *Backend) semAttempt(ctx context.Context, tx *sql.Tx, req driver.Request
 		if exclusive {
 			return out, errMutexRow
 		}
-		res, err := b.txExec(ctx, tx, b.sq.insertState, req.Key, lim, ttl)
-		if err != nil {
-			return out, err
-		}
-		tok, _ := res.LastInsertId()
-		return b.semGrant(ctx, tx, req, s, uint64(tok))
+		return out, errNoRow
 	}
 	others, ahead := s.others(req.Owner)
 	if !s.row.state() {
