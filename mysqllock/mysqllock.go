@@ -478,7 +478,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	err := b.either(key, owner, func() error {
 		return b.releaseMutex(ctx, key, owner)
 	}, func() error {
-		return b.semFree(ctx, key, owner, false)
+		return b.semRelease(ctx, key, owner)
 	})
 	b.forgetSem(key, owner)
 	return err

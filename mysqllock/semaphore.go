@@ -43,7 +43,7 @@ type semStatements struct {
 	lockRow, insertRow, places, permits, grant, putPermit, extend, reenter   string
 	mutexGrant, updatePlace, newPlace, toState, convertHolder, convertPlaces string
 	reset, clearPermits, bound, woke, refresh, owned, setValue, release      string
-	isState, holders                                                         string
+	isState, holders, readGrant, readRelease                                 string
 }
 
 func newSemStatements(table string) semStatements {
@@ -86,13 +86,29 @@ func newSemStatements(table string) semStatements {
 		// woke is followed by the ids: (?, ?, ...).
 		woke: "UPDATE " + qt + " SET woken = woken + 1 WHERE id IN ",
 		// refresh extends a permit and its state row's expiry in one statement.
-		refresh: "UPDATE " + t + " l JOIN " + pt + " p ON p.lock_key = l.lock_key SET p.expires_at = " + now + " + INTERVAL ? MICROSECOND, " +
+		refresh: "UPDATE " + t + " l STRAIGHT_JOIN " + pt + " p ON p.lock_key = l.lock_key SET p.expires_at = " + now + " + INTERVAL ? MICROSECOND, " +
 			"l.expires_at = GREATEST(l.expires_at, " + now + " + INTERVAL ? MICROSECOND) " +
 			"WHERE p.lock_key = ? AND p.owner = ? AND p.expires_at > " + now + " AND l.owner = '" + stateOwner + "'",
 		owned:    "SELECT token FROM " + pt + " WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
 		setValue: "UPDATE " + pt + " SET value = ? WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
 		release:  "DELETE FROM " + pt + " WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
 		isState:  "SELECT owner = '" + stateOwner + "' FROM " + t + " WHERE lock_key = ?",
+		// readGrant is a reader's grant on a read-write key with no writer's
+		// permit, no live place and no permit of the caller's: the next token
+		// and the row's expiry bound, in one statement (putPermit follows in
+		// the same transaction).
+		readGrant: "UPDATE " + t + " l SET l.token = LAST_INSERT_ID(l.token + 1), " +
+			"l.expires_at = GREATEST(l.expires_at, @dlock_exp := " + now + " + INTERVAL ? MICROSECOND) " +
+			"WHERE l.lock_key = ? AND l.owner = '" + stateOwner + "' AND l.value = '1' " +
+			"AND NOT EXISTS (SELECT 1 FROM " + pt + " p WHERE p.lock_key = ? AND p.expires_at > " + now + " AND (p.shared = 0 OR p.owner = ?)) " +
+			"AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + " AND q.id > l.handed)",
+		// readRelease deletes a reader's permit when no place is queued (no
+		// one to wake), in one statement. The row keeps its expiry bound.
+		// The row is read (and share-locked) before the permit is locked,
+		// as every statement of a key locks them (STRAIGHT_JOIN).
+		readRelease: "DELETE p FROM " + t + " l STRAIGHT_JOIN " + pt + " p ON p.lock_key = l.lock_key " +
+			"WHERE p.lock_key = ? AND p.owner = ? AND p.shared = 1 AND p.expires_at > " + now + " AND l.owner = '" + stateOwner + "' " +
+			"AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + " AND q.id > l.handed)",
 		holders: "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), value, shared FROM " + pt +
 			" WHERE lock_key = ? AND expires_at > " + now + " ORDER BY token",
 	}
@@ -320,6 +336,18 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		conn = id
 	}
 	pk := placeKey{req.Key, req.Owner}
+	if req.Shared {
+		if _, placed := b.places.Load(pk); !placed {
+			tok, ok, err := b.readAcquire(ctx, req)
+			if err != nil {
+				return driver.Grant{}, b.ctxErr(ctx, err)
+			}
+			if ok {
+				b.rememberSem(req.Key, req.Owner, true)
+				return driver.Grant{Token: tok}, nil
+			}
+		}
+	}
 	var out semOutcome
 	err := b.semTx(ctx, func(tx *sql.Tx) (err error) {
 		out, err = b.semAttempt(ctx, tx, req, limit, conn)
@@ -349,7 +377,7 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 	if out.granted {
 		b.places.Delete(pk)
 		if !out.mutex {
-			b.rememberSem(req.Key, req.Owner)
+			b.rememberSem(req.Key, req.Owner, req.Shared)
 		}
 		return driver.Grant{Token: out.token}, nil
 	}
@@ -358,6 +386,32 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		held.Queued, held.Ahead = true, out.ahead
 	}
 	return driver.Grant{}, held
+}
+
+// readAcquire is a reader's fast grant: readGrant and putPermit in one
+// transaction. ok is false when readGrant does not apply (the full attempt
+// decides).
+func (b *Backend) readAcquire(ctx context.Context, req driver.Request) (tok uint64, ok bool, err error) {
+	err = b.semTx(ctx, func(tx *sql.Tx) error {
+		ok = false
+		res, err := b.txExec(ctx, tx, b.sq.readGrant, micros(req.TTL), req.Key, req.Key, req.Owner, req.Key)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err
+		}
+		last, err := res.LastInsertId()
+		if err != nil {
+			return err
+		}
+		if _, err := b.txExec(ctx, tx, b.sq.putPermit, req.Key, req.Owner, last, value(req.Value), true); err != nil {
+			return err
+		}
+		tok, ok = uint64(last), true
+		return nil
+	})
+	return tok, ok, err
 }
 
 // semAttempt decides an attempt under the key's row lock (see semAcquire).

@@ -114,6 +114,23 @@ func (b *Backend) wakePlaces(ctx context.Context, ps []semPlace) {
 	}
 }
 
+// semRelease frees owner's permit of key: a reader's in one statement when no
+// place is queued, otherwise under the key's row lock (semFree).
+func (b *Backend) semRelease(ctx context.Context, key, owner string) error {
+	if v, ok := b.semGrants.Load(placeKey{key, owner}); ok && v.(bool) {
+		res, err := b.exec(ctx, b.sq.readRelease, key, owner, key)
+		if err != nil {
+			return b.ctxErr(ctx, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return b.ctxErr(ctx, err)
+		} else if n > 0 {
+			return nil
+		}
+	}
+	return b.semFree(ctx, key, owner, false)
+}
+
 // semRefresh extends owner's permit of key, and its state row's expiry, in one
 // statement.
 func (b *Backend) semRefresh(ctx context.Context, key, owner string, ttl time.Duration) error {
@@ -153,8 +170,8 @@ func (b *Backend) semSetValue(ctx context.Context, key, owner string, v []byte) 
 
 // rememberSem records that owner's grant of key is a permit: its Refresh,
 // Release and SetValue go to the permit table first.
-func (b *Backend) rememberSem(key, owner string) {
-	if _, had := b.semGrants.Swap(placeKey{key, owner}, struct{}{}); !had {
+func (b *Backend) rememberSem(key, owner string, shared bool) {
+	if _, had := b.semGrants.Swap(placeKey{key, owner}, shared); !had {
 		b.semCount.Add(1)
 	}
 }
