@@ -22,7 +22,14 @@ func (b *Backend) semFree(ctx context.Context, key, owner string, withdraw bool)
 	err := b.semTx(ctx, func(tx *sql.Tx) error {
 		wake, held = nil, false
 		s, err := b.readState(ctx, tx, key, owner)
-		if err != nil || !s.row.state() {
+		if err != nil {
+			return err
+		}
+		if !s.row.state() {
+			if withdraw && s.mine != nil {
+				// The key is a mutex's again: its place goes all the same.
+				_, err = b.txExec(ctx, tx, b.q.withdraw, key, owner)
+			}
 			return err
 		}
 		var res sql.Result
