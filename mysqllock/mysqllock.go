@@ -36,8 +36,8 @@ const DefaultTable = "dlock_locks"
 
 // Backend is the MySQL/MariaDB backend. It implements driver.Backend,
 // driver.Notifier, driver.Inspector, driver.ForceReleaser, driver.Valuer,
-// driver.MultiAcquirer, driver.Queuer and driver.Lister, and is safe for concurrent
-// use.
+// driver.MultiAcquirer, driver.Queuer, driver.Lister, driver.Semaphorer and
+// driver.Sharer, and is safe for concurrent use.
 type Backend struct {
 	config
 	db       *sql.DB

@@ -33,7 +33,7 @@ func (b *Backend) prepare(ctx context.Context) (prepared, error) {
 	if b.semErr == nil {
 		all = append(all, sq.lockRow, sq.insertRow, sq.places, sq.permits, sq.grant, sq.putPermit, sq.extend, sq.reenter,
 			sq.mutexGrant, sq.updatePlace, sq.newPlace, sq.bound, sq.refresh, sq.owned, sq.setValue, sq.release, sq.isState,
-			sq.reset, sq.clearPermits, sq.readGrant, sq.readRelease)
+			sq.reset, sq.clearPermits, sq.readGrant, sq.permitGrant, sq.quickRelease)
 	}
 	for _, s := range all {
 		st, err := b.db.PrepareContext(ctx, s)

@@ -43,7 +43,7 @@ type semStatements struct {
 	lockRow, insertRow, places, permits, grant, putPermit, extend, reenter   string
 	mutexGrant, updatePlace, newPlace, toState, convertHolder, convertPlaces string
 	reset, clearPermits, bound, woke, refresh, owned, setValue, release      string
-	isState, holders, readGrant, readRelease                                 string
+	isState, holders, readGrant, permitGrant, quickRelease                   string
 }
 
 func newSemStatements(table string) semStatements {
@@ -102,12 +102,21 @@ func newSemStatements(table string) semStatements {
 			"WHERE l.lock_key = ? AND l.owner = '" + stateOwner + "' AND l.value = '1' " +
 			"AND NOT EXISTS (SELECT 1 FROM " + pt + " p WHERE p.lock_key = ? AND p.expires_at > " + now + " AND (p.shared = 0 OR p.owner = ?)) " +
 			"AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + " AND q.id > l.handed)",
-		// readRelease deletes a reader's permit when no place is queued (no
-		// one to wake), in one statement. The row keeps its expiry bound.
+		// permitGrant is the same for a permit of a semaphore whose limit is
+		// the request's, with fewer live permits than the limit.
+		permitGrant: "UPDATE " + t + " l SET l.token = LAST_INSERT_ID(l.token + 1), " +
+			"l.expires_at = GREATEST(l.expires_at, @dlock_exp := " + now + " + INTERVAL ? MICROSECOND) " +
+			"WHERE l.lock_key = ? AND l.owner = '" + stateOwner + "' AND l.value = ? " +
+			"AND NOT EXISTS (SELECT 1 FROM " + pt + " p WHERE p.lock_key = ? AND p.owner = ? AND p.expires_at > " + now + ") " +
+			"AND (SELECT COUNT(*) FROM " + pt + " p WHERE p.lock_key = ? AND p.expires_at > " + now + ") < ? " +
+			"AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + " AND q.id > l.handed)",
+		// quickRelease deletes a permit when no place is queued (no one to
+		// wake), in one statement. The row keeps its expiry bound (and stays a
+		// state row: a free one, to every statement that decides).
 		// The row is read (and share-locked) before the permit is locked,
 		// as every statement of a key locks them (STRAIGHT_JOIN).
-		readRelease: "DELETE p FROM " + t + " l STRAIGHT_JOIN " + pt + " p ON p.lock_key = l.lock_key " +
-			"WHERE p.lock_key = ? AND p.owner = ? AND p.shared = 1 AND p.expires_at > " + now + " AND l.owner = '" + stateOwner + "' " +
+		quickRelease: "DELETE p FROM " + t + " l STRAIGHT_JOIN " + pt + " p ON p.lock_key = l.lock_key " +
+			"WHERE p.lock_key = ? AND p.owner = ? AND p.expires_at > " + now + " AND l.owner = '" + stateOwner + "' " +
 			"AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + " AND q.id > l.handed)",
 		holders: "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), value, shared FROM " + pt +
 			" WHERE lock_key = ? AND expires_at > " + now + " ORDER BY token",
@@ -336,16 +345,14 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		conn = id
 	}
 	pk := placeKey{req.Key, req.Owner}
-	if req.Shared {
-		if _, placed := b.places.Load(pk); !placed {
-			tok, ok, err := b.readAcquire(ctx, req)
-			if err != nil {
-				return driver.Grant{}, b.ctxErr(ctx, err)
-			}
-			if ok {
-				b.rememberSem(req.Key, req.Owner, true)
-				return driver.Grant{Token: tok}, nil
-			}
+	if _, placed := b.places.Load(pk); !placed && (req.Shared || limit > 1) {
+		tok, ok, err := b.quickAcquire(ctx, req, limit)
+		if err != nil {
+			return driver.Grant{}, b.ctxErr(ctx, err)
+		}
+		if ok {
+			b.rememberSem(req.Key, req.Owner, req.Shared)
+			return driver.Grant{Token: tok}, nil
 		}
 	}
 	var out semOutcome
@@ -388,13 +395,19 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 	return driver.Grant{}, held
 }
 
-// readAcquire is a reader's fast grant: readGrant and putPermit in one
-// transaction. ok is false when readGrant does not apply (the full attempt
-// decides).
-func (b *Backend) readAcquire(ctx context.Context, req driver.Request) (tok uint64, ok bool, err error) {
+// quickAcquire is a reader's or a permit's short grant when no place is queued:
+// readGrant (permitGrant) and putPermit in one transaction. ok is false when the
+// statement does not apply (the full attempt decides).
+func (b *Backend) quickAcquire(ctx context.Context, req driver.Request, limit int) (tok uint64, ok bool, err error) {
 	err = b.semTx(ctx, func(tx *sql.Tx) error {
 		ok = false
-		res, err := b.txExec(ctx, tx, b.sq.readGrant, micros(req.TTL), req.Key, req.Key, req.Owner, req.Key)
+		var res sql.Result
+		var err error
+		if req.Shared {
+			res, err = b.txExec(ctx, tx, b.sq.readGrant, micros(req.TTL), req.Key, req.Key, req.Owner, req.Key)
+		} else {
+			res, err = b.txExec(ctx, tx, b.sq.permitGrant, micros(req.TTL), req.Key, strconv.Itoa(limit), req.Key, req.Owner, req.Key, limit, req.Key)
+		}
 		if err != nil {
 			return err
 		}
@@ -405,7 +418,7 @@ func (b *Backend) readAcquire(ctx context.Context, req driver.Request) (tok uint
 		if err != nil {
 			return err
 		}
-		if _, err := b.txExec(ctx, tx, b.sq.putPermit, req.Key, req.Owner, last, value(req.Value), true); err != nil {
+		if _, err := b.txExec(ctx, tx, b.sq.putPermit, req.Key, req.Owner, last, value(req.Value), req.Shared); err != nil {
 			return err
 		}
 		tok, ok = uint64(last), true

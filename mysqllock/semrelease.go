@@ -121,11 +121,11 @@ func (b *Backend) wakePlaces(ctx context.Context, ps []semPlace) {
 	}
 }
 
-// semRelease frees owner's permit of key: a reader's in one statement when no
-// place is queued, otherwise under the key's row lock (semFree).
+// semRelease frees owner's permit of key: in one statement when no place is
+// queued (quickRelease), otherwise under the key's row lock (semFree).
 func (b *Backend) semRelease(ctx context.Context, key, owner string) error {
-	if v, ok := b.semGrants.Load(placeKey{key, owner}); ok && v.(bool) {
-		res, err := b.exec(ctx, b.sq.readRelease, key, owner, key)
+	if b.semErr == nil {
+		res, err := b.exec(ctx, b.sq.quickRelease, key, owner, key)
 		if err != nil {
 			return b.ctxErr(ctx, err)
 		}
