@@ -246,8 +246,8 @@
 // transaction: the holder's grant becomes a writer's permit (same token, expiry and
 // value; its Refresh and Release find it there) and the mutex's places writers'.
 //
-// A release (and a ForceRelease, which frees every permit, and a waiter giving up)
-// locks the row the same way, deletes the permit (or place), sets the row's expiry to
+// A release that finds places queued (and a ForceRelease, which frees every permit,
+// and a waiter giving up) locks the row the same way, deletes the permit (or place), sets the row's expiry to
 // the latest live permit's, and does not hand the permit over: it bumps the woken
 // counter of the places the key now admits (the first n - held places of a
 // semaphore; of a read-write key, the leading run of readers when no writer holds, or
@@ -256,29 +256,32 @@
 // does. The listener's wait returns at once while a place of its connection has a
 // woken count it has not delivered (so a KILL that came between its statements is not
 // lost), and its read of the grants handed to its places reads those counts too; the
-// woken waiter attempts again, FIFO-checked, and takes the permit. A key left with no
-// permit and no place becomes a released mutex's row again.
+// woken waiter attempts again, FIFO-checked, and takes the permit. Such a release
+// that leaves no permit and no place makes the row a released mutex's again.
 //
-// Readers have a shorter path on a read-write key with no writer and no place:
-// the grant is one UPDATE of the row (next token, expiry bound, guarded by NOT EXISTS
-// reads of writers' permits and live places) and the permit's INSERT in one
-// transaction, so the row is locked for one statement and the commit; the release is
-// one DELETE of the permit joined to the row, share-locked, when no place is queued
-// (it leaves the row's expiry as it was; the row is not reset, and the next writer
-// takes it back as a mutex's). Statements that lock a key's row and a permit lock the
-// row first.
+// With no place queued there is a shorter path. A reader's grant on a read-write
+// key with no writer's permit, or a permit's on a semaphore of the request's limit
+// with a permit free, is one UPDATE of the row (the next token and the expiry bound,
+// guarded by reads of the permits and of the live places) and the permit's INSERT,
+// in one transaction: the row is locked for one statement and the commit. A
+// permit's release is one DELETE of the permit joined to the row (share-locked);
+// it leaves the row's expiry bound as it was and the row a state row, free to the
+// next attempt of any kind once no permit is live. Statements that lock a key's row
+// and a permit lock the row first (STRAIGHT_JOIN), so they do not deadlock.
 //
-// Costs: a permit's grant is a transaction of five statements (two round trips more
-// than a mutex's INSERT, and a commit), its release another of four to six, its
-// refresh one statement; a reader's grant two statements and a commit, its release
-// one statement. Waiting costs what a mutex's does (the same listener), but a freed
-// permit is taken by the waiter's own attempt: one KILL, one read by the listener and
+// Costs: with no place queued, a permit's or a reader's grant is four round trips
+// (BEGIN, UPDATE, INSERT, COMMIT) and a commit, against a mutex's one; its release
+// one statement, like a mutex's; its refresh one statement. Otherwise an attempt or
+// a release is a transaction of six to eight round trips that holds the key's row
+// lock. Waiting costs what a mutex's does (the same listener), but a freed permit is
+// taken by the woken waiter's own attempt: one KILL, one read by the listener, and
 // the waiter's transaction, not a handoff in the releasing statement. Not promised
 // beyond a mutex's: the FIFO gaps named under Waiting; a woken waiter that crashed
-// holds up the permits it was woken for until its place lapses (its patience), and a
-// permit that expires (a crashed holder) wakes no one: waiters take it on their
-// fallback retry, which waits at most until the first permit's expiry. AcquireAll
-// refuses a key whose row is a state row.
+// holds up the permits it was woken for until its place lapses (its patience); a
+// permit that expires (a crashed holder) wakes no one, and waiters take it on their
+// fallback retry, which waits at most until the first permit's expiry; a crashed
+// holder's expired permit row stays until the key is free and taken with another
+// limit or by a mutex. AcquireAll refuses a key whose row is a state row.
 //
 // # Safety model
 //
