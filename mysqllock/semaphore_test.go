@@ -3,7 +3,10 @@ package mysqllock_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net/url"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +25,7 @@ func TestSemaphores(t *testing.T) {
 	t.Run("ReaderBehindMutex", func(t *testing.T) { testReaderBehindMutex(t, srv) })
 	t.Run("TokensAcrossKinds", func(t *testing.T) { testTokensAcrossKinds(t, srv) })
 	t.Run("NoPermitTable", func(t *testing.T) { testNoPermitTable(t, srv) })
+	t.Run("MixedKinds", func(t *testing.T) { testMixedKinds(t, srv) })
 }
 
 func semCtx(t *testing.T) context.Context {
@@ -288,5 +292,76 @@ func testNoPermitTable(t *testing.T, srv *testserver.MariaDB) {
 	}
 	if _, err := c.TryLock(ctx, "k", dlock.WithShared()); !errors.Is(err, dlock.ErrUnsupported) {
 		t.Fatalf("a reader without the permit table: %v, want ErrUnsupported", err)
+	}
+}
+
+// Readers, writers and a semaphore's holders on separate clients, most of their
+// waits cut short: never a writer beside anyone or a reader beside a writer, never
+// more permits than the limit, and nothing left (no place, no permit) at the end.
+func testMixedKinds(t *testing.T, srv *testserver.MariaDB) {
+	var readers, writers, permits, grants atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(4 * time.Second)
+	for i := range 8 {
+		c, err := dlock.New(open(t, srv.URL()), dlock.WithTTL(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				key, opts, count := "mixed-rw", []dlock.Option(nil), &writers
+				switch {
+				case i >= 6:
+					key, opts, count = "mixed-sem", []dlock.Option{dlock.WithLimit(2)}, &permits
+				case rand.IntN(3) == 0:
+					opts, count = []dlock.Option{dlock.WithShared()}, &readers
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(5+rand.IntN(60))*time.Millisecond)
+				l, err := c.Lock(ctx, key, opts...)
+				cancel()
+				if err != nil {
+					if !errors.Is(err, dlock.ErrLocked) && !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("Lock: %v", err)
+					}
+					continue
+				}
+				grants.Add(1)
+				n := count.Add(1)
+				switch count {
+				case &permits:
+					if n > 2 {
+						t.Errorf("%d permits of 2 held", n)
+					}
+				case &readers:
+					if writers.Load() != 0 {
+						t.Error("a reader beside a writer")
+					}
+				default:
+					if n != 1 || readers.Load() != 0 {
+						t.Error("a writer beside others")
+					}
+				}
+				time.Sleep(time.Duration(rand.IntN(8)) * time.Millisecond)
+				count.Add(-1)
+				if err := l.Release(context.Background()); err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if grants.Load() < 100 {
+		t.Fatalf("only %d grants", grants.Load())
+	}
+	b := open(t, srv.URL())
+	defer b.Close()
+	ctx := semCtx(t)
+	for _, k := range []string{"mixed-rw", "mixed-sem"} {
+		places, err := b.Queue(ctx, k)
+		_, hs, err2 := b.Holders(ctx, k)
+		if err != nil || err2 != nil || len(places) != 0 || len(hs) != 0 {
+			t.Errorf("%s left: %d places (%v), %d holders (%v)", k, len(places), err, len(hs), err2)
+		}
 	}
 }
