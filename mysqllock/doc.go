@@ -212,7 +212,7 @@
 // one with dlock.WithShared a reader's grant (driver.Sharer); a plain call on such a
 // key is a writer. The key's row becomes a state row: owner '#' (no owner id can be
 // '#'), value its limit in decimal (1 for a read-write key), token the key's one
-// sequence, queued 2, expires_at at least the latest expiry of its permits. Each
+// sequence, queued 2, expires_at at least the latest expiry of its live permits. Each
 // holder is a row of the permit table with its own token (the row's, plus one, in the
 // same transaction: every grant of a key, mutex, permit, reader or writer, takes the
 // next token of the key's row), its own expiry on the server clock (renewed by
@@ -247,14 +247,15 @@
 // value; its Refresh and Release find it there) and the mutex's places writers'.
 //
 // A release that finds places queued (and a ForceRelease, which frees every permit,
-// and a waiter giving up) locks the row the same way, deletes the permit (or place), sets the row's expiry to
-// the latest live permit's, and does not hand the permit over: it bumps the woken
-// counter of the places the key now admits (the first n - held places of a
+// and a waiter giving up) locks the row the same way and deletes the permit (or
+// place); it does not hand the permit over, and leaves the row's expiry bound as it
+// was (an upper bound: it only has to be at least every live permit's). It bumps the
+// woken counter of the places the key now admits (the first n - held places of a
 // semaphore; of a read-write key, the leading run of readers when no writer holds, or
-// the first place, a writer, when no one holds) and, after its commit, ends the
-// waits of their clients' listening connections with KILL QUERY, as a mutex's handoff
-// does. The listener's wait returns at once while a place of its connection has a
-// woken count it has not delivered (so a KILL that came between its statements is not
+// the first place, a writer, when no one holds) and, after its commit, ends the waits
+// of their clients' listening connections with KILL QUERY, as a mutex's handoff does.
+// The listener's wait returns at once while a place of its connection has a woken
+// count it has not delivered (so a KILL that came between its statements is not
 // lost), and its read of the grants handed to its places reads those counts too; the
 // woken waiter attempts again, FIFO-checked, and takes the permit. Such a release
 // that leaves no permit and no place makes the row a released mutex's again.

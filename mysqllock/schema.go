@@ -31,8 +31,8 @@ func (b *Backend) prepare(ctx context.Context) (prepared, error) {
 	all := []string{q.acquire, q.acquireFast, q.heldTTL, q.owned, q.refresh, q.release, q.handoff, q.force,
 		q.enqueue, q.requeue, q.mark, q.withdraw, q.waitState, q.lapse, q.setValue}
 	if b.semErr == nil {
-		all = append(all, sq.lockRow, sq.insertRow, sq.places, sq.permits, sq.grant, sq.putPermit, sq.extend, sq.reenter,
-			sq.mutexGrant, sq.updatePlace, sq.newPlace, sq.bound, sq.refresh, sq.owned, sq.setValue, sq.release, sq.isState,
+		all = append(all, sq.lockRow, sq.insertRow, sq.places, sq.grant, sq.putPermit, sq.extend, sq.reenter,
+			sq.mutexGrant, sq.updatePlace, sq.newPlace, sq.refresh, sq.owned, sq.setValue, sq.release, sq.isState,
 			sq.reset, sq.clearPermits, sq.readGrant, sq.permitGrant, sq.quickRelease)
 	}
 	for _, s := range all {
@@ -171,15 +171,15 @@ func newStatements(table string) statements {
 		// The places already delivered are a comma-separated list of ids
 		// (FIND_IN_SET), so that the statement's text does not change and it
 		// is prepared once.
-		// The places woken by a semaphore's release (their woken counter
-		// bumped) count like grants not yet delivered: "id:woken" not in the
-		// list of those already delivered.
+		// The places woken by a semaphore's release (their woken count
+		// bumped to an odd number, see semaphore.go) count like grants not yet
+		// delivered: "id:woken" not in the list of those already delivered.
 		sleep: "SELECT IF(EXISTS(SELECT 1 FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
 			"WHERE q.conn = ? AND l.expires_at > " + now + " AND FIND_IN_SET(q.id, ?) = 0) OR EXISTS(SELECT 1 FROM " + qt + " w " +
-			"WHERE w.conn = ? AND w.woken > 0 AND FIND_IN_SET(CONCAT(w.id, ':', w.woken), ?) = 0), 0, GET_LOCK(?, 3600))",
+			"WHERE w.conn = ? AND w.woken % 2 = 1 AND FIND_IN_SET(CONCAT(w.id, ':', w.woken), ?) = 0), 0, GET_LOCK(?, 3600))",
 		grants: "SELECT q.id, q.lock_key, q.owner, q.nonce, l.token, 0 FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
 			"WHERE q.conn = ? AND l.expires_at > " + now +
-			" UNION ALL SELECT w.id, w.lock_key, w.owner, '', 0, w.woken FROM " + qt + " w WHERE w.conn = ? AND w.woken > 0",
+			" UNION ALL SELECT w.id, w.lock_key, w.owner, '', 0, w.woken FROM " + qt + " w WHERE w.conn = ? AND w.woken % 2 = 1",
 		setValue: "UPDATE " + t + " SET value = ? WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
 		queue: "SELECT q.owner, q.value, TIMESTAMPDIFF(MICROSECOND, " + now + ", q.expires_at), q.shared FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now +
 			" AND q.id > IFNULL((SELECT l.handed FROM " + t + " l WHERE l.lock_key = q.lock_key), 0) ORDER BY q.id",

@@ -40,9 +40,9 @@ var (
 
 // semStatements is the SQL of semaphores and read-write locks.
 type semStatements struct {
-	lockRow, insertRow, places, permits, grant, putPermit, extend, reenter   string
+	lockRow, insertRow, places, grant, putPermit, extend, reenter            string
 	mutexGrant, updatePlace, newPlace, toState, convertHolder, convertPlaces string
-	reset, clearPermits, bound, woke, refresh, owned, setValue, release      string
+	reset, clearPermits, woke, refresh, owned, setValue, release             string
 	isState, holders, readGrant, permitGrant, quickRelease                   string
 }
 
@@ -56,9 +56,10 @@ func newSemStatements(table string) semStatements {
 		insertRow: "INSERT IGNORE INTO " + t + " (lock_key, owner, token, expires_at) VALUES (?, '', FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000), '" + released + "')",
 		// places: every place of the key, with whether it is live and not yet
 		// handed the key by a mutex's handoff.
-		places: "SELECT id, owner, lim, shared, conn, expires_at > " + now + " AND id > ? FROM " + qt + " WHERE lock_key = ? ORDER BY id",
-		permits: "SELECT owner, token, shared, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at) FROM " + pt +
-			" WHERE lock_key = ? AND expires_at > " + now + " ORDER BY token",
+		// and (kind 1) its live permits, oldest first, in one read.
+		places: "SELECT 0, id, owner, lim, shared, conn, expires_at > " + now + " AND id > ?, woken % 2 FROM " + qt + " WHERE lock_key = ? " +
+			"UNION ALL SELECT 1, token, owner, 0, shared, 0, 1, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at) FROM " + pt +
+			" WHERE lock_key = ? AND expires_at > " + now + " ORDER BY 1, 2",
 		// grant makes the row a state row of the given limit (if it is not),
 		// takes the next token and keeps the row's expiry at least the new
 		// permit's (@dlock_exp, which putPermit writes).
@@ -69,8 +70,12 @@ func newSemStatements(table string) semStatements {
 		extend:  "UPDATE " + t + " SET expires_at = GREATEST(expires_at, @dlock_exp := " + now + " + INTERVAL ? MICROSECOND) WHERE lock_key = ?",
 		reenter: "UPDATE " + pt + " SET expires_at = @dlock_exp, value = ? WHERE lock_key = ? AND owner = ?",
 		// mutexGrant: a free state row becomes a mutex's grant.
-		mutexGrant:  "UPDATE " + t + " SET token = LAST_INSERT_ID(token + 1), owner = ?, value = ?, queued = 0, expires_at = " + now + " + INTERVAL ? MICROSECOND WHERE lock_key = ?",
-		updatePlace: "UPDATE " + qt + " SET conn = ?, value = ?, ttl = ?, lim = ?, shared = ?, expires_at = " + now + " + INTERVAL ? MICROSECOND WHERE id = ?",
+		mutexGrant: "UPDATE " + t + " SET token = LAST_INSERT_ID(token + 1), owner = ?, value = ?, queued = 0, expires_at = " + now + " + INTERVAL ? MICROSECOND WHERE lock_key = ?",
+		// updatePlace renews a place its waiter's refused attempt keeps: no
+		// longer pending (an even woken count), so the next release that
+		// admits it wakes it again.
+		updatePlace: "UPDATE " + qt + " SET conn = ?, value = ?, ttl = ?, lim = ?, shared = ?, expires_at = " + now + " + INTERVAL ? MICROSECOND, " +
+			"woken = woken + woken % 2 WHERE id = ?",
 		newPlace: "REPLACE INTO " + qt + " (lock_key, owner, value, conn, ttl, nonce, expires_at, lim, shared) VALUES (?, ?, ?, ?, ?, ?, " +
 			now + " + INTERVAL ? MICROSECOND, ?, ?)",
 		// A mutex's row with a reader waiting becomes a state row of limit 1, its
@@ -81,10 +86,10 @@ func newSemStatements(table string) semStatements {
 		convertPlaces: "UPDATE " + qt + " SET lim = 1 WHERE lock_key = ? AND lim = 0",
 		reset:         "UPDATE " + t + " SET owner = '', value = NULL, expires_at = '" + released + "', queued = 0 WHERE lock_key = ?",
 		clearPermits:  "DELETE FROM " + pt + " WHERE lock_key = ?",
-		bound: "UPDATE " + t + " SET expires_at = IFNULL((SELECT MAX(p.expires_at) FROM " + pt + " p WHERE p.lock_key = ? AND p.expires_at > " + now + "), '" +
-			released + "') WHERE lock_key = ?",
 		// woke is followed by the ids: (?, ?, ...).
-		woke: "UPDATE " + qt + " SET woken = woken + 1 WHERE id IN ",
+		// woke marks places woken (an odd count, pending) that are not
+		// already; it is followed by the ids: (?, ?, ...).
+		woke: "UPDATE " + qt + " SET woken = woken + 1 WHERE woken % 2 = 0 AND id IN ",
 		// refresh extends a permit and its state row's expiry in one statement.
 		refresh: "UPDATE " + t + " l STRAIGHT_JOIN " + pt + " p ON p.lock_key = l.lock_key SET p.expires_at = " + now + " + INTERVAL ? MICROSECOND, " +
 			"l.expires_at = GREATEST(l.expires_at, " + now + " + INTERVAL ? MICROSECOND) " +
@@ -140,12 +145,13 @@ type semRow struct {
 func (r semRow) state() bool { return r.exists && r.owner == stateOwner }
 
 type semPlace struct {
-	id     uint64
-	owner  string
-	limit  int
-	shared bool
-	conn   uint64
-	live   bool // live and not yet handed the key by a mutex's handoff
+	id      uint64
+	owner   string
+	limit   int
+	shared  bool
+	conn    uint64
+	live    bool // live and not yet handed the key by a mutex's handoff
+	pending bool // woken, and its waiter has not attempted since
 }
 
 type semPermit struct {
@@ -239,15 +245,25 @@ func (b *Backend) readState(ctx context.Context, tx *sql.Tx, key, owner string) 
 		s.row.limit, _ = strconv.Atoi(string(lim))
 		s.row.limit = max(s.row.limit, 1)
 	}
-	rows, err = b.txQuery(ctx, tx, b.sq.places, s.row.handed, key)
+	rows, err = b.txQuery(ctx, tx, b.sq.places, s.row.handed, key, key)
 	if err != nil {
 		return s, err
 	}
 	for rows.Next() {
+		var kind int
 		var p semPlace
-		if err = rows.Scan(&p.id, &p.owner, &p.limit, &p.shared, &p.conn, &p.live); err != nil {
+		var us int64
+		if err = rows.Scan(&kind, &p.id, &p.owner, &p.limit, &p.shared, &p.conn, &p.live, &us); err != nil {
 			break
 		}
+		if kind == 1 {
+			// The permits of a mutex's row are stale: a state row has them.
+			if s.row.state() {
+				s.permits = append(s.permits, semPermit{owner: p.owner, token: p.id, shared: p.shared, us: us})
+			}
+			continue
+		}
+		p.pending = us == 1
 		p.limit = max(p.limit, 1)
 		if p.owner == owner {
 			s.mine = &p
@@ -255,20 +271,6 @@ func (b *Backend) readState(ctx context.Context, tx *sql.Tx, key, owner string) 
 		if p.live {
 			s.places = append(s.places, p)
 		}
-	}
-	if err = driver.Join(err, rows.Err(), rows.Close()); err != nil || !s.row.state() {
-		return s, err
-	}
-	rows, err = b.txQuery(ctx, tx, b.sq.permits, key)
-	if err != nil {
-		return s, err
-	}
-	for rows.Next() {
-		var p semPermit
-		if err = rows.Scan(&p.owner, &p.token, &p.shared, &p.us); err != nil {
-			break
-		}
-		s.permits = append(s.permits, p)
 	}
 	return s, driver.Join(err, rows.Err(), rows.Close())
 }
@@ -472,7 +474,7 @@ func (b *Backend) semAttempt(ctx context.Context, tx *sql.Tx, req driver.Request
 			if out, err = b.semPlace(ctx, tx, req, s, limit, conn, len(ahead)); err != nil {
 				return out, err
 			}
-			out.wake = s.wakeSet()
+			out.wake = notPending(s.wakeSet())
 			return out, b.bump(ctx, tx, out.wake)
 		}
 		return b.semTake(ctx, tx, req, s, lim, ttl)

@@ -60,10 +60,7 @@ func (b *Backend) semFree(ctx context.Context, key, owner string, withdraw bool)
 			_, err = b.txExec(ctx, tx, b.sq.clearPermits, key)
 			return err
 		}
-		if _, err := b.txExec(ctx, tx, b.sq.bound, key, key); err != nil {
-			return err
-		}
-		wake = s.wakeSet()
+		wake = notPending(s.wakeSet())
 		return b.bump(ctx, tx, wake)
 	})
 	if err != nil {
@@ -90,6 +87,18 @@ func removePermit(ps []semPermit, owner string) []semPermit {
 	out := ps[:0:0]
 	for _, p := range ps {
 		if p.owner != owner {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// notPending leaves out the places already woken whose waiters have not
+// attempted since: they will (their listener delivers the wake-up once).
+func notPending(ps []semPlace) []semPlace {
+	out := ps[:0:0]
+	for _, p := range ps {
+		if !p.pending {
 			out = append(out, p)
 		}
 	}
