@@ -47,7 +47,7 @@
 //	    expires_at DATETIME(6) NOT NULL,     -- the place lapses: now + patience
 //	    lim        INT NOT NULL DEFAULT 0,   -- a semaphore's limit (0: a mutex's place)
 //	    shared     TINYINT NOT NULL DEFAULT 0, -- a reader's place
-//	    woken      BIGINT UNSIGNED NOT NULL DEFAULT 0, -- bumped by a release that admits it
+//	    woken      BIGINT UNSIGNED NOT NULL DEFAULT 0, -- odd: woken by a release, not yet attempted
 //	    UNIQUE KEY place (lock_key, owner), KEY conn (conn)
 //	) ENGINE=InnoDB;
 //	CREATE TABLE dlock_locks_sem (           -- permits: semaphores and read-write locks
@@ -249,15 +249,17 @@
 // A release that finds places queued (and a ForceRelease, which frees every permit,
 // and a waiter giving up) locks the row the same way and deletes the permit (or
 // place); it does not hand the permit over, and leaves the row's expiry bound as it
-// was (an upper bound: it only has to be at least every live permit's). It bumps the
-// woken counter of the places the key now admits (the first n - held places of a
+// was (an upper bound: it only has to be at least every live permit's). It makes the
+// woken count odd (pending) of the places the key now admits (the first n - held places of a
 // semaphore; of a read-write key, the leading run of readers when no writer holds, or
 // the first place, a writer, when no one holds) and, after its commit, ends the waits
 // of their clients' listening connections with KILL QUERY, as a mutex's handoff does.
 // The listener's wait returns at once while a place of its connection has a woken
 // count it has not delivered (so a KILL that came between its statements is not
 // lost), and its read of the grants handed to its places reads those counts too; the
-// woken waiter attempts again, FIFO-checked, and takes the permit. Such a release
+// woken waiter attempts again, FIFO-checked, and takes the permit; refused, its
+// attempt makes the count even, so that a later release wakes it again, while a
+// pending place is not woken twice. Such a release
 // that leaves no permit and no place makes the row a released mutex's again.
 //
 // With no place queued there is a shorter path. A reader's grant on a read-write
