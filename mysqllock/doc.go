@@ -249,18 +249,19 @@
 // A release that finds places queued (and a ForceRelease, which frees every permit,
 // and a waiter giving up) locks the row the same way and deletes the permit (or
 // place); it does not hand the permit over, and leaves the row's expiry bound as it
-// was (an upper bound: it only has to be at least every live permit's). It makes the
-// woken count odd (pending) of the places the key now admits (the first n - held places of a
-// semaphore; of a read-write key, the leading run of readers when no writer holds, or
-// the first place, a writer, when no one holds) and, after its commit, ends the waits
-// of their clients' listening connections with KILL QUERY, as a mutex's handoff does.
-// The listener's wait returns at once while a place of its connection has a woken
-// count it has not delivered (so a KILL that came between its statements is not
-// lost), and its read of the grants handed to its places reads those counts too; the
-// woken waiter attempts again, FIFO-checked, and takes the permit; refused, its
-// attempt makes the count even, so that a later release wakes it again, while a
-// pending place is not woken twice. Such a release
-// that leaves no permit and no place makes the row a released mutex's again.
+// was (an upper bound: it only has to be at least every live permit's). It makes odd
+// (pending) the woken count of the places the key now admits that are not pending
+// already (the first n - held places of a semaphore; of a read-write key, the leading
+// run of readers when no writer holds, or the first place, a writer, when no one
+// holds) and, after its commit, ends the waits of their clients' listening
+// connections with KILL QUERY, as a mutex's handoff does. The listener's wait returns
+// at once while a pending place of its connection has a count it has not delivered
+// (so a KILL that came between its statements is not lost), and its read of the
+// grants handed to its places reads those counts too. The woken waiter attempts
+// again, FIFO-checked, and takes the permit; refused, its attempt makes the count
+// even, so that a later release wakes it again (a pending place is not woken twice).
+// Such a release that leaves no permit and no place makes the row a released mutex's
+// again.
 //
 // With no place queued there is a shorter path. A reader's grant on a read-write
 // key with no writer's permit, or a permit's on a semaphore of the request's limit
