@@ -67,12 +67,12 @@ func (b *Backend) settleDrop(pk placeKey) bool {
 	if !ok {
 		return false
 	}
-	if d := v.(*drop); d.cancel(b) {
+	d := v.(*drop)
+	if d.cancel(b) {
 		b.dropping.CompareAndDelete(pk, d)
 		return true
-	} else {
-		<-d.done
 	}
+	<-d.done // the deletion of this owner's last place first
 	return false
 }
 
