@@ -414,13 +414,13 @@ package pglock
 import (
 	"context"
 	"net/url"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/permits"
 )
 
 // Scheme is the URL scheme of this backend, registered with package driver;
@@ -460,11 +460,10 @@ type Backend struct {
 
 	// semErr says why semaphores cannot work (no usable permit table), or nil.
 	semErr error
-	// semGrants remembers the (key, owner) grants this client took as semaphore
+	// grants remembers the (key, owner) grants this client took as semaphore
 	// permits, so that Refresh, Release and SetValue try the permit table first
 	// for them (and the lock table first for every other).
-	semGrants sync.Map     // driver.Holder -> bool (a reader's permit)
-	semCount  atomic.Int64 // entries in semGrants
+	grants permits.Set
 }
 
 var (

@@ -17,11 +17,11 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	err := b.either(key, owner,
+	err := b.grants.Either(key, owner, b.semErr == nil,
 		func() error { return b.refresh(ctx, key, owner, ttl) },
 		func() error { return b.semRefresh(ctx, key, owner, ttl) })
 	if errors.Is(err, driver.ErrNotHeld) {
-		b.forgetSem(key, owner)
+		b.grants.Forget(key, owner)
 	}
 	return err
 }
@@ -77,10 +77,10 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	err := b.either(key, owner,
+	err := b.grants.Either(key, owner, b.semErr == nil,
 		func() error { return b.release(ctx, key, owner) },
 		func() error {
-			if b.isShared(key, owner) {
+			if b.grants.Shared(key, owner) {
 				if handled, err := b.readRelease(ctx, key, owner); handled {
 					return err
 				}
@@ -88,7 +88,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 			return b.semHandOff(ctx, "release", b.sql.semRelease, key, owner)
 		})
 	if err == nil || errors.Is(err, driver.ErrNotHeld) {
-		b.forgetSem(key, owner)
+		b.grants.Forget(key, owner)
 	}
 	return err
 }
@@ -214,7 +214,7 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte)
 	if len(value) == 0 {
 		value = nil // none
 	}
-	err := b.either(key, owner,
+	err := b.grants.Either(key, owner, b.semErr == nil,
 		func() error { return b.setValue(ctx, key, owner, value) },
 		func() error { return b.semSetValue(ctx, key, owner, value) })
 	if errors.Is(err, driver.ErrNotHeld) {

@@ -57,7 +57,7 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
 		}
 		if ok {
-			b.rememberSem(req.Key, req.Owner, true)
+			b.grants.Remember(req.Key, req.Owner, true)
 			return driver.Grant{Token: uint64(token)}, nil
 		}
 	}
@@ -86,7 +86,7 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		return driver.Grant{}, mismatch(req.Key, *have, req.Limit)
 	}
 	if granted && token != nil {
-		b.rememberSem(req.Key, req.Owner, req.Shared)
+		b.grants.Remember(req.Key, req.Owner, req.Shared)
 		return driver.Grant{Token: uint64(*token)}, nil
 	}
 	held := &driver.HeldError{}
@@ -179,59 +179,6 @@ func (b *Backend) readRelease(ctx context.Context, key, owner string) (handled b
 		return true, driver.ErrNotHeld
 	}
 	return true, nil
-}
-
-// rememberSem records that owner's grant of key was taken as a permit, and whether
-// it is a reader's.
-func (b *Backend) rememberSem(key, owner string, shared bool) {
-	if _, had := b.semGrants.Swap(driver.Holder{Key: key, Owner: owner}, shared); !had {
-		b.semCount.Add(1)
-	}
-}
-
-// isShared reports whether this client took owner's grant of key as a reader's
-// permit.
-func (b *Backend) isShared(key, owner string) bool {
-	if b.semCount.Load() == 0 {
-		return false
-	}
-	v, ok := b.semGrants.Load(driver.Holder{Key: key, Owner: owner})
-	return ok && v.(bool)
-}
-
-// isSem reports whether this client took owner's grant of key as a permit.
-func (b *Backend) isSem(key, owner string) bool {
-	if b.semCount.Load() == 0 {
-		return false // no map lookup on a client that holds no permit
-	}
-	_, ok := b.semGrants.Load(driver.Holder{Key: key, Owner: owner})
-	return ok
-}
-
-// forgetSem forgets that owner's grant of key was a permit.
-func (b *Backend) forgetSem(key, owner string) {
-	if b.semCount.Load() == 0 {
-		return
-	}
-	if _, ok := b.semGrants.LoadAndDelete(driver.Holder{Key: key, Owner: owner}); ok {
-		b.semCount.Add(-1)
-	}
-}
-
-// either runs the operation on owner's grant of key in the table where this client
-// last saw it (permit first for a grant it took as a permit, the lock table first
-// for any other) and, when that says ErrNotHeld and semaphores work, in the other:
-// a mutex grant costs nothing more unless it is not held.
-func (b *Backend) either(key, owner string, mutex, sem func() error) error {
-	first, second := mutex, sem
-	if b.isSem(key, owner) {
-		first, second = sem, mutex
-	}
-	err := first()
-	if errors.Is(err, driver.ErrNotHeld) && b.semErr == nil {
-		err = second()
-	}
-	return err
 }
 
 // semRefresh extends owner's permit of key (lock_row, then sem_refresh).
