@@ -75,7 +75,14 @@ func StartMariaDB(t TB, extra ...string) *MariaDB {
 	} else if u, err := user.Current(); err == nil {
 		runAs = []string{"--user=" + u.Username}
 	}
-	initArgs := append([]string{"--no-defaults", "--datadir=" + s.DataDir, "--auth-root-authentication-method=socket",
+	// A temporary directory of its own: a starting server deletes every "#sql"
+	// file in its tmpdir (temporary tables left by a crash), which in a shared /tmp
+	// are those of the other servers and installs running at the same time.
+	tmpDir := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmpDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	initArgs := append([]string{"--no-defaults", "--datadir=" + s.DataDir, "--tmpdir=" + tmpDir, "--auth-root-authentication-method=socket",
 		"--skip-test-db", "--skip-name-resolve"}, runAs...)
 	cmd := exec.Command(install, initArgs...)
 	cmd.Dir = dir
@@ -95,7 +102,7 @@ func StartMariaDB(t TB, extra ...string) *MariaDB {
 	for range 3 {
 		port := FreePort(t)
 		args := append([]string{"--no-defaults", "--datadir=" + s.DataDir, "--port=" + strconv.Itoa(port),
-			"--bind-address=127.0.0.1", "--socket=" + s.Socket, "--pid-file=" + filepath.Join(dir, "mariadbd.pid"),
+			"--bind-address=127.0.0.1", "--socket=" + s.Socket, "--tmpdir=" + tmpDir, "--pid-file=" + filepath.Join(dir, "mariadbd.pid"),
 			"--skip-name-resolve", "--init-file=" + initFile, "--log-error=" + filepath.Join(dir, "error.log"),
 			"--innodb-buffer-pool-size=64M", "--max-connections=400"}, runAs...)
 		args = append(args, extra...)
