@@ -633,7 +633,9 @@ func testCrashedWaiter(t *testing.T, srv *testserver.Postgres) {
 	}
 	crashed := h.Open(t)
 	defer crashed.Close()
-	req := driver.Request{Key: key, Owner: "crashed-waiter", TTL: time.Minute, Wait: true, Patience: 500 * time.Millisecond}
+	// Its place lives 3 s: long enough for the next waiter to queue behind it on
+	// a loaded machine, short enough to wait for.
+	req := driver.Request{Key: key, Owner: "crashed-waiter", TTL: time.Minute, Wait: true, Patience: 3 * time.Second}
 	if _, err := crashed.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
 		t.Fatalf("crashed waiter's attempt: %v", err)
 	}
