@@ -23,7 +23,7 @@ func (b *Backend) AcquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 	}
 	for i := 0; ; i++ {
 		gs, err := b.acquireAll(ctx, reqs)
-		if err == nil || i == 8 || !isErr(err, 1213) || ctx.Err() != nil {
+		if err == nil || i == 8 || !retryable(err) || ctx.Err() != nil {
 			return gs, err
 		}
 	}
@@ -47,7 +47,7 @@ func (b *Backend) acquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 		}
 		if err != nil {
 			_ = tx.Rollback()
-			if isErr(err, 1213) {
+			if retryable(err) {
 				return nil, err // run again by AcquireAll
 			}
 			return nil, b.ctxErr(ctx, fmt.Errorf("acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))

@@ -498,7 +498,7 @@ func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Resu
 		if st := b.stmts[query]; st == nil || isErr(err, errTooManyPrepared) {
 			res, err = b.db.ExecContext(ctx, query, args...)
 		}
-		if err == nil || i == 16 || !isErr(err, 1213) || ctx.Err() != nil {
+		if err == nil || i == 16 || !retryable(err) || ctx.Err() != nil {
 			return res, err
 		}
 		// After a jittered pause that grows, so that the transactions that met
@@ -516,6 +516,12 @@ func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Resu
 // errTooManyPrepared is ER_MAX_PREPARED_STMT_COUNT_REACHED: the server holds
 // max_prepared_stmt_count prepared statements already.
 const errTooManyPrepared = 1461
+
+// retryable reports whether err ended a statement or transaction that changed
+// nothing and may simply run again: InnoDB chose it as a deadlock's victim (1213),
+// or it waited for a row lock longer than the session's innodb_lock_wait_timeout
+// (1205; see "Cancelled calls" in the package documentation).
+func retryable(err error) bool { return isErr(err, 1213) || isErr(err, 1205) }
 
 func isErr(err error, number uint16) bool {
 	var me *mysql.MySQLError

@@ -115,6 +115,12 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = driver.DefaultOpenTimeout
 	}
+	// A statement waits at most a second for a row lock (see "Cancelled calls"
+	// in the package documentation); the driver sets it on each new connection.
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["innodb_lock_wait_timeout"] = lockWaitTimeout
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: mysqllock: URL %s: %v", driver.ErrInvalid, driver.Redact(u), err)
@@ -139,7 +145,10 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 
 // New returns a backend on an existing pool (made with the go-sql-driver/mysql
 // driver), which the caller keeps owning (Close does not close it). Like Open, it
-// creates the table if needed.
+// creates the table if needed. The pool's sessions keep their own
+// innodb_lock_wait_timeout; Open's set one second (see "Cancelled calls" in the
+// package documentation), which a pool made for dlock should set too
+// (mysql.Config.Params).
 func New(ctx context.Context, pool *sql.DB, opts ...Option) (*Backend, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: mysqllock: nil *sql.DB", driver.ErrInvalid)
@@ -153,6 +162,9 @@ func New(ctx context.Context, pool *sql.DB, opts ...Option) (*Backend, error) {
 
 // authErr marks the server refusing the credentials or a privilege with
 // driver.ErrAuth.
+// lockWaitTimeout is the session's innodb_lock_wait_timeout, in seconds.
+const lockWaitTimeout = "1"
+
 func authErr(err error) error {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {

@@ -1,0 +1,90 @@
+package mysqllock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/internal/testserver"
+	"github.com/dlockio/dlock/mysqllock"
+)
+
+// TestLockWait: a statement of dlock's waits at most about a second for a key's row
+// lock (innodb_lock_wait_timeout on its sessions). A call cut short while its
+// statement waits leaves that statement on the server (the driver closes the
+// connection, which the server sees only when the statement ends): it must not
+// linger there, holding a connection, for the server's default 50 s. A call that
+// does not give up runs its statement again and is granted once the row is free.
+func TestLockWait(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	db := admin(t, srv)
+	b := open(t, srv.URL())
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	key := drivertest.Key(t, "k")
+	req := driver.Request{Key: key, Owner: "first", TTL: 10 * time.Second}
+	if _, err := b.Acquire(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, key, "first"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another session holds the key's row.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "SELECT token FROM `"+mysqllock.DefaultTable+"` WHERE lock_key = ? FOR UPDATE", key); err != nil {
+		t.Fatal(err)
+	}
+
+	short, stop := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err = b.Acquire(short, driver.Request{Key: key, Owner: "gone", TTL: 10 * time.Second})
+	stop()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("an acquire cut short behind a held row: %v, want DeadlineExceeded", err)
+	}
+	// Its statement ends on the server within the lock wait timeout (well before
+	// the server's default of 50 s).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND info LIKE ?",
+			"%INTO `"+mysqllock.DefaultTable+"`%").Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the statement of an acquire cut short still waits on the server after 10 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// A call that waits longer than the lock wait timeout runs its statement
+	// again, and is granted once the row is free.
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "patient", TTL: 10 * time.Second})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("granted while another session holds the row: %v", err)
+	case <-time.After(2500 * time.Millisecond): // past two lock wait timeouts
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("an acquire that outwaited the lock wait timeout: %v, want granted", err)
+	}
+}
