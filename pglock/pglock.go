@@ -382,8 +382,9 @@
 // reader's transaction sets plan_cache_mode=force_generic_plan for its own
 // statements (set_config, local to the transaction, in read_lock): their plans are
 // made once per connection. Measured (pg_stat_statements and the server's CPU time,
-// 16 readers of one key): server CPU per read 1.54-1.62 ms before, 1.24-1.39 ms
-// after in runs of 3,000 reads; 1.05 and 0.99 ms in runs of 12,000. The setting
+// 16 readers of one key): server CPU per read 1.54-1.62 ms before and 1.24 ms
+// after in runs of 3,000 reads (1.32-1.39 ms with the setting for the whole
+// session); 1.05 and 0.99 ms in runs of 12,000. The setting
 // is not used for the whole session: there it made the mutex's hot key slower (176-265
 // against 260-336 acquisitions/s; why was not examined).
 //
