@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
@@ -34,5 +35,25 @@ func BenchmarkContended(b *testing.B) {
 	srv := testserver.StartMariaDB(b)
 	for _, w := range []int{2, 16} {
 		drivertest.BenchContended(b, harness(b, srv), w)
+	}
+}
+
+// BenchmarkSemaphore: acquisitions/s of a semaphore of 4 permits and of a mutex,
+// with 1, 4 and 16 workers (each its own client: a pool and a listener).
+func BenchmarkSemaphore(b *testing.B) {
+	srv := testserver.StartMariaDB(b)
+	for _, w := range []int{1, 4, 16} {
+		for _, limit := range []int{1, 4} {
+			drivertest.BenchSemaphore(b, harness(b, srv), limit, w)
+		}
+	}
+}
+
+// BenchmarkReaders: reads/s of 1 and of 16 readers of a read-write lock, each
+// holding for 5ms: readers hold together, so 16 should reach many times one.
+func BenchmarkReaders(b *testing.B) {
+	srv := testserver.StartMariaDB(b)
+	for _, r := range []int{1, 16} {
+		drivertest.BenchReaders(b, harness(b, srv), r, 5*time.Millisecond)
 	}
 }

@@ -45,8 +45,25 @@
 //	    ttl        BIGINT UNSIGNED NOT NULL DEFAULT 0, -- its grant's TTL (µs)
 //	    nonce      VARBINARY(16) NOT NULL DEFAULT '', -- written by the place's insert
 //	    expires_at DATETIME(6) NOT NULL,     -- the place lapses: now + patience
+//	    lim        INT NOT NULL DEFAULT 0,   -- a semaphore's limit (0: a mutex's place)
+//	    shared     TINYINT NOT NULL DEFAULT 0, -- a reader's place
+//	    woken      BIGINT UNSIGNED NOT NULL DEFAULT 0, -- odd: woken by a release, not yet attempted
 //	    UNIQUE KEY place (lock_key, owner), KEY conn (conn)
 //	) ENGINE=InnoDB;
+//	CREATE TABLE dlock_locks_sem (           -- permits: semaphores and read-write locks
+//	    lock_key   VARBINARY(512) NOT NULL,
+//	    owner      VARBINARY(128) NOT NULL,
+//	    token      BIGINT UNSIGNED NOT NULL, -- taken from the key's row
+//	    expires_at DATETIME(6) NOT NULL,     -- server clock, UTC
+//	    value      VARBINARY(4096) NULL,
+//	    shared     TINYINT NOT NULL DEFAULT 0, -- a reader's
+//	    PRIMARY KEY (lock_key, owner)
+//	) ENGINE=InnoDB;
+//
+// The permit table is made at Open like the others; a user that can neither make
+// nor use it keeps working mutexes, and its semaphore and shared lock calls fail
+// with an error matching driver.ErrUnsupported. A table name may therefore not end
+// in "_sem" (nor "_queue").
 //
 // Using them needs SELECT, INSERT, UPDATE and DELETE on both tables; waking a waiter
 // of another MySQL user needs the CONNECTION ADMIN (MySQL 8) or CONNECTION ADMIN /
@@ -87,7 +104,7 @@
 //
 // The statements with parameters that the hot paths run are prepared once on each
 // connection that first runs them (server-side prepared statements, about 15 per
-// connection of the pool, counted against the server's max_prepared_stmt_count,
+// connection of the pool, and about 20 more on connections that run semaphores' statements, counted against the server's max_prepared_stmt_count,
 // closed by Close), so that each is one round trip; database/sql would otherwise
 // prepare, run and close every one of them (two round trips). A server at that
 // limit gets the statement as before (prepared, run and closed).
@@ -206,10 +223,89 @@
 // each key's count of live places. Both are reads for administrators, not for a hot
 // path.
 //
-// Not offered (yet): semaphores and read-write locks (a Lock with dlock.WithLimit
-// above 1 or dlock.WithShared fails with an error matching dlock.ErrUnsupported,
-// changing nothing), and a holder watch (dlock.Client.Observe reads the key every
+// Not offered (yet): a holder watch (dlock.Client.Observe reads the key every
 // WithObserveInterval).
+//
+// # Semaphores and read-write locks
+//
+// A lock call with dlock.WithLimit(n > 1) takes one of n permits (driver.Semaphorer),
+// one with dlock.WithShared a reader's grant (driver.Sharer); a plain call on such a
+// key is a writer. The key's row becomes a state row: owner '#' (no owner id can be
+// '#'), value its limit in decimal (1 for a read-write key), token the key's one
+// sequence, queued 2, expires_at at least the latest expiry of its live permits. Each
+// holder is a row of the permit table with its own token (the row's, plus one, in the
+// same transaction: every grant of a key, mutex, permit, reader or writer, takes the
+// next token of the key's row), its own expiry on the server clock (renewed by
+// Refresh of (key, owner), in one statement that extends the state row's expiry too;
+// a crashed holder's permit lapses after its TTL) and value.
+//
+// The mutex statements never take a state row: acquireFast takes only a row whose
+// queued mark is 0 and says refusedHeld + 2 of a live state row; the full acquire
+// statement and ForceRelease's handoff skip owner '#'; release, handoff, refresh and
+// SetValue compare an owner id, which is never '#'. A mutex attempt so refused (or
+// one whose full statement refused a free row: one read tells) is decided by the
+// semaphore path, which refuses it with driver.ErrLimitMismatch on a semaphore's key,
+// and treats it as a writer on a read-write key (a writer finding the key free takes
+// it back as a plain mutex's row). Refresh, Release and SetValue go to the permit
+// table for a grant this client took as a permit, and otherwise there only when the
+// mutex statement says not held: a mutex's cycle costs what it did.
+//
+// A semaphore attempt is one transaction: SELECT the key's row FOR UPDATE, read its
+// live places and permits, decide, write, commit (a new key's row is first inserted
+// released, on its own: many locking reads of a missing row deadlock when they all
+// insert). It is granted when the free permits outnumber the live places ahead of the
+// caller's (a newcomer has every place ahead: no newcomer takes a permit a waiter
+// waits for); a reader when no writer holds and only readers are ahead of it (so a
+// reader arriving behind a queued writer waits); a writer when no one holds and no
+// place is ahead. A refused attempt that waits writes its place (its limit, whether
+// it is a reader, its client's listening connection) at the end of the line, or
+// renews it. A key with no live permit and no live place is free: the next attempt
+// sets its limit; otherwise another limit, a reader on a semaphore's key, or a mutex
+// on either is refused with driver.ErrLimitMismatch, writing nothing. A reader that
+// waits behind a mutex's holder turns the key into a read-write key in its
+// transaction: the holder's grant becomes a writer's permit (same token, expiry and
+// value; its Refresh and Release find it there) and the mutex's places writers'.
+//
+// A release that finds places queued (and a ForceRelease, which frees every permit,
+// and a waiter giving up) locks the row the same way and deletes the permit (or
+// place); it does not hand the permit over, and leaves the row's expiry bound as it
+// was (an upper bound: it only has to be at least every live permit's). It makes odd
+// (pending) the woken count of the places the key now admits that are not pending
+// already (the first n - held places of a semaphore; of a read-write key, the leading
+// run of readers when no writer holds, or the first place, a writer, when no one
+// holds) and, after its commit, ends the waits of their clients' listening
+// connections with KILL QUERY, as a mutex's handoff does. The listener's wait returns
+// at once while a pending place of its connection has a count it has not delivered
+// (so a KILL that came between its statements is not lost), and its read of the
+// grants handed to its places reads those counts too. The woken waiter attempts
+// again, FIFO-checked, and takes the permit; refused, its attempt makes the count
+// even, so that a later release wakes it again (a pending place is not woken twice).
+// Such a release that leaves no permit and no place makes the row a released mutex's
+// again.
+//
+// With no place queued there is a shorter path. A reader's grant on a read-write
+// key with no writer's permit, or a permit's on a semaphore of the request's limit
+// with a permit free, is one UPDATE of the row (the next token and the expiry bound,
+// guarded by reads of the permits and of the live places) and the permit's INSERT,
+// in one transaction: the row is locked for one statement and the commit. A
+// permit's release is one DELETE of the permit joined to the row (share-locked);
+// it leaves the row's expiry bound as it was and the row a state row, free to the
+// next attempt of any kind once no permit is live. Statements that lock a key's row
+// and a permit lock the row first (STRAIGHT_JOIN), so they do not deadlock.
+//
+// Costs: with no place queued, a permit's or a reader's grant is four round trips
+// (BEGIN, UPDATE, INSERT, COMMIT) and a commit, against a mutex's one; its release
+// one statement, like a mutex's; its refresh one statement. Otherwise an attempt or
+// a release is a transaction of six to eight round trips that holds the key's row
+// lock. Waiting costs what a mutex's does (the same listener), but a freed permit is
+// taken by the woken waiter's own attempt: one KILL, one read by the listener, and
+// the waiter's transaction, not a handoff in the releasing statement. Not promised
+// beyond a mutex's: the FIFO gaps named under Waiting; a woken waiter that crashed
+// holds up the permits it was woken for until its place lapses (its patience); a
+// permit that expires (a crashed holder) wakes no one, and waiters take it on their
+// fallback retry, which waits at most until the first permit's expiry; a crashed
+// holder's expired permit row stays until the key is free and taken with another
+// limit or by a mutex. AcquireAll refuses a key whose row is a state row.
 //
 // # Safety model
 //

@@ -36,8 +36,8 @@ const DefaultTable = "dlock_locks"
 
 // Backend is the MySQL/MariaDB backend. It implements driver.Backend,
 // driver.Notifier, driver.Inspector, driver.ForceReleaser, driver.Valuer,
-// driver.MultiAcquirer, driver.Queuer and driver.Lister, and is safe for concurrent
-// use.
+// driver.MultiAcquirer, driver.Queuer, driver.Lister, driver.Semaphorer and
+// driver.Sharer, and is safe for concurrent use.
 type Backend struct {
 	config
 	db       *sql.DB
@@ -54,6 +54,11 @@ type Backend struct {
 	dmu      sync.Mutex
 	dq       []*drop     // deletions scheduled, under dmu
 	dtimer   *time.Timer // runs them (runDrops), nil if none is scheduled; under dmu
+
+	sq        semStatements
+	semErr    error        // why semaphores and read-write locks do not work (no permit table), or nil
+	semGrants sync.Map     // placeKey -> struct{}: grants this client took as permits
+	semCount  atomic.Int64 // entries in semGrants
 }
 
 var (
@@ -61,6 +66,8 @@ var (
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Notifier      = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)
+	_ driver.Semaphorer    = (*Backend)(nil)
+	_ driver.Sharer        = (*Backend)(nil)
 )
 
 func newBackend(ctx context.Context, db *sql.DB, opts []Option) (*Backend, error) {
@@ -77,7 +84,8 @@ func newBackend(ctx context.Context, db *sql.DB, opts []Option) (*Backend, error
 		return nil, err
 	}
 	b.q = newStatements(b.table)
-	stmts, err := b.q.prepare(ctx, db)
+	b.sq = newSemStatements(b.table)
+	stmts, err := b.prepare(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +131,44 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if b.closed.Load() {
 		return driver.Grant{}, driver.ErrClosed
 	}
+	if req.Limit > 1 || req.Shared {
+		return b.semAcquire(ctx, req)
+	}
+	// A plain attempt on a key whose row is a state row (a semaphore's or a
+	// read-write key's) is decided by the semaphore path, and one that the
+	// semaphore path finds a mutex's row again by the mutex path.
+	sem := b.semPlaced(req.Key, req.Owner)
+	for i := 0; ; i++ {
+		var g driver.Grant
+		var err error
+		if sem {
+			g, err = b.semAcquire(ctx, req)
+			if !errors.Is(err, errMutexRow) {
+				return g, err
+			}
+		} else {
+			g, err = b.acquireMutex(ctx, req)
+			if !errors.Is(err, errStateRow) {
+				return g, err
+			}
+		}
+		if i == 4 {
+			return driver.Grant{}, &driver.HeldError{}
+		}
+		sem = !sem
+	}
+}
+
+// semPlaced reports whether the caller's place was made (or last renewed) by
+// the semaphore path.
+func (b *Backend) semPlaced(key, owner string) bool {
+	v, ok := b.places.Load(placeKey{key, owner})
+	return ok && v.(*place).sem.Load()
+}
+
+// acquireMutex is an attempt at a mutex: see Acquire. It returns errStateRow when
+// it finds the key's row a state row.
+func (b *Backend) acquireMutex(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	if req.Wait {
 		if tok, nonce, ok := b.lst.takeHanded(req.Key, req.Owner); ok && b.ownPlace(req.Key, req.Owner, nonce) {
 			if g, ok := b.handedGrant(req.Key, req.Owner, tok); ok {
@@ -139,6 +185,9 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	skipped := req.Wait && b.lst.firstAttempt(req.Key, req.Owner) && b.contended(req.Key)
 	if !skipped {
 		if g, r, err = b.attempt(ctx, req); err != nil {
+			return driver.Grant{}, err
+		}
+		if err := b.stateRefusal(ctx, req.Key, r); err != nil {
 			return driver.Grant{}, err
 		}
 		if r != granted && !req.Wait {
@@ -174,6 +223,9 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			}
 		}
 		if g, r, err = b.attempt(ctx, req); err != nil {
+			return driver.Grant{}, err
+		}
+		if err := b.stateRefusal(ctx, req.Key, r); err != nil {
 			return driver.Grant{}, err
 		}
 		if r != granted {
@@ -214,6 +266,9 @@ func (b *Backend) refused(ctx context.Context, req driver.Request) (driver.Grant
 	if err != nil {
 		return driver.Grant{}, ws, b.ctxErr(ctx, err)
 	}
+	if ws.state {
+		return driver.Grant{}, ws, errStateRow
+	}
 	if ws.claim {
 		if g, ok := b.handedGrant(req.Key, req.Owner, ws.tok); ok {
 			return g, ws, nil
@@ -233,7 +288,7 @@ func (b *Backend) refused(ctx context.Context, req driver.Request) (driver.Grant
 func (b *Backend) waitState(ctx context.Context, key, owner string) (ws waitState, err error) {
 	var handed bool
 	var nonce []byte
-	err = b.queryRow(ctx, b.q.waitState, owner, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued, &ws.mine)
+	err = b.queryRow(ctx, b.q.waitState, owner, owner, owner, key).Scan(&ws.us, &handed, &nonce, &ws.tok, &ws.consumed, &ws.queued, &ws.mine, &ws.state)
 	if errors.Is(err, sql.ErrNoRows) {
 		return waitState{}, nil
 	}
@@ -250,6 +305,7 @@ type waitState struct {
 	claim                  bool
 	tok                    uint64
 	consumed, queued, mine bool
+	state                  bool // the row is a state row (see semaphore.go)
 }
 
 // contendedFor is how long after this client handed a key on to a waiter its
@@ -277,7 +333,29 @@ const (
 	refused              // held by another owner, or places queued ahead
 	heldUnmarked         // held, and the row is not marked queued
 	heldMarked           // held, and the row is marked queued
+	heldState            // a live state row (a semaphore's or a read-write key's)
+	refusedFree          // free but marked queued, and refused by the FIFO check (or a state row)
 )
+
+// stateRefusal returns errStateRow when an attempt's refusal says, or leaves
+// open, that the key's row is a state row (one read in the second case: an
+// attempt without a place refused by the full statement).
+func (b *Backend) stateRefusal(ctx context.Context, key string, r refusal) error {
+	switch r {
+	case heldState:
+		return errStateRow
+	case refusedFree:
+		var state bool
+		err := b.queryRow(ctx, b.sq.isState, key).Scan(&state)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return b.ctxErr(ctx, err)
+		}
+		if state {
+			return errStateRow
+		}
+	}
+	return nil
+}
 
 // attempt runs the acquire statement once: acquireFast for a caller with no place
 // made by this client, and acquire (FIFO among the places) for a waiter with one,
@@ -294,9 +372,17 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant
 			return driver.Grant{}, heldUnmarked, nil
 		case last == refusedHeld+1:
 			return driver.Grant{}, heldMarked, nil
+		case last == refusedHeld+stateQueued:
+			return driver.Grant{}, heldState, nil
 		}
 		// refusedQueued: places are queued, and the full statement decides
 		// whether the caller is ahead of every live one.
+		g, ok, _, err = b.upsert(ctx, req, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
+			req.Key, req.Owner, req.Key, req.Owner, req.Key, req.Owner, req.Reenter)
+		if err != nil || !ok {
+			return driver.Grant{}, refusedFree, err
+		}
+		return g, granted, nil
 	}
 	g, ok, _, err := b.upsert(ctx, req, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
 		req.Key, req.Owner, req.Key, req.Owner, req.Key, req.Owner, req.Reenter)
@@ -324,7 +410,7 @@ func (b *Backend) upsert(ctx context.Context, req driver.Request, stmt string, a
 	if n == 1 || n == 2 {
 		return driver.Grant{Token: uint64(last)}, true, 0, nil
 	}
-	if req.Reenter && (stmt != b.q.acquireFast || last > refusedHeld+1) {
+	if req.Reenter && (stmt != b.q.acquireFast || last > refusedHeld+stateQueued) {
 		// A re-entry that set the same expiry (within the same microsecond)
 		// changed nothing: read whether the row is the caller's.
 		var tok uint64
@@ -356,7 +442,11 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	}
 	// Zero rows changed: not held, or the same expiry written again within a
 	// microsecond.
-	return b.updateOwned(ctx, key, owner, b.q.refresh, micros(ttl), key, owner)
+	return b.either(key, owner, func() error {
+		return b.updateOwned(ctx, key, owner, b.q.refresh, micros(ttl), key, owner)
+	}, func() error {
+		return b.semRefresh(ctx, key, owner, ttl)
+	})
 }
 
 // updateOwned runs stmt, an UPDATE of the row of key that compares owner and its
@@ -385,6 +475,17 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
+	err := b.either(key, owner, func() error {
+		return b.releaseMutex(ctx, key, owner)
+	}, func() error {
+		return b.semRelease(ctx, key, owner)
+	})
+	b.forgetSem(key, owner)
+	return err
+}
+
+// releaseMutex releases a mutex's grant.
+func (b *Backend) releaseMutex(ctx context.Context, key, owner string) error {
 	if _, hot := b.hot.LoadAndDelete(key); !hot {
 		res, err := b.exec(ctx, b.q.release, key, owner)
 		if err != nil {
@@ -439,6 +540,16 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	if err != nil {
 		return driver.Info{}, b.ctxErr(ctx, err)
 	}
+	if string(owner) == stateOwner {
+		_, hs, err := b.Holders(ctx, key)
+		if err != nil {
+			return driver.Info{}, err
+		}
+		if len(hs) == 0 {
+			return driver.Info{}, driver.ErrNotHeld
+		}
+		return hs[0], nil
+	}
 	return driver.Info{Key: key, Owner: string(owner), Token: tok, TTL: time.Duration(us) * time.Microsecond, Waiters: waiters, Value: val}, nil
 }
 
@@ -448,7 +559,11 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, v []byte) err
 		return driver.ErrClosed
 	}
 	// Zero rows changed: not held, or the same value written again.
-	return b.updateOwned(ctx, key, owner, b.q.setValue, value(v), key, owner)
+	return b.either(key, owner, func() error {
+		return b.updateOwned(ctx, key, owner, b.q.setValue, value(v), key, owner)
+	}, func() error {
+		return b.semSetValue(ctx, key, owner, v)
+	})
 }
 
 // value is the column value of a grant's value: NULL for none.
@@ -464,7 +579,12 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	return b.handOn(ctx, b.q.force, key)
+	err := b.handOn(ctx, b.q.force, key)
+	if errors.Is(err, driver.ErrNotHeld) && b.semErr == nil {
+		// Not a mutex's live row: perhaps a state row, whose permits go.
+		err = b.semFree(ctx, key, "", false)
+	}
+	return err
 }
 
 // Close implements driver.Backend: when the backend was made by Open, it closes the

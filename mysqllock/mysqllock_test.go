@@ -126,6 +126,7 @@ func testURLParameters(t *testing.T, srv *testserver.MariaDB) {
 		withQuery(srv.URL(), "sql_mode", "ANSI"),
 		withQuery(srv.URL(), "clientFoundRows", "true"),
 		withQuery(srv.URL(), "table", "Bad-Name"),
+		withQuery(srv.URL(), "table", "locks_sem"),
 		withQuery(srv.URL(), "tls", "nonsense"),
 		withQuery(srv.URL(), "max_conns", "2"),
 		strings.TrimSuffix(srv.URL(), "/"+srv.Database),

@@ -6,9 +6,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlockio/dlock/driver"
@@ -22,6 +24,7 @@ type placeKey struct{ key, owner string }
 type place struct {
 	since time.Time
 	nonce string
+	sem   atomic.Bool // made or renewed by the semaphore path
 }
 
 func newPlace() *place {
@@ -42,16 +45,11 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	}
 	pk := placeKey{req.Key, req.Owner}
 	stmt := b.q.enqueue
-	if v, ok := b.dropping.Load(pk); ok {
-		if d := v.(*drop); d.cancel(b) {
-			b.dropping.CompareAndDelete(pk, d)
-			// This owner's last place, which had its turn, is still there:
-			// the new place replaces it (deleted and inserted at the end of
-			// the line, in one statement).
-			stmt = b.q.requeue
-		} else {
-			<-d.done // the deletion of this owner's last place first
-		}
+	if b.settleDrop(pk) {
+		// This owner's last place, which had its turn, is still there: the new
+		// place replaces it (deleted and inserted at the end of the line, in
+		// one statement).
+		stmt = b.q.requeue
 	}
 	// Remembered before the insert is sent: a withdrawal deletes the place even
 	// if the reply to the insert never came.
@@ -60,6 +58,22 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 		return false, b.ctxErr(ctx, err)
 	}
 	return !had, nil
+}
+
+// settleDrop cancels the scheduled deletion of the place pk, and reports whether
+// it did (the place is still there), or waits for the deletion under way.
+func (b *Backend) settleDrop(pk placeKey) bool {
+	v, ok := b.dropping.Load(pk)
+	if !ok {
+		return false
+	}
+	d := v.(*drop)
+	if d.cancel(b) {
+		b.dropping.CompareAndDelete(pk, d)
+		return true
+	}
+	<-d.done // the deletion of this owner's last place first
+	return false
 }
 
 // dropPlace deletes the caller's place, if this client made one.
@@ -234,6 +248,12 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	if _, ok := b.places.Load(placeKey{w.key, w.owner}); !ok {
 		return nil
 	}
+	if b.semPlaced(w.key, w.owner) {
+		// Deleted under the key's row lock, waking the places its going may
+		// let in.
+		b.places.Delete(placeKey{w.key, w.owner})
+		return b.semFree(ctx, w.key, w.owner, true)
+	}
 	// The place lapses first, so that no release hands it the key after this;
 	// then a grant already handed to it (Acquire returned it or not) is handed
 	// on, and the place is deleted.
@@ -248,6 +268,10 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		if err := b.handOn(ctx, b.q.handoff, w.key, w.owner); err != nil && !errors.Is(err, driver.ErrNotHeld) {
 			return err
 		}
+	}
+	if ws.state {
+		b.places.Delete(placeKey{w.key, w.owner})
+		return b.semFree(ctx, w.key, w.owner, true)
 	}
 	return b.ctxErr(ctx, b.dropPlace(ctx, w.key, w.owner))
 }
@@ -405,12 +429,13 @@ func (l *listener) loop(ctx context.Context, c listening, done chan struct{}) {
 	defer c.sleep.Close()
 	defer c.grants.Close()
 	delivered := map[uint64]bool{} // places whose grant was delivered, while they are there
-	l.run(ctx, c, delivered)
+	woken := map[uint64]uint64{}   // places woken by a semaphore's release: their woken count delivered
+	l.run(ctx, c, delivered, woken)
 }
 
 // run is the listener's loop: wait until a KILL QUERY (or a grant not yet
 // delivered), deliver the grants, again; on an error it stops.
-func (l *listener) run(ctx context.Context, c listening, delivered map[uint64]bool) {
+func (l *listener) run(ctx context.Context, c listening, delivered map[uint64]bool, woken map[uint64]uint64) {
 	for {
 		// The wait checks for grants not yet delivered first: a KILL QUERY
 		// that came between two statements (and ended none) is not lost. A KILL
@@ -420,8 +445,12 @@ func (l *listener) run(ctx context.Context, c listening, delivered map[uint64]bo
 		for p := range delivered {
 			ids += "," + strconv.FormatUint(p, 10)
 		}
+		wids := "0"
+		for p, n := range woken {
+			wids += "," + strconv.FormatUint(p, 10) + ":" + strconv.FormatUint(n, 10)
+		}
 		var slept sql.NullInt64
-		err := c.sleep.QueryRowContext(ctx, c.id, ids, c.name).Scan(&slept)
+		err := c.sleep.QueryRowContext(ctx, c.id, ids, c.id, wids, c.name).Scan(&slept)
 		if err != nil && ctx.Err() == nil && isErr(err, 1317) { // interrupted
 			err = nil
 		}
@@ -429,7 +458,7 @@ func (l *listener) run(ctx context.Context, c listening, delivered map[uint64]bo
 			err = errors.New("the listener's anchor connection is gone")
 		}
 		for i := 0; err == nil; i++ {
-			err = l.deliver(ctx, c.grants, c.id, delivered)
+			err = l.deliver(ctx, c.grants, c.id, delivered, woken)
 			if err == nil || ctx.Err() != nil || !isErr(err, 1317) || i == 3 {
 				break
 			}
@@ -458,8 +487,8 @@ func (l *listener) stop(ctx context.Context) {
 // deliver reads the grants handed to the places of this listening connection (one
 // read) and gives each to its waiter. A grant whose waiter is gone is left to that
 // waiter's Stop, which hands it on. delivered is updated to the places read.
-func (l *listener) deliver(ctx context.Context, grants *sql.Stmt, id uint64, delivered map[uint64]bool) error {
-	rows, err := grants.QueryContext(ctx, id)
+func (l *listener) deliver(ctx context.Context, grants *sql.Stmt, id uint64, delivered map[uint64]bool, woken map[uint64]uint64) error {
+	rows, err := grants.QueryContext(ctx, id, id)
 	if err != nil {
 		return err
 	}
@@ -471,12 +500,23 @@ func (l *listener) deliver(ctx context.Context, grants *sql.Stmt, id uint64, del
 	}
 	var gs []grant
 	clear(delivered)
+	was := maps.Clone(woken)
+	clear(woken)
 	for rows.Next() {
-		var p uint64
+		var p, w uint64
 		var k, o, n []byte
 		var tok uint64
-		if err := rows.Scan(&p, &k, &o, &n, &tok); err != nil {
+		if err := rows.Scan(&p, &k, &o, &n, &tok, &w); err != nil {
 			return err
+		}
+		if tok == 0 {
+			// A place woken by a semaphore's release: its waiter attempts
+			// again (once per bump).
+			woken[p] = w
+			if was[p] != w {
+				gs = append(gs, grant{key: string(k), owner: string(o)})
+			}
+			continue
 		}
 		delivered[p] = true
 		gs = append(gs, grant{string(k), string(o), n, tok})
@@ -488,7 +528,9 @@ func (l *listener) deliver(ctx context.Context, grants *sql.Stmt, id uint64, del
 	for w := range l.waiters {
 		for _, g := range gs {
 			if w.key == g.key && w.owner == g.owner {
-				w.handed, w.nonce = g.tok, g.nonce
+				if g.tok != 0 {
+					w.handed, w.nonce = g.tok, g.nonce
+				}
 				w.wake()
 			}
 		}

@@ -22,7 +22,7 @@ const queueSuffix = "_queue"
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // WithTable sets the lock table: lower-case letters, digits and underscores,
-// starting with a letter or underscore, at most 58 bytes, not ending in "_queue", in the URL's database.
+// starting with a letter or underscore, at most 58 bytes, not ending in "_queue" or "_sem", in the URL's database.
 // Clients that should contend for the same locks must use the same table; clients
 // with different tables never meet.
 func WithTable(name string) Option {
@@ -32,6 +32,9 @@ func WithTable(name string) Option {
 		}
 		if strings.HasSuffix(name, queueSuffix) {
 			return fmt.Errorf("%w: table %q ends in %q, which names the queue of table %q", driver.ErrInvalid, name, queueSuffix, strings.TrimSuffix(name, queueSuffix))
+		}
+		if strings.HasSuffix(name, permitSuffix) {
+			return fmt.Errorf("%w: table %q ends in %q, which names the permit table of table %q", driver.ErrInvalid, name, permitSuffix, strings.TrimSuffix(name, permitSuffix))
 		}
 		c.table = name
 		return nil

@@ -22,14 +22,21 @@ type statements struct {
 // prepare, execute and close it every time (two round trips and a third packet).
 type prepared map[string]*sql.Stmt
 
-// prepare prepares the statements of q that the hot paths run with parameters.
-// A server that holds max_prepared_stmt_count prepared statements already gets
-// none (the backend then sends them as before).
-func (q *statements) prepare(ctx context.Context, db *sql.DB) (prepared, error) {
+// prepare prepares the statements that the hot paths run with parameters (of
+// semaphores too when they work). A server that holds max_prepared_stmt_count
+// prepared statements already gets none (the backend then sends them as before).
+func (b *Backend) prepare(ctx context.Context) (prepared, error) {
+	q, sq := &b.q, &b.sq
 	p := prepared{}
-	for _, s := range []string{q.acquire, q.acquireFast, q.heldTTL, q.owned, q.refresh, q.release, q.handoff, q.force,
-		q.enqueue, q.requeue, q.mark, q.withdraw, q.waitState, q.lapse, q.setValue} {
-		st, err := db.PrepareContext(ctx, s)
+	all := []string{q.acquire, q.acquireFast, q.heldTTL, q.owned, q.refresh, q.release, q.handoff, q.force,
+		q.enqueue, q.requeue, q.mark, q.withdraw, q.waitState, q.lapse, q.setValue}
+	if b.semErr == nil {
+		all = append(all, sq.lockRow, sq.insertRow, sq.places, sq.grant, sq.putPermit, sq.extend, sq.reenter,
+			sq.mutexGrant, sq.updatePlace, sq.newPlace, sq.refresh, sq.owned, sq.setValue, sq.release, sq.isState,
+			sq.reset, sq.clearPermits, sq.readGrant, sq.permitGrant, sq.quickRelease)
+	}
+	for _, s := range all {
+		st, err := b.db.PrepareContext(ctx, s)
 		if err != nil {
 			p.close()
 			if isErr(err, errTooManyPrepared) {
@@ -104,7 +111,8 @@ func newStatements(table string) statements {
 			// @dlock_free: the row is free (released or expired) and no live
 			// place of another owner, not yet handed the key, is queued ahead of
 			// the caller's (FIFO).
-			"token = LAST_INSERT_ID(IF(@dlock_free := (expires_at <= " + now + " AND NOT EXISTS (SELECT 1 FROM " + qt +
+			// A state row (owner '#', see semaphore.go) is never free here.
+			"token = LAST_INSERT_ID(IF(@dlock_free := (expires_at <= " + now + " AND owner <> '" + stateOwner + "' AND NOT EXISTS (SELECT 1 FROM " + qt +
 			" a WHERE a.lock_key = ? AND a.owner <> ? AND a.expires_at > " + now + " AND a.id > handed" +
 			" AND a.id < IFNULL(" + mine + ", 18446744073709551615))), token + 1, token)), " +
 			// The caller's place, if any, has had its turn: a release does not
@@ -126,7 +134,8 @@ func newStatements(table string) statements {
 		// left to handoff.
 		release: "UPDATE " + t + " SET owner = '', value = NULL, expires_at = '" + released + "' WHERE lock_key = ? AND owner = ? AND expires_at > " + now + " AND queued = 0",
 		handoff: handoff("l.owner = ? AND "),
-		force:   handoff(""),
+		// force leaves a state row (a semaphore's, see semaphore.go) alone.
+		force: handoff("l.owner <> '" + stateOwner + "' AND "),
 		inspect: "SELECT owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
 			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + " AND q.id > l.handed) FROM " + t + " l WHERE lock_key = ? AND expires_at > " + now,
 		// A place's nonce is written by the insert alone: a grant handed to the
@@ -148,7 +157,7 @@ func newStatements(table string) statements {
 		// the key was handed to the caller's place on this client's listening
 		// connection (and its token), and whether that place has had its turn.
 		waitState: "SELECT IF(l.expires_at > " + now + ", TIMESTAMPDIFF(MICROSECOND, " + now + ", l.expires_at), 0), " +
-			"IFNULL(l.owner = ? AND l.expires_at > " + now + " AND m.id = l.handed, 0), IFNULL(m.nonce, ''), l.token, IFNULL(m.id <= l.handed, 0), l.queued, l.owner = ? AND l.expires_at > " + now + " " +
+			"IFNULL(l.owner = ? AND l.expires_at > " + now + " AND m.id = l.handed, 0), IFNULL(m.nonce, ''), l.token, IFNULL(m.id <= l.handed, 0), l.queued <> 0, l.owner = ? AND l.expires_at > " + now + ", l.owner = '" + stateOwner + "' " +
 			"FROM " + t + " l LEFT JOIN " + qt + " m ON m.lock_key = l.lock_key AND m.owner = ? WHERE l.lock_key = ?",
 		// grants: the live grants handed to places of a listening connection.
 		// sleep: the listener's wait, unless a grant not yet delivered is
@@ -162,12 +171,17 @@ func newStatements(table string) statements {
 		// The places already delivered are a comma-separated list of ids
 		// (FIND_IN_SET), so that the statement's text does not change and it
 		// is prepared once.
+		// The places woken by a semaphore's release (their woken count
+		// bumped to an odd number, see semaphore.go) count like grants not yet
+		// delivered: "id:woken" not in the list of those already delivered.
 		sleep: "SELECT IF(EXISTS(SELECT 1 FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
-			"WHERE q.conn = ? AND l.expires_at > " + now + " AND FIND_IN_SET(q.id, ?) = 0), 0, GET_LOCK(?, 3600))",
-		grants: "SELECT q.id, q.lock_key, q.owner, q.nonce, l.token FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
-			"WHERE q.conn = ? AND l.expires_at > " + now,
+			"WHERE q.conn = ? AND l.expires_at > " + now + " AND FIND_IN_SET(q.id, ?) = 0) OR EXISTS(SELECT 1 FROM " + qt + " w " +
+			"WHERE w.conn = ? AND w.woken % 2 = 1 AND FIND_IN_SET(CONCAT(w.id, ':', w.woken), ?) = 0), 0, GET_LOCK(?, 3600))",
+		grants: "SELECT q.id, q.lock_key, q.owner, q.nonce, l.token, 0 FROM " + qt + " q JOIN " + t + " l ON l.lock_key = q.lock_key AND l.handed = q.id AND l.owner = q.owner " +
+			"WHERE q.conn = ? AND l.expires_at > " + now +
+			" UNION ALL SELECT w.id, w.lock_key, w.owner, '', 0, w.woken FROM " + qt + " w WHERE w.conn = ? AND w.woken % 2 = 1",
 		setValue: "UPDATE " + t + " SET value = ? WHERE lock_key = ? AND owner = ? AND expires_at > " + now,
-		queue: "SELECT q.owner, q.value, TIMESTAMPDIFF(MICROSECOND, " + now + ", q.expires_at) FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now +
+		queue: "SELECT q.owner, q.value, TIMESTAMPDIFF(MICROSECOND, " + now + ", q.expires_at), q.shared FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now +
 			" AND q.id > IFNULL((SELECT l.handed FROM " + t + " l WHERE l.lock_key = q.lock_key), 0) ORDER BY q.id",
 		list: "SELECT lock_key, owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
 			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + " AND q.id > l.handed) FROM " + t +
@@ -180,14 +194,16 @@ func newStatements(table string) statements {
 func (b *Backend) ensureSchema(ctx context.Context) error {
 	t, qt := "`"+b.table+"`", "`"+b.table+queueSuffix+"`"
 	_, err1 := b.db.ExecContext(ctx, "SELECT lock_key, owner, value, token, expires_at, queued, handed FROM "+t+" LIMIT 0")
-	_, err2 := b.db.ExecContext(ctx, "SELECT id, lock_key, owner, value, conn, ttl, nonce, expires_at FROM "+qt+" LIMIT 0")
+	_, err2 := b.db.ExecContext(ctx, "SELECT id, lock_key, owner, value, conn, ttl, nonce, expires_at, lim, shared, woken FROM "+qt+" LIMIT 0")
 	if err1 == nil && err2 == nil {
+		b.semErr = b.ensurePermits(ctx)
 		return nil
 	}
 	// Columns added since the first version: tables made before get them here.
 	added := [][]string{
 		{"value VARBINARY(4096) NULL", "handed BIGINT UNSIGNED NOT NULL DEFAULT 0"},
-		{"value VARBINARY(4096) NULL", "ttl BIGINT UNSIGNED NOT NULL DEFAULT 0", "nonce VARBINARY(16) NOT NULL DEFAULT ''"},
+		{"value VARBINARY(4096) NULL", "ttl BIGINT UNSIGNED NOT NULL DEFAULT 0", "nonce VARBINARY(16) NOT NULL DEFAULT ''",
+			"lim INT NOT NULL DEFAULT 0", "shared TINYINT NOT NULL DEFAULT 0", "woken BIGINT UNSIGNED NOT NULL DEFAULT 0"},
 	}
 	for i, err := range []error{err1, err2} {
 		if err != nil && isErr(err, 1054) { // ER_BAD_FIELD_ERROR: a table made before a column
@@ -221,12 +237,39 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 			"ttl BIGINT UNSIGNED NOT NULL DEFAULT 0, " +
 			"nonce VARBINARY(16) NOT NULL DEFAULT '', " +
 			"expires_at DATETIME(6) NOT NULL, " +
+			"lim INT NOT NULL DEFAULT 0, " +
+			"shared TINYINT NOT NULL DEFAULT 0, " +
+			"woken BIGINT UNSIGNED NOT NULL DEFAULT 0, " +
 			"UNIQUE KEY place (lock_key, owner), KEY conn (conn)" +
 			") ENGINE=InnoDB",
 	} {
 		if _, err := b.db.ExecContext(ctx, ddl); err != nil {
 			return fmt.Errorf("create table %s: %w", b.table, err)
 		}
+	}
+	b.semErr = b.ensurePermits(ctx)
+	return nil
+}
+
+// ensurePermits creates the permit table of semaphores and read-write locks
+// unless it exists, and returns why they cannot work when it is missing and
+// cannot be made (mutexes work without it).
+func (b *Backend) ensurePermits(ctx context.Context) error {
+	pt := "`" + b.table + permitSuffix + "`"
+	if _, err := b.db.ExecContext(ctx, "SELECT lock_key, owner, token, expires_at, value, shared FROM "+pt+" LIMIT 0"); err == nil {
+		return nil
+	}
+	_, err := b.db.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+pt+" ("+
+		"lock_key VARBINARY(512) NOT NULL, "+
+		"owner VARBINARY(128) NOT NULL, "+
+		"token BIGINT UNSIGNED NOT NULL, "+
+		"expires_at DATETIME(6) NOT NULL, "+
+		"value VARBINARY(4096) NULL, "+
+		"shared TINYINT NOT NULL DEFAULT 0, "+
+		"PRIMARY KEY (lock_key, owner)"+
+		") ENGINE=InnoDB")
+	if err != nil {
+		return fmt.Errorf("semaphores and read-write locks need the permit table %s, which this user could not create: %v", pt, err)
 	}
 	return nil
 }
