@@ -245,6 +245,12 @@
 // waits behind a mutex's holder turns the key into a read-write key in its
 // transaction: the holder's grant becomes a writer's permit (same token, expiry and
 // value; its Refresh and Release find it there) and the mutex's places writers'.
+// When that grant was handed by a mutex's release to a waiter's place that had not
+// claimed it yet, the waiter's next attempt claims the permit (its place's nonce
+// tells it from another client's of the same owner), and its Stop frees it. A
+// holder's re-entry (Request.Reenter) keeps its token and takes the request's
+// kind: a reader's re-entry as a writer is granted only while it is the key's one
+// holder.
 //
 // A release that finds places queued (and a ForceRelease, which frees every permit,
 // and a waiter giving up) locks the row the same way and deletes the permit (or

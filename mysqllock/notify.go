@@ -252,7 +252,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		// Deleted under the key's row lock, waking the places its going may
 		// let in.
 		b.places.Delete(placeKey{w.key, w.owner})
-		return b.semFree(ctx, w.key, w.owner, true)
+		return b.semFree(ctx, w.key, w.owner, true, "")
 	}
 	// The place lapses first, so that no release hands it the key after this;
 	// then a grant already handed to it (Acquire returned it or not) is handed
@@ -270,8 +270,13 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		}
 	}
 	if ws.state {
-		b.places.Delete(placeKey{w.key, w.owner})
-		return b.semFree(ctx, w.key, w.owner, true)
+		// A grant handed to the place that a reader has made a writer's
+		// permit since goes too.
+		var nonce string
+		if v, ok := b.places.LoadAndDelete(placeKey{w.key, w.owner}); ok {
+			nonce = v.(*place).nonce
+		}
+		return b.semFree(ctx, w.key, w.owner, true, nonce)
 	}
 	return b.ctxErr(ctx, b.dropPlace(ctx, w.key, w.owner))
 }

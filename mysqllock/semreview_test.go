@@ -1,0 +1,351 @@
+package mysqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+// Adversarial tests of semaphores and read-write locks.
+func TestSemReview(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	t.Run("ReenterReaderAsWriter", func(t *testing.T) { testReenterReaderAsWriter(t, srv) })
+	t.Run("HandedGrantConverted", func(t *testing.T) { testHandedGrantConverted(t, srv) })
+	t.Run("QuickReleaseLocksRow", func(t *testing.T) { testQuickReleaseLocksRow(t, srv) })
+	t.Run("ForceReleaseExpired", func(t *testing.T) { testForceReleaseExpired(t, srv) })
+	t.Run("StopPendingWakesNext", func(t *testing.T) { testStopPendingWakesNext(t, srv) })
+	t.Run("ExpiredPermitNotCounted", func(t *testing.T) { testExpiredPermitNotCounted(t, srv) })
+	t.Run("HandedGrantConvertedStop", func(t *testing.T) { testHandedGrantConvertedStop(t, srv) })
+	t.Run("QuickReleaseSeesPlace", func(t *testing.T) { testQuickReleaseSeesPlace(t, srv) })
+	t.Run("QuickAcquireSeesPlace", func(t *testing.T) { testQuickAcquireSeesPlace(t, srv) })
+}
+
+func reader(key, owner string) driver.Request {
+	return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Shared: true}
+}
+
+func writer(key, owner string) driver.Request {
+	return driver.Request{Key: key, Owner: owner, TTL: time.Minute}
+}
+
+// A reader's re-entry as a writer (Reenter, Shared false) while another reader
+// holds must not be granted: a writer is never beside anyone.
+func testReenterReaderAsWriter(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	const key = "reenter-rw"
+	mustAcquire(t, b, reader(key, "a"))
+	mustAcquire(t, b, reader(key, "b"))
+	req := writer(key, "a")
+	req.Reenter = true
+	if _, err := b.Acquire(ctx, req); err == nil {
+		_, hs, _ := b.Holders(ctx, key)
+		t.Fatalf("a reader re-entering as a writer beside another reader was granted; holders %+v", hs)
+	}
+	// Alone, the reader's re-entry as a writer is granted, and makes it a
+	// writer: a reader is then refused.
+	if err := b.Release(ctx, key, "b"); err != nil {
+		t.Fatal(err)
+	}
+	g := mustAcquire(t, b, req)
+	_, hs, err := b.Holders(ctx, key)
+	if err != nil || len(hs) != 1 || hs[0].Owner != "a" || hs[0].Shared || hs[0].Token != g.Token {
+		t.Fatalf("Holders after the re-entry as a writer = %+v, %v; want a's writer's grant", hs, err)
+	}
+	if _, err := b.Acquire(ctx, reader(key, "c")); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("a reader beside a writer: %v, want ErrLocked", err)
+	}
+}
+
+// A mutex's release hands the key to a queued writer; a reader then converts the
+// key (the handed grant becomes a writer's permit). The writer's next attempt must
+// get its grant, not wait for its own grant to expire.
+func testHandedGrantConverted(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b, bw, br := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer b.Close()
+	defer bw.Close()
+	defer br.Close()
+	const key = "handed-conv"
+	mustAcquire(t, b, writer(key, "h"))
+	semWaiter(t, bw, writer(key, "w"))
+	// The writer's listener does not learn of the handoff before the reader
+	// comes (a slow listener: its place names no listening connection).
+	if _, err := admin(t, srv).ExecContext(ctx, "UPDATE dlock_locks_queue SET conn = 0 WHERE lock_key = ?", key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, key, "h"); err != nil {
+		t.Fatal(err)
+	}
+	semWaiter(t, br, reader(key, "r"))
+	req := writer(key, "w")
+	req.Wait, req.Patience = true, time.Minute
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	g, err := bw.Acquire(actx, req)
+	if err != nil {
+		_, hs, _ := b.Holders(ctx, key)
+		t.Fatalf("the writer handed the key, after a reader's conversion: %v; holders %+v", err, hs)
+	}
+	_, hs, err := b.Holders(ctx, key)
+	if err != nil || len(hs) != 1 || hs[0].Owner != "w" || hs[0].Token != g.Token || g.Age <= 0 {
+		t.Fatalf("grant %+v, Holders = %+v, %v; want w's writer's grant, with an age", g, hs, err)
+	}
+	if places, err := b.Queue(ctx, key); err != nil || len(places) != 1 || places[0].Owner != "r" {
+		t.Fatalf("Queue = %+v, %v; want the reader alone", places, err)
+	}
+	if err := bw.Release(ctx, key, "w"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// quickRelease share-locks the key's row: it waits for a transaction that holds
+// the row's lock (as a semaphore attempt does).
+func testQuickReleaseLocksRow(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	const key = "qr-lock"
+	mustAcquire(t, b, permit(key, "a", 2))
+	db := admin(t, srv)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var owner string
+	if err := tx.QueryRowContext(ctx, "SELECT owner FROM dlock_locks WHERE lock_key = ? FOR UPDATE", key).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Release(ctx, key, "a") }()
+	select {
+	case err := <-done:
+		t.Fatalf("the permit's release did not wait for the row's lock (%v)", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	_ = tx.Rollback()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ForceRelease of a key whose only permit expired (a crashed holder's) says no
+// one holds it.
+func testForceReleaseExpired(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	const key = "force-expired"
+	req := permit(key, "a", 2)
+	req.TTL = 300 * time.Millisecond
+	mustAcquire(t, b, req)
+	time.Sleep(500 * time.Millisecond)
+	if err := b.ForceRelease(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("ForceRelease of a key whose permit expired: %v, want ErrNotHeld", err)
+	}
+}
+
+// A woken waiter that gives up (Stop) before it attempts passes its turn on to
+// the next place.
+func testStopPendingWakesNext(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b, b1, b2 := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer b.Close()
+	defer b1.Close()
+	defer b2.Close()
+	const key = "stop-pending"
+	mustAcquire(t, b, permit(key, "h1", 2))
+	mustAcquire(t, b, permit(key, "h2", 2))
+	w1 := semWaiter(t, b1, permit(key, "w1", 2))
+	w2 := semWaiter(t, b2, permit(key, "w2", 2))
+	if err := b.Release(ctx, key, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, w1, "the first waiter was not woken")
+	if err := w1.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, w2, "the second waiter was not woken when the first gave up")
+	req := permit(key, "w2", 2)
+	req.Wait, req.Patience = true, time.Minute
+	mustAcquire(t, b2, req)
+	if places, err := b.Queue(ctx, key); err != nil || len(places) != 0 {
+		t.Fatalf("Queue = %+v, %v; want none", places, err)
+	}
+}
+
+// A permit that expired does not count: the key admits its limit of live
+// permits, and the expired holder's release, refresh and value fail.
+func testExpiredPermitNotCounted(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	const key = "expired-count"
+	req := permit(key, "a", 2)
+	req.TTL = 300 * time.Millisecond
+	ga := mustAcquire(t, b, req)
+	mustAcquire(t, b, permit(key, "b", 2))
+	time.Sleep(500 * time.Millisecond)
+	gc := mustAcquire(t, b, permit(key, "c", 2))
+	if gc.Token <= ga.Token {
+		t.Fatalf("token %d not above %d", gc.Token, ga.Token)
+	}
+	if _, err := b.Acquire(ctx, permit(key, "d", 2)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("a third permit of 2: %v, want ErrLocked", err)
+	}
+	if err := b.Refresh(ctx, key, "a", time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("Refresh of an expired permit: %v, want ErrNotHeld", err)
+	}
+	if err := b.SetValue(ctx, key, "a", []byte("x")); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("SetValue of an expired permit: %v, want ErrNotHeld", err)
+	}
+	if err := b.Release(ctx, key, "a"); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("Release of an expired permit: %v, want ErrNotHeld", err)
+	}
+	limit, hs, err := b.Holders(ctx, key)
+	if err != nil || limit != 2 || len(hs) != 2 {
+		t.Fatalf("Holders = %d, %+v, %v; want b and c", limit, hs, err)
+	}
+	// The expired holder comes back: one permit of 2 is free to it only
+	// once b or c goes.
+	if _, err := b.Acquire(ctx, permit(key, "a", 2)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("the expired holder's new attempt beside 2 live permits: %v, want ErrLocked", err)
+	}
+	if err := b.Release(ctx, key, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if g := mustAcquire(t, b, permit(key, "a", 2)); g.Token <= gc.Token {
+		t.Fatalf("token %d not above %d", g.Token, gc.Token)
+	}
+	// Every permit gone: another limit takes the key; the stale rows do not count.
+	if err := b.ForceRelease(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []string{"x", "y", "z"} {
+		mustAcquire(t, b, permit(key, o, 3))
+	}
+	if _, err := b.Acquire(ctx, permit(key, "w", 3)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("a fourth permit of 3: %v, want ErrLocked", err)
+	}
+}
+
+// placeUnderLock runs, for the test, what a waiter's refused attempt does: in one
+// transaction, lock key's row and queue a place of owner (limit lim). It returns
+// the open transaction: the row stays locked until it ends.
+func placeUnderLock(t *testing.T, db *sql.DB, key, owner string, lim int) *sql.Tx {
+	t.Helper()
+	ctx := semCtx(t)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	var o string
+	if err := tx.QueryRowContext(ctx, "SELECT owner FROM dlock_locks WHERE lock_key = ? FOR UPDATE", key).Scan(&o); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO dlock_locks_queue (lock_key, owner, conn, ttl, nonce, expires_at, lim) "+
+		"VALUES (?, ?, 0, 60000000, 'n', UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE, ?)", key, owner, lim); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// A permit's release that waits for the row's lock, held by an attempt that
+// queues a place, sees the place when it gets the lock, and wakes it.
+func testQuickReleaseSeesPlace(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	db := admin(t, srv)
+	const key = "qr-sees"
+	mustAcquire(t, b, permit(key, "a", 2))
+	mustAcquire(t, b, permit(key, "b", 2))
+	tx := placeUnderLock(t, db, key, "w", 2)
+	done := make(chan error, 1)
+	go func() { done <- b.Release(ctx, key, "a") }()
+	time.Sleep(300 * time.Millisecond)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var woken int
+	if err := db.QueryRowContext(ctx, "SELECT woken FROM dlock_locks_queue WHERE lock_key = ? AND owner = 'w'", key).Scan(&woken); err != nil {
+		t.Fatal(err)
+	}
+	if woken%2 != 1 {
+		t.Fatalf("the place queued while the release waited was not woken (woken %d)", woken)
+	}
+}
+
+// A newcomer's quick attempt that waits for the row's lock, held by an attempt
+// that queues a place, sees the place when it gets the lock: it does not pass it.
+func testQuickAcquireSeesPlace(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	db := admin(t, srv)
+	for _, c := range []struct {
+		key string
+		req driver.Request
+	}{{"qa-sees-sem", permit("qa-sees-sem", "n", 2)}, {"qa-sees-rw", reader("qa-sees-rw", "n")}} {
+		lim := c.req.Limit
+		if c.req.Shared {
+			// The key a read-write key: a reader holds, a writer queues.
+			mustAcquire(t, b, reader(c.key, "a"))
+			lim = 1
+		} else {
+			mustAcquire(t, b, permit(c.key, "a", 2))
+		}
+		tx := placeUnderLock(t, db, c.key, "w", lim)
+		done := make(chan error, 1)
+		go func() { _, err := b.Acquire(ctx, c.req); done <- err }()
+		time.Sleep(300 * time.Millisecond)
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, driver.ErrLocked) {
+			_, hs, _ := b.Holders(ctx, c.key)
+			t.Fatalf("%s: a newcomer whose attempt waited for a place's insert: %v, want ErrLocked; holders %+v", c.key, err, hs)
+		}
+	}
+}
+
+// A writer whose place a mutex's release handed the key, made a writer's permit
+// by a reader since, gives up (Stop): the permit goes, and the reader is woken.
+func testHandedGrantConvertedStop(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b, bw, br := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer b.Close()
+	defer bw.Close()
+	defer br.Close()
+	const key = "handed-conv-stop"
+	mustAcquire(t, b, writer(key, "h"))
+	w := semWaiter(t, bw, writer(key, "w"))
+	if _, err := admin(t, srv).ExecContext(ctx, "UPDATE dlock_locks_queue SET conn = 0 WHERE lock_key = ?", key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, key, "h"); err != nil {
+		t.Fatal(err)
+	}
+	r := semWaiter(t, br, reader(key, "r"))
+	if err := w.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, hs, err := b.Holders(ctx, key); err != nil || len(hs) != 0 {
+		t.Fatalf("Holders after the handed writer gave up = %+v, %v; want none", hs, err)
+	}
+	woken(t, r, "the reader was not woken when the handed writer gave up")
+	req := reader(key, "r")
+	req.Wait, req.Patience = true, time.Minute
+	mustAcquire(t, br, req)
+}
