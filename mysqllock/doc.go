@@ -291,7 +291,9 @@
 // permit that expires (a crashed holder) wakes no one, and waiters take it on their
 // fallback retry, which waits at most until the first permit's expiry; a crashed
 // holder's expired permit row stays until the key is free and taken with another
-// limit or by a mutex. AcquireAll refuses a key whose row is a state row.
+// limit or by a mutex. AcquireAll takes a key whose row is a state row with no
+// live permit and no live place as a mutex's (reading both with share locks in its
+// transaction), as Acquire does, and refuses one that has either.
 //
 // # Safety model
 //

@@ -44,6 +44,7 @@ type semStatements struct {
 	mutexGrant, updatePlace, newPlace, toState, convertHolder, convertPlaces string
 	reset, clearPermits, woke, refresh, owned, setValue, release             string
 	isState, holders, readGrant, permitGrant, quickRelease                   string
+	takenLocked                                                              string
 }
 
 func newSemStatements(table string) semStatements {
@@ -125,6 +126,10 @@ func newSemStatements(table string) semStatements {
 		quickRelease: "DELETE p FROM " + t + " l STRAIGHT_JOIN " + pt + " p ON p.lock_key = l.lock_key " +
 			"WHERE p.lock_key = ? AND p.owner = ? AND p.expires_at > " + now + " AND l.owner = '" + stateOwner + "' " +
 			"AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + " AND q.id > l.handed)",
+		// takenLocked says whether a key has a live permit or a live place,
+		// read with share locks (the latest rows, kept until the commit).
+		takenLocked: "(SELECT lock_key FROM " + pt + " WHERE lock_key = ? AND expires_at > " + now + " LIMIT 1 LOCK IN SHARE MODE) " +
+			"UNION ALL (SELECT lock_key FROM " + qt + " WHERE lock_key = ? AND expires_at > " + now + " AND id > ? LIMIT 1 LOCK IN SHARE MODE)",
 		holders: "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), value, shared FROM " + pt +
 			" WHERE lock_key = ? AND expires_at > " + now + " ORDER BY token",
 	}

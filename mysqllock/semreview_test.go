@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/testserver"
 )
@@ -21,6 +22,11 @@ func TestSemReview(t *testing.T) {
 	t.Run("StopPendingWakesNext", func(t *testing.T) { testStopPendingWakesNext(t, srv) })
 	t.Run("ExpiredPermitNotCounted", func(t *testing.T) { testExpiredPermitNotCounted(t, srv) })
 	t.Run("HandedGrantConvertedStop", func(t *testing.T) { testHandedGrantConvertedStop(t, srv) })
+	t.Run("SameOwnerTwoClients", func(t *testing.T) { testSameOwnerTwoClients(t, srv) })
+	t.Run("TokensStateMutexState", func(t *testing.T) { testTokensStateMutexState(t, srv) })
+	t.Run("ForceReleaseWakesWriterFirst", func(t *testing.T) { testForceReleaseWakesWriterFirst(t, srv) })
+	t.Run("CancelledLockLeavesNothing", func(t *testing.T) { testCancelledLockLeavesNothing(t, srv) })
+	t.Run("AcquireAllFreeStateRow", func(t *testing.T) { testAcquireAllFreeStateRow(t, srv) })
 	t.Run("QuickReleaseSeesPlace", func(t *testing.T) { testQuickReleaseSeesPlace(t, srv) })
 	t.Run("QuickAcquireSeesPlace", func(t *testing.T) { testQuickAcquireSeesPlace(t, srv) })
 }
@@ -348,4 +354,211 @@ func testHandedGrantConvertedStop(t *testing.T, srv *testserver.MariaDB) {
 	req := reader(key, "r")
 	req.Wait, req.Patience = true, time.Minute
 	mustAcquire(t, br, req)
+}
+
+// Two clients with one owner id: the second's attempt does not take over the
+// first's permit without Reenter, and Refresh, SetValue and Release of (key,
+// owner) act on that permit alone, from either client.
+func testSameOwnerTwoClients(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b1, b2 := open(t, srv.URL()), open(t, srv.URL())
+	defer b1.Close()
+	defer b2.Close()
+	const key = "same-owner"
+	for _, req := range []driver.Request{permit(key, "o", 3), reader(key+"-rw", "o")} {
+		g := mustAcquire(t, b1, req)
+		mustAcquire(t, b1, driver.Request{Key: req.Key, Owner: "other", TTL: time.Minute, Limit: req.Limit, Shared: req.Shared})
+		if _, err := b2.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
+			t.Fatalf("%s: the same owner's attempt from another client: %v, want ErrLocked", req.Key, err)
+		}
+		if err := b2.SetValue(ctx, req.Key, "o", []byte("v2")); err != nil {
+			t.Fatal(err)
+		}
+		if err := b2.Refresh(ctx, req.Key, "o", 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		_, hs, err := b1.Holders(ctx, req.Key)
+		if err != nil || len(hs) != 2 || hs[0].Owner != "o" || hs[0].Token != g.Token || string(hs[0].Value) != "v2" || hs[0].TTL < time.Minute+30*time.Second ||
+			hs[1].TTL > time.Minute || len(hs[1].Value) != 0 {
+			t.Fatalf("%s: Holders = %+v, %v", req.Key, hs, err)
+		}
+		if err := b2.Release(ctx, req.Key, "o"); err != nil {
+			t.Fatal(err)
+		}
+		if err := b1.Release(ctx, req.Key, "o"); !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("%s: second release: %v, want ErrNotHeld", req.Key, err)
+		}
+		if _, hs, err := b1.Holders(ctx, req.Key); err != nil || len(hs) != 1 || hs[0].Owner != "other" {
+			t.Fatalf("%s: Holders = %+v, %v; want other's alone", req.Key, hs, err)
+		}
+	}
+}
+
+// Tokens rise as a key goes state row (a permit released on the short path),
+// mutex row, state row, and past a crashed holder's expired permit.
+func testTokensStateMutexState(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	const key = "tokens-smm"
+	var last uint64
+	next := func(req driver.Request) {
+		t.Helper()
+		g := mustAcquire(t, b, req)
+		if g.Token <= last {
+			t.Fatalf("%s's token %d not above %d", req.Owner, g.Token, last)
+		}
+		last = g.Token
+	}
+	next(permit(key, "s1", 2))
+	if err := b.Release(ctx, key, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	next(writer(key, "m1"))
+	if err := b.Release(ctx, key, "m1"); err != nil {
+		t.Fatal(err)
+	}
+	next(reader(key, "r1"))
+	next(reader(key, "r2"))
+	if err := b.Release(ctx, key, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, key, "r2"); err != nil {
+		t.Fatal(err)
+	}
+	crashed := permit(key, "s2", 3)
+	crashed.TTL = 200 * time.Millisecond
+	next(crashed)
+	time.Sleep(300 * time.Millisecond)
+	next(writer(key, "m2"))
+	if err := b.Release(ctx, key, "m2"); err != nil {
+		t.Fatal(err)
+	}
+	crashed.Limit = 2
+	next(crashed)
+	time.Sleep(300 * time.Millisecond)
+	next(permit(key, "s3", 2))
+	next(reader(key+"x", "r3")) // another key: its own sequence
+	last = 0
+	next(permit(key, "s4", 2))
+}
+
+// ForceRelease of a read-write key with a writer queued before readers wakes the
+// writer alone; the readers after it wait for it.
+func testForceReleaseWakesWriterFirst(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b, bw, br := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer b.Close()
+	defer bw.Close()
+	defer br.Close()
+	const key = "force-rw"
+	mustAcquire(t, b, reader(key, "r0"))
+	w := semWaiter(t, bw, writer(key, "w"))
+	r := semWaiter(t, br, reader(key, "r1"))
+	if _, err := b.Acquire(ctx, reader(key, "r2")); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("a reader behind a queued writer: %v, want ErrLocked", err)
+	}
+	if err := b.ForceRelease(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, w, "the writer was not woken by the force release")
+	notWoken(t, r, 300*time.Millisecond, "a reader behind the writer was woken")
+	req := writer(key, "w")
+	req.Wait, req.Patience = true, time.Minute
+	mustAcquire(t, bw, req)
+	rreq := reader(key, "r1")
+	rreq.Wait, rreq.Patience = true, time.Minute
+	if _, err := br.Acquire(ctx, rreq); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("a reader beside the writer: %v, want ErrLocked", err)
+	}
+	if err := bw.Release(ctx, key, "w"); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, r, "the reader was not woken by the writer's release")
+	mustAcquire(t, br, rreq)
+}
+
+// Lock calls (the core's) that give up while waiting for a permit or a reader's
+// or writer's grant leave no place and no permit.
+func testCancelledLockLeavesNothing(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	const key = "cancelled"
+	mustAcquire(t, b, permit(key, "h", 2))
+	mustAcquire(t, b, permit(key, "h2", 2))
+	mustAcquire(t, b, writer(key+"-rw", "h"))
+	c, err := dlock.New(open(t, srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, k := range []struct {
+		key  string
+		opts []dlock.Option
+	}{{key, []dlock.Option{dlock.WithLimit(2)}}, {key + "-rw", []dlock.Option{dlock.WithShared()}}, {key + "-rw", nil}} {
+		for _, d := range []time.Duration{time.Millisecond, 20 * time.Millisecond, 300 * time.Millisecond} {
+			lctx, cancel := context.WithTimeout(ctx, d)
+			if _, err := c.Lock(lctx, k.key, k.opts...); err == nil {
+				t.Fatalf("%s: granted", k.key)
+			}
+			cancel()
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	for _, k := range []string{key, key + "-rw"} {
+		if places, err := b.Queue(ctx, k); err != nil || len(places) != 0 {
+			t.Fatalf("%s: Queue = %+v, %v; want none", k, places, err)
+		}
+		if _, hs, err := b.Holders(ctx, k); err != nil || len(hs) < 1 || len(hs) > 2 {
+			t.Fatalf("%s: Holders = %+v, %v", k, hs, err)
+		}
+	}
+	if err := b.Release(ctx, key+"-rw", "h"); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, b, reader(key+"-rw", "r"))
+}
+
+// AcquireAll grants a key that a semaphore's and a reader's holders have left
+// free (its row still a state row), as Acquire does, and refuses one with a
+// live permit or place, changing nothing.
+func testAcquireAllFreeStateRow(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	const k1, k2, k3 = "all-1", "all-2", "all-3"
+	mustAcquire(t, b, permit(k1, "s", 2))
+	mustAcquire(t, b, reader(k2, "r"))
+	if _, err := b.AcquireAll(ctx, []driver.Request{writer(k1, "x"), writer(k2, "x"), writer(k3, "x")}); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("AcquireAll beside a permit: %v, want ErrLocked", err)
+	}
+	if err := b.Release(ctx, k1, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.AcquireAll(ctx, []driver.Request{writer(k1, "x"), writer(k2, "x"), writer(k3, "x")}); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("AcquireAll beside a reader: %v, want ErrLocked", err)
+	}
+	if _, hs, err := b.Holders(ctx, k2); err != nil || len(hs) != 1 || hs[0].Owner != "r" {
+		t.Fatalf("Holders = %+v, %v", hs, err)
+	}
+	if err := b.Release(ctx, k2, "r"); err != nil {
+		t.Fatal(err)
+	}
+	gs, err := b.AcquireAll(ctx, []driver.Request{writer(k1, "x"), writer(k2, "x"), writer(k3, "x")})
+	if err != nil {
+		t.Fatalf("AcquireAll of keys left free by permits: %v", err)
+	}
+	for i, k := range []string{k1, k2, k3} {
+		info, err := b.Inspect(ctx, k)
+		if err != nil || info.Owner != "x" || info.Token != gs[i].Token {
+			t.Fatalf("%s: Inspect = %+v, %v; want x's grant %d", k, info, err, gs[i].Token)
+		}
+		if _, err := b.Acquire(ctx, reader(k, "r2")); !errors.Is(err, driver.ErrLocked) {
+			t.Fatalf("%s: a reader beside AcquireAll's grant: %v, want ErrLocked", k, err)
+		}
+		if err := b.Release(ctx, k, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
