@@ -54,6 +54,12 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	// Remembered before the insert is sent: a withdrawal deletes the place even
 	// if the reply to the insert never came.
 	v, had := b.places.LoadOrStore(pk, newPlace())
+	if had && v.(*place).sem.Swap(false) {
+		// A place the semaphore path made (on a state row, which is not marked
+		// queued as a mutex's row is): new to the mutex path, which marks the
+		// row for it, and whose Stop hands on a grant handed to it.
+		had = false
+	}
 	if _, err := b.exec(ctx, stmt, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}

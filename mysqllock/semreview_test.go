@@ -27,6 +27,7 @@ func TestSemReview(t *testing.T) {
 	t.Run("ForceReleaseWakesWriterFirst", func(t *testing.T) { testForceReleaseWakesWriterFirst(t, srv) })
 	t.Run("CancelledLockLeavesNothing", func(t *testing.T) { testCancelledLockLeavesNothing(t, srv) })
 	t.Run("AcquireAllFreeStateRow", func(t *testing.T) { testAcquireAllFreeStateRow(t, srv) })
+	t.Run("LapsedSemPlaceHandedStop", func(t *testing.T) { testLapsedSemPlaceHandedStop(t, srv) })
 	t.Run("QuickReleaseSeesPlace", func(t *testing.T) { testQuickReleaseSeesPlace(t, srv) })
 	t.Run("QuickAcquireSeesPlace", func(t *testing.T) { testQuickAcquireSeesPlace(t, srv) })
 }
@@ -560,5 +561,46 @@ func testAcquireAllFreeStateRow(t *testing.T, srv *testserver.MariaDB) {
 		if err := b.Release(ctx, k, "x"); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A writer's place made on a read-write key lapses; the key becomes a mutex's,
+// the writer queues again behind its holder (the mutex path), whose release
+// hands it the key; the writer gives up (Stop): the handed grant goes on, not
+// left held for a TTL.
+func testLapsedSemPlaceHandedStop(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b, bw := open(t, srv.URL()), open(t, srv.URL())
+	defer b.Close()
+	defer bw.Close()
+	db := admin(t, srv)
+	const key = "lapsed-sem-place"
+	mustAcquire(t, b, reader(key, "r0"))
+	w := semWaiter(t, bw, writer(key, "w"))
+	if _, err := db.ExecContext(ctx, "UPDATE dlock_locks_queue SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE lock_key = ?", key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, key, "r0"); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, b, writer(key, "m"))
+	req := writer(key, "w")
+	req.Wait, req.Patience = true, time.Minute
+	if _, err := bw.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("the writer's attempt beside the mutex's holder: %v, want ErrLocked", err)
+	}
+	if err := b.Release(ctx, key, "m"); err != nil {
+		t.Fatal(err)
+	}
+	// The release handed the key on: a newcomer does not pass the place.
+	if _, err := b.Acquire(ctx, writer(key, "newcomer")); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("a newcomer after the holder's release, the writer queued: %v, want ErrLocked", err)
+	}
+	woken(t, w, "the writer was not handed the key")
+	if err := w.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := b.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("Inspect after the handed writer gave up = %+v, %v; want ErrNotHeld", info, err)
 	}
 }
