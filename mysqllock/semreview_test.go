@@ -28,6 +28,8 @@ func TestSemReview(t *testing.T) {
 	t.Run("CancelledLockLeavesNothing", func(t *testing.T) { testCancelledLockLeavesNothing(t, srv) })
 	t.Run("AcquireAllFreeStateRow", func(t *testing.T) { testAcquireAllFreeStateRow(t, srv) })
 	t.Run("LapsedSemPlaceHandedStop", func(t *testing.T) { testLapsedSemPlaceHandedStop(t, srv) })
+	t.Run("HandedGrantDeliveredConverted", func(t *testing.T) { testHandedGrantDeliveredConverted(t, srv) })
+	t.Run("Stress", func(t *testing.T) { testStress(t, srv) })
 	t.Run("QuickReleaseSeesPlace", func(t *testing.T) { testQuickReleaseSeesPlace(t, srv) })
 	t.Run("QuickAcquireSeesPlace", func(t *testing.T) { testQuickAcquireSeesPlace(t, srv) })
 }
@@ -602,5 +604,43 @@ func testLapsedSemPlaceHandedStop(t *testing.T, srv *testserver.MariaDB) {
 	}
 	if info, err := b.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("Inspect after the handed writer gave up = %+v, %v; want ErrNotHeld", info, err)
+	}
+}
+
+// A writer handed the key (its listener delivered the grant) before a reader
+// made it a writer's permit: the writer's grant, its Refresh and its Release work,
+// and the release wakes the reader.
+func testHandedGrantDeliveredConverted(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b, bw, br := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer b.Close()
+	defer bw.Close()
+	defer br.Close()
+	const key = "handed-delivered"
+	mustAcquire(t, b, writer(key, "h"))
+	w := semWaiter(t, bw, writer(key, "w"))
+	if err := b.Release(ctx, key, "h"); err != nil {
+		t.Fatal(err)
+	}
+	woken(t, w, "the writer was not woken by the handoff")
+	r := semWaiter(t, br, reader(key, "r"))
+	req := writer(key, "w")
+	req.Wait, req.Patience = true, time.Minute
+	g := mustAcquire(t, bw, req)
+	_ = w.Stop(ctx, true)
+	if err := bw.Refresh(ctx, key, "w", time.Minute); err != nil {
+		t.Fatalf("Refresh: %v", err)
+	}
+	if _, hs, err := b.Holders(ctx, key); err != nil || len(hs) != 1 || hs[0].Owner != "w" || hs[0].Token != g.Token {
+		t.Fatalf("Holders = %+v, %v; want w's grant %d", hs, err, g.Token)
+	}
+	if err := bw.Release(ctx, key, "w"); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	woken(t, r, "the reader was not woken by the writer's release")
+	rreq := reader(key, "r")
+	rreq.Wait, rreq.Patience = true, time.Minute
+	if rg := mustAcquire(t, br, rreq); rg.Token <= g.Token {
+		t.Fatalf("reader's token %d not above the writer's %d", rg.Token, g.Token)
 	}
 }
