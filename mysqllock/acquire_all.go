@@ -52,6 +52,21 @@ func (b *Backend) acquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 			}
 			return nil, b.ctxErr(ctx, fmt.Errorf("acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))
 		}
+		if n != 1 && n != 2 && b.semErr == nil {
+			// A free state row (a semaphore's or a read-write key's whose
+			// holders and places are gone) is free to a mutex, as Acquire finds.
+			tok, err = b.takeFreeState(ctx, tx, req)
+			if err != nil {
+				_ = tx.Rollback()
+				if isErr(err, 1213) {
+					return nil, err // run again by AcquireAll
+				}
+				return nil, b.ctxErr(ctx, fmt.Errorf("acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))
+			}
+			if tok != 0 {
+				n = 1
+			}
+		}
 		if n != 1 && n != 2 {
 			if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 				return nil, b.ctxErr(ctx, err)
@@ -65,4 +80,35 @@ func (b *Backend) acquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 		return nil, b.ctxErr(ctx, fmt.Errorf("commit acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))
 	}
 	return gs, nil
+}
+
+// takeFreeState grants req a mutex's grant of its key, in tx, when the key's row
+// is a state row with no live permit and no live place (locking reads: the
+// transaction's snapshot may be older than this key's row lock). It returns the
+// token, or 0 when the row is not such a row.
+func (b *Backend) takeFreeState(ctx context.Context, tx *sql.Tx, req driver.Request) (int64, error) {
+	var owner string
+	var lim []byte
+	var tok, handed uint64
+	var live bool
+	err := tx.QueryRowContext(ctx, b.sq.lockRow, req.Key).Scan(&owner, &lim, &tok, &live, &handed)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && owner != stateOwner) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var k []byte
+	err = tx.QueryRowContext(ctx, b.sq.takenLocked, req.Key, req.Key, handed).Scan(&k)
+	if !errors.Is(err, sql.ErrNoRows) {
+		return 0, err // taken (nil), or the error
+	}
+	res, err := tx.ExecContext(ctx, b.sq.mutexGrant, req.Owner, value(req.Value), micros(req.TTL), req.Key)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, b.sq.clearPermits, req.Key); err != nil {
+		return 0, err
+	}
+	return res.LastInsertId()
 }

@@ -265,6 +265,12 @@
 // waits behind a mutex's holder turns the key into a read-write key in its
 // transaction: the holder's grant becomes a writer's permit (same token, expiry and
 // value; its Refresh and Release find it there) and the mutex's places writers'.
+// When that grant was handed by a mutex's release to a waiter's place that had not
+// claimed it yet, the waiter's next attempt claims the permit (its place's nonce
+// tells it from another client's of the same owner), and its Stop frees it. A
+// holder's re-entry (Request.Reenter) keeps its token and takes the request's
+// kind: a reader's re-entry as a writer is granted only while it is the key's one
+// holder.
 //
 // A release that finds places queued (and a ForceRelease, which frees every permit,
 // and a waiter giving up) locks the row the same way and deletes the permit (or
@@ -305,7 +311,9 @@
 // permit that expires (a crashed holder) wakes no one, and waiters take it on their
 // fallback retry, which waits at most until the first permit's expiry; a crashed
 // holder's expired permit row stays until the key is free and taken with another
-// limit or by a mutex. AcquireAll refuses a key whose row is a state row.
+// limit or by a mutex. AcquireAll takes a key whose row is a state row with no
+// live permit and no live place as a mutex's (reading both with share locks in its
+// transaction), as Acquire does, and refuses one that has either.
 //
 // # Safety model
 //

@@ -582,7 +582,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	err := b.handOn(ctx, b.q.force, key)
 	if errors.Is(err, driver.ErrNotHeld) && b.semErr == nil {
 		// Not a mutex's live row: perhaps a state row, whose permits go.
-		err = b.semFree(ctx, key, "", false)
+		err = b.semFree(ctx, key, "", false, "")
 	}
 	return err
 }

@@ -54,6 +54,12 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	// Remembered before the insert is sent: a withdrawal deletes the place even
 	// if the reply to the insert never came.
 	v, had := b.places.LoadOrStore(pk, newPlace())
+	if had && v.(*place).sem.Swap(false) {
+		// A place the semaphore path made (on a state row, which is not marked
+		// queued as a mutex's row is): new to the mutex path, which marks the
+		// row for it, and whose Stop hands on a grant handed to it.
+		had = false
+	}
 	if _, err := b.exec(ctx, stmt, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
@@ -252,7 +258,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		// Deleted under the key's row lock, waking the places its going may
 		// let in.
 		b.places.Delete(placeKey{w.key, w.owner})
-		return b.semFree(ctx, w.key, w.owner, true)
+		return b.semFree(ctx, w.key, w.owner, true, "")
 	}
 	// The place lapses first, so that no release hands it the key after this;
 	// then a grant already handed to it (Acquire returned it or not) is handed
@@ -270,8 +276,13 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		}
 	}
 	if ws.state {
-		b.places.Delete(placeKey{w.key, w.owner})
-		return b.semFree(ctx, w.key, w.owner, true)
+		// A grant handed to the place that a reader has made a writer's
+		// permit since goes too.
+		var nonce string
+		if v, ok := b.places.LoadAndDelete(placeKey{w.key, w.owner}); ok {
+			nonce = v.(*place).nonce
+		}
+		return b.semFree(ctx, w.key, w.owner, true, nonce)
 	}
 	return b.ctxErr(ctx, b.dropPlace(ctx, w.key, w.owner))
 }

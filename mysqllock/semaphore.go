@@ -44,6 +44,7 @@ type semStatements struct {
 	mutexGrant, updatePlace, newPlace, toState, convertHolder, convertPlaces string
 	reset, clearPermits, woke, refresh, owned, setValue, release             string
 	isState, holders, readGrant, permitGrant, quickRelease                   string
+	takenLocked                                                              string
 }
 
 func newSemStatements(table string) semStatements {
@@ -57,8 +58,8 @@ func newSemStatements(table string) semStatements {
 		// places: every place of the key, with whether it is live and not yet
 		// handed the key by a mutex's handoff.
 		// and (kind 1) its live permits, oldest first, in one read.
-		places: "SELECT 0, id, owner, lim, shared, conn, expires_at > " + now + " AND id > ?, woken % 2 FROM " + qt + " WHERE lock_key = ? " +
-			"UNION ALL SELECT 1, token, owner, 0, shared, 0, 1, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at) FROM " + pt +
+		places: "SELECT 0, id, owner, lim, shared, conn, expires_at > " + now + " AND id > ?, woken % 2, nonce FROM " + qt + " WHERE lock_key = ? " +
+			"UNION ALL SELECT 1, token, owner, 0, shared, 0, 1, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), '' FROM " + pt +
 			" WHERE lock_key = ? AND expires_at > " + now + " ORDER BY 1, 2",
 		// grant makes the row a state row of the given limit (if it is not),
 		// takes the next token and keeps the row's expiry at least the new
@@ -67,8 +68,10 @@ func newSemStatements(table string) semStatements {
 			"expires_at = GREATEST(expires_at, @dlock_exp := " + now + " + INTERVAL ? MICROSECOND) WHERE lock_key = ?",
 		putPermit: "INSERT INTO " + pt + " (lock_key, owner, token, expires_at, value, shared) VALUES (?, ?, ?, @dlock_exp, ?, ?) " +
 			"ON DUPLICATE KEY UPDATE token = VALUES(token), expires_at = VALUES(expires_at), value = VALUES(value), shared = VALUES(shared)",
-		extend:  "UPDATE " + t + " SET expires_at = GREATEST(expires_at, @dlock_exp := " + now + " + INTERVAL ? MICROSECOND) WHERE lock_key = ?",
-		reenter: "UPDATE " + pt + " SET expires_at = @dlock_exp, value = ? WHERE lock_key = ? AND owner = ?",
+		extend: "UPDATE " + t + " SET expires_at = GREATEST(expires_at, @dlock_exp := " + now + " + INTERVAL ? MICROSECOND) WHERE lock_key = ?",
+		// reenter renews the caller's permit, and sets its kind (a reader's
+		// re-entry as the key's one holder makes it a writer's, and back).
+		reenter: "UPDATE " + pt + " SET expires_at = @dlock_exp, value = ?, shared = ? WHERE lock_key = ? AND owner = ?",
 		// mutexGrant: a free state row becomes a mutex's grant.
 		mutexGrant: "UPDATE " + t + " SET token = LAST_INSERT_ID(token + 1), owner = ?, value = ?, queued = 0, expires_at = " + now + " + INTERVAL ? MICROSECOND WHERE lock_key = ?",
 		// updatePlace renews a place its waiter's refused attempt keeps: no
@@ -123,6 +126,10 @@ func newSemStatements(table string) semStatements {
 		quickRelease: "DELETE p FROM " + t + " l STRAIGHT_JOIN " + pt + " p ON p.lock_key = l.lock_key " +
 			"WHERE p.lock_key = ? AND p.owner = ? AND p.expires_at > " + now + " AND l.owner = '" + stateOwner + "' " +
 			"AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + " AND q.id > l.handed)",
+		// takenLocked says whether a key has a live permit or a live place,
+		// read with share locks (the latest rows, kept until the commit).
+		takenLocked: "(SELECT lock_key FROM " + pt + " WHERE lock_key = ? AND expires_at > " + now + " LIMIT 1 LOCK IN SHARE MODE) " +
+			"UNION ALL (SELECT lock_key FROM " + qt + " WHERE lock_key = ? AND expires_at > " + now + " AND id > ? LIMIT 1 LOCK IN SHARE MODE)",
 		holders: "SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), value, shared FROM " + pt +
 			" WHERE lock_key = ? AND expires_at > " + now + " ORDER BY token",
 	}
@@ -152,6 +159,7 @@ type semPlace struct {
 	conn    uint64
 	live    bool // live and not yet handed the key by a mutex's handoff
 	pending bool // woken, and its waiter has not attempted since
+	nonce   []byte
 }
 
 type semPermit struct {
@@ -253,7 +261,7 @@ func (b *Backend) readState(ctx context.Context, tx *sql.Tx, key, owner string) 
 		var kind int
 		var p semPlace
 		var us int64
-		if err = rows.Scan(&kind, &p.id, &p.owner, &p.limit, &p.shared, &p.conn, &p.live, &us); err != nil {
+		if err = rows.Scan(&kind, &p.id, &p.owner, &p.limit, &p.shared, &p.conn, &p.live, &us, &p.nonce); err != nil {
 			break
 		}
 		if kind == 1 {
@@ -322,7 +330,8 @@ func (s *semState) wakeSet() []semPlace {
 // semOutcome is what a semaphore attempt decided.
 type semOutcome struct {
 	granted bool
-	mutex   bool // granted as a mutex's grant (a free state row taken by a plain attempt)
+	mutex   bool          // granted as a mutex's grant (a free state row taken by a plain attempt)
+	age     time.Duration // of a grant handed to the caller's place: since the place was written
 	token   uint64
 	placed  bool // refused and queued
 	ahead   int
@@ -388,7 +397,7 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		if !out.mutex {
 			b.rememberSem(req.Key, req.Owner, req.Shared)
 		}
-		return driver.Grant{Token: out.token}, nil
+		return driver.Grant{Token: out.token, Age: out.age}, nil
 	}
 	held := &driver.HeldError{RetryAfter: out.retry}
 	if out.placed {
@@ -503,12 +512,33 @@ func (b *Backend) semAttempt(ctx context.Context, tx *sql.Tx, req driver.Request
 	writer := false
 	for _, p := range s.permits {
 		if p.owner == req.Owner {
-			if !req.Reenter {
+			// A writer's permit that a mutex's handoff gave this client's place
+			// (made a writer's by a reader since, so the mutex path no longer
+			// finds it): claimed, as the mutex path claims a handed grant.
+			// Its TTL started at the handoff, after the place was written:
+			// the grant's Age is the place's.
+			var since time.Time
+			if v, ok := b.places.Load(placeKey{req.Key, req.Owner}); ok && exclusive && !p.shared && req.Wait &&
+				s.mine != nil && s.mine.id == s.row.handed && len(s.mine.nonce) > 0 && string(s.mine.nonce) == v.(*place).nonce {
+				since = v.(*place).since
+			}
+			if !req.Reenter && since.IsZero() {
 				return semOutcome{retry: time.Duration(p.us) * time.Microsecond}, nil
+			}
+			if !since.IsZero() {
+				if _, err := b.txExec(ctx, tx, b.q.withdraw, req.Key, req.Owner); err != nil {
+					return out, err
+				}
+				return semOutcome{granted: true, token: p.token, age: max(time.Since(since), time.Nanosecond)}, nil
+			}
+			// A reader's re-entry as a writer is granted only to the key's one
+			// holder: a writer is never beside anyone.
+			if exclusive && p.shared && len(s.permits) > 1 {
+				return semOutcome{retry: b.rowTTL(s)}, nil
 			}
 			_, err := b.txExec(ctx, tx, b.sq.extend, ttl, req.Key)
 			if err == nil {
-				_, err = b.txExec(ctx, tx, b.sq.reenter, value(req.Value), req.Key, req.Owner)
+				_, err = b.txExec(ctx, tx, b.sq.reenter, value(req.Value), req.Shared, req.Key, req.Owner)
 			}
 			return semOutcome{granted: true, token: p.token}, err
 		}

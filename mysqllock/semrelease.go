@@ -13,7 +13,10 @@ import (
 // semFree frees owner's permit of key (release) or every permit (force, owner
 // ""), or withdraws owner's place (withdraw), and wakes the places the key's
 // permits then admit. It returns ErrNotHeld when no live permit was freed.
-func (b *Backend) semFree(ctx context.Context, key, owner string, withdraw bool) error {
+// A withdrawal by a waiter that gives up, whose place (of nonce) a mutex's
+// handoff gave the key that a reader has made a writer's permit since, frees
+// that permit too (as the mutex path hands on a grant handed to such a place).
+func (b *Backend) semFree(ctx context.Context, key, owner string, withdraw bool, nonce string) error {
 	if b.semErr != nil {
 		return driver.ErrNotHeld
 	}
@@ -33,6 +36,7 @@ func (b *Backend) semFree(ctx context.Context, key, owner string, withdraw bool)
 			return err
 		}
 		var res sql.Result
+		live := len(s.permits) > 0 // before a force release clears them
 		switch {
 		case withdraw:
 			if s.mine == nil {
@@ -40,6 +44,15 @@ func (b *Backend) semFree(ctx context.Context, key, owner string, withdraw bool)
 			}
 			res, err = b.txExec(ctx, tx, b.q.withdraw, key, owner)
 			s.places = removePlace(s.places, owner)
+			if err == nil && nonce != "" && s.mine.id == s.row.handed && string(s.mine.nonce) == nonce {
+				for _, p := range s.permits {
+					if p.owner == owner && !p.shared {
+						_, err = b.txExec(ctx, tx, b.sq.release, key, owner)
+						s.permits = removePermit(s.permits, owner)
+						break
+					}
+				}
+			}
 		case owner == "":
 			res, err = b.txExec(ctx, tx, b.sq.clearPermits, key)
 			s.permits = nil
@@ -51,7 +64,9 @@ func (b *Backend) semFree(ctx context.Context, key, owner string, withdraw bool)
 			return err
 		}
 		n, _ := res.RowsAffected()
-		held = n > 0
+		// A force release frees the live permits; the rows it deletes may
+		// be only expired ones.
+		held = n > 0 && (owner != "" || live)
 		if len(s.permits) == 0 && len(s.places) == 0 {
 			// No holder, no waiter: the row is a released mutex's again.
 			if _, err := b.txExec(ctx, tx, b.sq.reset, key); err != nil {
@@ -144,7 +159,7 @@ func (b *Backend) semRelease(ctx context.Context, key, owner string) error {
 			return nil
 		}
 	}
-	return b.semFree(ctx, key, owner, false)
+	return b.semFree(ctx, key, owner, false, "")
 }
 
 // semRefresh extends owner's permit of key, and its state row's expiry, in one
