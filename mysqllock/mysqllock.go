@@ -14,6 +14,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/permits"
 )
 
 // Scheme is the URL scheme of this backend, registered with package driver;
@@ -55,10 +56,9 @@ type Backend struct {
 	dq       []*drop     // deletions scheduled, under dmu
 	dtimer   *time.Timer // runs them (runDrops), nil if none is scheduled; under dmu
 
-	sq        semStatements
-	semErr    error        // why semaphores and read-write locks do not work (no permit table), or nil
-	semGrants sync.Map     // placeKey -> struct{}: grants this client took as permits
-	semCount  atomic.Int64 // entries in semGrants
+	sq     semStatements
+	semErr error       // why semaphores and read-write locks do not work (no permit table), or nil
+	grants permits.Set // grants this client took as permits
 }
 
 var (
@@ -442,7 +442,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	}
 	// Zero rows changed: not held, or the same expiry written again within a
 	// microsecond.
-	return b.either(key, owner, func() error {
+	return b.grants.Either(key, owner, b.semErr == nil, func() error {
 		return b.updateOwned(ctx, key, owner, b.q.refresh, micros(ttl), key, owner)
 	}, func() error {
 		return b.semRefresh(ctx, key, owner, ttl)
@@ -475,12 +475,12 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	if b.closed.Load() {
 		return driver.ErrClosed
 	}
-	err := b.either(key, owner, func() error {
+	err := b.grants.Either(key, owner, b.semErr == nil, func() error {
 		return b.releaseMutex(ctx, key, owner)
 	}, func() error {
 		return b.semRelease(ctx, key, owner)
 	})
-	b.forgetSem(key, owner)
+	b.grants.Forget(key, owner)
 	return err
 }
 
@@ -559,7 +559,7 @@ func (b *Backend) SetValue(ctx context.Context, key, owner string, v []byte) err
 		return driver.ErrClosed
 	}
 	// Zero rows changed: not held, or the same value written again.
-	return b.either(key, owner, func() error {
+	return b.grants.Either(key, owner, b.semErr == nil, func() error {
 		return b.updateOwned(ctx, key, owner, b.q.setValue, value(v), key, owner)
 	}, func() error {
 		return b.semSetValue(ctx, key, owner, v)

@@ -362,7 +362,7 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 			return driver.Grant{}, b.ctxErr(ctx, err)
 		}
 		if ok {
-			b.rememberSem(req.Key, req.Owner, req.Shared)
+			b.grants.Remember(req.Key, req.Owner, req.Shared)
 			return driver.Grant{Token: tok}, nil
 		}
 	}
@@ -395,7 +395,7 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 	if out.granted {
 		b.places.Delete(pk)
 		if !out.mutex {
-			b.rememberSem(req.Key, req.Owner, req.Shared)
+			b.grants.Remember(req.Key, req.Owner, req.Shared)
 		}
 		return driver.Grant{Token: out.token, Age: out.age}, nil
 	}

@@ -199,48 +199,6 @@ func (b *Backend) semSetValue(ctx context.Context, key, owner string, v []byte) 
 	return b.semUpdate(ctx, key, owner, b.sq.setValue, value(v), key, owner)
 }
 
-// rememberSem records that owner's grant of key is a permit: its Refresh,
-// Release and SetValue go to the permit table first.
-func (b *Backend) rememberSem(key, owner string, shared bool) {
-	if _, had := b.semGrants.Swap(placeKey{key, owner}, shared); !had {
-		b.semCount.Add(1)
-	}
-}
-
-// isSem reports whether this client took owner's grant of key as a permit.
-func (b *Backend) isSem(key, owner string) bool {
-	if b.semCount.Load() == 0 {
-		return false // no map lookup on a client that holds no permit
-	}
-	_, ok := b.semGrants.Load(placeKey{key, owner})
-	return ok
-}
-
-func (b *Backend) forgetSem(key, owner string) {
-	if b.semCount.Load() == 0 {
-		return
-	}
-	if _, ok := b.semGrants.LoadAndDelete(placeKey{key, owner}); ok {
-		b.semCount.Add(-1)
-	}
-}
-
-// either runs the operation on owner's grant of key in the table where this
-// client last saw it (the permit table first for a grant it took as a permit)
-// and, when that says ErrNotHeld, in the other: a mutex's grant costs nothing
-// more unless it is not held.
-func (b *Backend) either(key, owner string, mutex, sem func() error) error {
-	first, second := mutex, sem
-	if b.isSem(key, owner) {
-		first, second = sem, mutex
-	}
-	err := first()
-	if errors.Is(err, driver.ErrNotHeld) && b.semErr == nil {
-		err = second()
-	}
-	return err
-}
-
 // Shares implements driver.Sharer: read-write locks work when the permit table
 // does.
 func (b *Backend) Shares() bool { return b.semErr == nil }

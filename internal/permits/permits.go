@@ -1,6 +1,6 @@
 // Package permits remembers which of a client's grants it took as permits of a
 // semaphore or a read-write lock, for the backends that keep permits in a table of
-// their own beside the mutexes' rows (pglock): Refresh, Release and
+// their own beside the mutexes' rows (pglock, mysqllock): Refresh, Release and
 // SetValue of a grant then go to the table where the client last saw it first, and
 // a mutex's grant costs no lookup on a client that holds no permit.
 package permits
