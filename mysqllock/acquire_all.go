@@ -30,57 +30,52 @@ func (b *Backend) AcquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 }
 
 func (b *Backend) acquireAll(ctx context.Context, reqs []driver.Request) ([]driver.Grant, error) {
-	tx, err := b.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, b.ctxErr(ctx, err)
-	}
 	gs := make([]driver.Grant, len(reqs))
-	for i, req := range reqs {
-		res, err := tx.ExecContext(ctx, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
-			req.Key, req.Owner, req.Key, req.Owner, req.Key, req.Owner, false)
-		var n, tok int64
-		if err == nil {
-			n, err = res.RowsAffected()
-		}
-		if err == nil && (n == 1 || n == 2) {
-			tok, err = res.LastInsertId()
-		}
-		if err != nil {
-			_ = tx.Rollback()
-			if retryable(err) {
-				return nil, err // run again by AcquireAll
+	var refused string // the first key refused
+	err := b.tx(ctx, func(tx *sql.Tx) error {
+		for i, req := range reqs {
+			res, err := tx.ExecContext(ctx, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
+				req.Key, req.Owner, req.Key, req.Owner, req.Key, req.Owner, false)
+			var n, tok int64
+			if err == nil {
+				n, err = res.RowsAffected()
 			}
-			return nil, b.ctxErr(ctx, fmt.Errorf("acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))
-		}
-		if n != 1 && n != 2 && b.semErr == nil {
-			// A free state row (a semaphore's or a read-write key's whose
-			// holders and places are gone) is free to a mutex, as Acquire finds.
-			tok, err = b.takeFreeState(ctx, tx, req)
-			if err != nil {
-				_ = tx.Rollback()
-				if isErr(err, 1213) {
-					return nil, err // run again by AcquireAll
+			if err == nil && (n == 1 || n == 2) {
+				tok, err = res.LastInsertId()
+			}
+			if err == nil && n != 1 && n != 2 && b.semErr == nil {
+				// A free state row (a semaphore's or a read-write key's whose
+				// holders and places are gone) is free to a mutex, as Acquire finds.
+				if tok, err = b.takeFreeState(ctx, tx, req); tok != 0 {
+					n = 1
 				}
-				return nil, b.ctxErr(ctx, fmt.Errorf("acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))
 			}
-			if tok != 0 {
-				n = 1
+			if err != nil {
+				return err
 			}
+			if n != 1 && n != 2 {
+				refused = req.Key
+				return errRefused
+			}
+			gs[i] = driver.Grant{Token: uint64(tok)}
 		}
-		if n != 1 && n != 2 {
-			if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
-				return nil, b.ctxErr(ctx, err)
-			}
-			return nil, fmt.Errorf("mysqllock: %q: %w", req.Key, b.held(ctx, req.Key))
-		}
-		gs[i] = driver.Grant{Token: uint64(tok)}
+		return nil
+	})
+	switch {
+	case err == nil:
+		return gs, nil
+	case refused != "":
+		return nil, fmt.Errorf("mysqllock: %q: %w", refused, b.held(ctx, refused))
+	case retryable(err):
+		return nil, err // run again by AcquireAll
 	}
-	if err := tx.Commit(); err != nil {
-		// The outcome is unknown: the core releases every key with the owner.
-		return nil, b.ctxErr(ctx, fmt.Errorf("commit acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))
-	}
-	return gs, nil
+	// The outcome of a failed commit is unknown: the core releases every key
+	// with the owner.
+	return nil, b.ctxErr(ctx, fmt.Errorf("acquire %q and %d more: %w", reqs[0].Key, len(reqs)-1, err))
 }
+
+// errRefused rolls back an AcquireAll whose key was refused.
+var errRefused = errors.New("mysqllock: refused")
 
 // takeFreeState grants req a mutex's grant of its key, in tx, when the key's row
 // is a state row with no live permit and no live place (locking reads: the

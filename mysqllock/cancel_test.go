@@ -88,3 +88,79 @@ func TestLockWait(t *testing.T) {
 		t.Fatalf("an acquire that outwaited the lock wait timeout: %v, want granted", err)
 	}
 }
+
+// TestKilled: a transaction whose call is cut short while it waits for a key's row
+// lock is ended on the server at once (KILL QUERY), whatever the session's lock wait
+// timeout: the pool here keeps the server's default of 50 s (New leaves a pool's
+// settings alone). A semaphore's attempt and AcquireAll run as transactions.
+func TestKilled(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	db := admin(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	b, err := mysqllock.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, tc := range []struct {
+		name    string
+		acquire func(ctx context.Context, key string) error
+	}{
+		{"Semaphore", func(ctx context.Context, key string) error {
+			_, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "gone", TTL: 10 * time.Second, Limit: 2})
+			return err
+		}},
+		{"AcquireAll", func(ctx context.Context, key string) error {
+			_, err := b.AcquireAll(ctx, []driver.Request{
+				{Key: key, Owner: "gone", TTL: 10 * time.Second},
+				{Key: key + "~", Owner: "gone", TTL: 10 * time.Second},
+			})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := drivertest.Key(t, "k")
+			if err := tc.acquire(ctx, key); err != nil { // the key's row exists
+				t.Fatal(err)
+			}
+			if err := b.Release(ctx, key, "gone"); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Release(ctx, key+"~", "gone"); err != nil && !errors.Is(err, driver.ErrNotHeld) {
+				t.Fatal(err)
+			}
+			// Another session holds the key's row.
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if _, err := tx.ExecContext(ctx, "SELECT token FROM `"+mysqllock.DefaultTable+"` WHERE lock_key = ? FOR UPDATE", key); err != nil {
+				t.Fatal(err)
+			}
+			short, stop := context.WithTimeout(ctx, 100*time.Millisecond)
+			err = tc.acquire(short, key)
+			stop()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("a call cut short behind a held row: %v, want DeadlineExceeded", err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				var waiting int
+				err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND command <> 'Sleep' AND info LIKE ?",
+					"%`"+mysqllock.DefaultTable+"`%").Scan(&waiting)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if waiting == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("a statement of a call cut short still waits on the server after 10 s")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}

@@ -59,6 +59,7 @@ type Backend struct {
 	sq     semStatements
 	semErr error       // why semaphores and read-write locks do not work (no permit table), or nil
 	grants permits.Set // grants this client took as permits
+	ids    connIDs     // the server's ids of the pool's connections
 }
 
 var (

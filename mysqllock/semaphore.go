@@ -177,20 +177,11 @@ type semState struct {
 	permits []semPermit
 }
 
-// semTx runs fn in a transaction, again (up to 16 times) if InnoDB chose it as a
-// deadlock's victim.
+// semTx runs fn in a transaction (b.tx), again (up to 16 times) if InnoDB chose it
+// as a deadlock's victim.
 func (b *Backend) semTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	for i := 0; ; i++ {
-		tx, err := b.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		err = fn(tx)
-		if err == nil {
-			err = tx.Commit()
-		} else {
-			_ = tx.Rollback()
-		}
+		err := b.tx(ctx, fn)
 		if err == nil || i == 16 || !isErr(err, 1213) || ctx.Err() != nil {
 			return err
 		}
