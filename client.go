@@ -35,6 +35,7 @@ type Client struct {
 
 	closing chan struct{} // closed by Close
 	wg      sync.WaitGroup
+	giving  chan struct{} // a slot per background release under way (releaseAsync)
 	ren     renewer
 
 	mu     sync.Mutex
@@ -52,7 +53,7 @@ func New(b driver.Backend, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{b: b, cfg: cfg, closing: make(chan struct{}), slots: make(map[slotKey]*slot)}
+	c := &Client{b: b, cfg: cfg, closing: make(chan struct{}), giving: make(chan struct{}, maxBackgroundReleases), slots: make(map[slotKey]*slot)}
 	c.ren.clk, c.ren.base, c.ren.lazy = cfg.clock, cfg.clock.Now(), cfg.clock == clock.Real
 	c.notifier, _ = b.(driver.Notifier)
 	c.bounder, _ = b.(driver.Bounder)
@@ -184,13 +185,25 @@ func (c *Client) withdrawCtx(ctx context.Context) (context.Context, context.Canc
 }
 
 // releaseAsync gives back a grant whose acquire reply may have been lost, without
-// making the caller wait; Close waits for it.
+// making the caller wait; Close waits for it. At most maxBackgroundReleases run at
+// once: calls cut short in a storm (each may leave such a grant) must not open
+// a server connection each, all queued on the same key behind its holders, and
+// starve the calls still under way. A release that does not get its turn within
+// maxReleaseInClose is dropped: a grant it would have given back expires after its
+// TTL, as when a release fails.
 func (c *Client) releaseAsync(key, owner string) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), maxReleaseInClose)
 		defer cancel()
+		select {
+		case c.giving <- struct{}{}:
+		case <-ctx.Done():
+			c.cfg.logger.Debug("dlock: background release dropped", "key", key, "err", ctx.Err())
+			return
+		}
+		defer func() { <-c.giving }()
 		_ = c.b.Release(ctx, key, owner)
 	}()
 }

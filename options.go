@@ -22,6 +22,7 @@ const (
 	DefaultObserveInterval = time.Second
 	maxReleaseInClose      = 2 * time.Second
 	maxWithdrawTimeout     = time.Second
+	maxBackgroundReleases  = 4 // per Client (releaseAsync)
 )
 
 // Option configures a Client (New, Open) or a single lock call (Lock, TryLock, Do).

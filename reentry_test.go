@@ -378,3 +378,66 @@ func TestLateRefreshReplyDoesNotRevive(t *testing.T) {
 		c.Close()
 	}
 }
+
+// gatedRelease is a backend whose attempts hang until ctx ends and then fail as a
+// lost connection would (a grant may have been made), and whose Release waits for
+// gate, counting the releases under way.
+type gatedRelease struct {
+	*memlock.Backend
+	gate            chan struct{}
+	now, most, sent atomic.Int64
+}
+
+func (b *gatedRelease) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	<-ctx.Done()
+	return driver.Grant{}, fmt.Errorf("backend: acquire %q: connection reset", req.Key)
+}
+
+func (b *gatedRelease) Release(ctx context.Context, key, owner string) error {
+	b.sent.Add(1)
+	n := b.now.Add(1)
+	defer b.now.Add(-1)
+	for m := b.most.Load(); n > m && !b.most.CompareAndSwap(m, n); m = b.most.Load() {
+	}
+	select {
+	case <-b.gate:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// Calls cut short each give back the grant they may have taken, in the background,
+// a few at a time: a storm of them does not send a release each at once (on a
+// server, a connection each, queued behind the key's holder). Close waits for them.
+func TestBackgroundReleasesBounded(t *testing.T) {
+	b := &gatedRelease{Backend: memlock.NewStore(clock.Real).Backend(), gate: make(chan struct{})}
+	c, err := dlock.New(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const calls = 20
+	for range calls {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		if _, err := c.TryLock(ctx, "k"); err == nil {
+			t.Fatal("granted")
+		}
+		cancel()
+	}
+	for deadline := time.Now().Add(10 * time.Second); b.now.Load() < 4; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d background releases under way, want 4", b.now.Load())
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // time for more to start, if they could
+	if m := b.most.Load(); m != 4 {
+		t.Fatalf("%d background releases at once, want at most 4", m)
+	}
+	close(b.gate)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.sent.Load(); n != calls {
+		t.Fatalf("%d releases sent, want %d (one per call)", n, calls)
+	}
+}
