@@ -244,6 +244,10 @@ type waiter struct {
 
 func (w *waiter) C() <-chan struct{} { return w.c }
 
+// afterWaitState, when set (by tests), runs in a mutex waiter's Stop between
+// reading its wait state and handing on a grant handed to its place.
+var afterWaitState func()
+
 func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	b := w.b
 	b.lst.remove(w)
@@ -270,10 +274,17 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	if err != nil {
 		return b.ctxErr(ctx, err)
 	}
+	if afterWaitState != nil {
+		afterWaitState()
+	}
 	if ws.claim {
-		if err := b.handOn(ctx, b.q.handoff, w.key, w.owner); err != nil && !errors.Is(err, driver.ErrNotHeld) {
+		err := b.handOn(ctx, b.q.handoff, w.key, w.owner)
+		if err != nil && !errors.Is(err, driver.ErrNotHeld) {
 			return err
 		}
+		// Not held as a mutex's grant any more: a reader may have made it a
+		// writer's permit since the wait state was read.
+		ws.state = ws.state || err != nil
 	}
 	if ws.state {
 		// A grant handed to the place that a reader has made a writer's

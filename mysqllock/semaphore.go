@@ -178,11 +178,12 @@ type semState struct {
 }
 
 // semTx runs fn in a transaction (b.tx), again (up to 16 times) if InnoDB chose it
-// as a deadlock's victim.
+// as a deadlock's victim or a statement waited longer than the session's lock wait
+// timeout (the transaction is rolled back whole either way: see retryable).
 func (b *Backend) semTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	for i := 0; ; i++ {
 		err := b.tx(ctx, fn)
-		if err == nil || i == 16 || !isErr(err, 1213) || ctx.Err() != nil {
+		if err == nil || i == 16 || !retryable(err) || ctx.Err() != nil {
 			return err
 		}
 		// After a jittered pause that grows (as exec does).

@@ -10,6 +10,7 @@ import (
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/testserver"
+	"github.com/dlockio/dlock/mysqllock"
 )
 
 // Adversarial tests of semaphores and read-write locks.
@@ -22,6 +23,7 @@ func TestSemReview(t *testing.T) {
 	t.Run("StopPendingWakesNext", func(t *testing.T) { testStopPendingWakesNext(t, srv) })
 	t.Run("ExpiredPermitNotCounted", func(t *testing.T) { testExpiredPermitNotCounted(t, srv) })
 	t.Run("HandedGrantConvertedStop", func(t *testing.T) { testHandedGrantConvertedStop(t, srv) })
+	t.Run("HandedGrantConvertedDuringStop", func(t *testing.T) { testHandedGrantConvertedDuringStop(t, srv) })
 	t.Run("SameOwnerTwoClients", func(t *testing.T) { testSameOwnerTwoClients(t, srv) })
 	t.Run("TokensStateMutexState", func(t *testing.T) { testTokensStateMutexState(t, srv) })
 	t.Run("ForceReleaseWakesWriterFirst", func(t *testing.T) { testForceReleaseWakesWriterFirst(t, srv) })
@@ -349,6 +351,42 @@ func testHandedGrantConvertedStop(t *testing.T, srv *testserver.MariaDB) {
 	r := semWaiter(t, br, reader(key, "r"))
 	if err := w.Stop(ctx, false); err != nil {
 		t.Fatal(err)
+	}
+	if _, hs, err := b.Holders(ctx, key); err != nil || len(hs) != 0 {
+		t.Fatalf("Holders after the handed writer gave up = %+v, %v; want none", hs, err)
+	}
+	woken(t, r, "the reader was not woken when the handed writer gave up")
+	req := reader(key, "r")
+	req.Wait, req.Patience = true, time.Minute
+	mustAcquire(t, br, req)
+}
+
+// The same, with the reader's conversion between the giving-up writer's read of its
+// wait state (a mutex's row, handed to its place) and its handoff of that grant
+// (which then finds no mutex's grant to hand on): the writer's permit goes all the
+// same.
+func testHandedGrantConvertedDuringStop(t *testing.T, srv *testserver.MariaDB) {
+	ctx := semCtx(t)
+	b, bw, br := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
+	defer b.Close()
+	defer bw.Close()
+	defer br.Close()
+	const key = "handed-conv-during-stop"
+	mustAcquire(t, b, writer(key, "h"))
+	w := semWaiter(t, bw, writer(key, "w"))
+	if _, err := admin(t, srv).ExecContext(ctx, "UPDATE dlock_locks_queue SET conn = 0 WHERE lock_key = ?", key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, key, "h"); err != nil {
+		t.Fatal(err)
+	}
+	var r driver.Waiter
+	defer mysqllock.SetAfterWaitState(func() { r = semWaiter(t, br, reader(key, "r")) })()
+	if err := w.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if r == nil {
+		t.Fatal("the waiter's Stop did not read a wait state")
 	}
 	if _, hs, err := b.Holders(ctx, key); err != nil || len(hs) != 0 {
 		t.Fatalf("Holders after the handed writer gave up = %+v, %v; want none", hs, err)
