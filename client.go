@@ -204,7 +204,9 @@ func (c *Client) releaseAsync(key, owner string) {
 			return
 		}
 		defer func() { <-c.giving }()
-		_ = c.b.Release(ctx, key, owner)
+		if err := c.b.Release(ctx, key, owner); err != nil && !errors.Is(err, driver.ErrNotHeld) {
+			c.cfg.logger.Debug("dlock: background release", "key", key, "err", err)
+		}
 	}()
 }
 
