@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -52,22 +53,7 @@ func TestLockWait(t *testing.T) {
 	}
 	// Its statement ends on the server within the lock wait timeout (well before
 	// the server's default of 50 s).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting int
-		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND info LIKE ?",
-			"%INTO `"+mysqllock.DefaultTable+"`%").Scan(&waiting)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the statement of an acquire cut short still waits on the server after 10 s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitGone(ctx, t, db, "%INTO `"+mysqllock.DefaultTable+"`%")
 
 	// A call that waits longer than the lock wait timeout runs its statement
 	// again, and is granted once the row is free.
@@ -145,22 +131,29 @@ func TestKilled(t *testing.T) {
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("a call cut short behind a held row: %v, want DeadlineExceeded", err)
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				var waiting int
-				err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND command <> 'Sleep' AND info LIKE ?",
-					"%`"+mysqllock.DefaultTable+"`%").Scan(&waiting)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if waiting == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("a statement of a call cut short still waits on the server after 10 s")
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			waitGone(ctx, t, db, "%`"+mysqllock.DefaultTable+"`%")
 		})
+	}
+}
+
+// waitGone waits until no session but the caller's runs a statement like pattern,
+// and fails the test if one still does after 10 s.
+func waitGone(ctx context.Context, t *testing.T, db *sql.DB, pattern string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var running int
+		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND command <> 'Sleep' AND info LIKE ?",
+			pattern).Scan(&running)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if running == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a statement of a call cut short still runs on the server after 10 s")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

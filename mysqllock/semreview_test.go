@@ -334,31 +334,7 @@ func testQuickAcquireSeesPlace(t *testing.T, srv *testserver.MariaDB) {
 // A writer whose place a mutex's release handed the key, made a writer's permit
 // by a reader since, gives up (Stop): the permit goes, and the reader is woken.
 func testHandedGrantConvertedStop(t *testing.T, srv *testserver.MariaDB) {
-	ctx := semCtx(t)
-	b, bw, br := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
-	defer b.Close()
-	defer bw.Close()
-	defer br.Close()
-	const key = "handed-conv-stop"
-	mustAcquire(t, b, writer(key, "h"))
-	w := semWaiter(t, bw, writer(key, "w"))
-	if _, err := admin(t, srv).ExecContext(ctx, "UPDATE dlock_locks_queue SET conn = 0 WHERE lock_key = ?", key); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Release(ctx, key, "h"); err != nil {
-		t.Fatal(err)
-	}
-	r := semWaiter(t, br, reader(key, "r"))
-	if err := w.Stop(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	if _, hs, err := b.Holders(ctx, key); err != nil || len(hs) != 0 {
-		t.Fatalf("Holders after the handed writer gave up = %+v, %v; want none", hs, err)
-	}
-	woken(t, r, "the reader was not woken when the handed writer gave up")
-	req := reader(key, "r")
-	req.Wait, req.Patience = true, time.Minute
-	mustAcquire(t, br, req)
+	handedGrantConvertedStop(t, srv, "handed-conv-stop", false)
 }
 
 // The same, with the reader's conversion between the giving-up writer's read of its
@@ -366,12 +342,15 @@ func testHandedGrantConvertedStop(t *testing.T, srv *testserver.MariaDB) {
 // (which then finds no mutex's grant to hand on): the writer's permit goes all the
 // same.
 func testHandedGrantConvertedDuringStop(t *testing.T, srv *testserver.MariaDB) {
+	handedGrantConvertedStop(t, srv, "handed-conv-during-stop", true)
+}
+
+func handedGrantConvertedStop(t *testing.T, srv *testserver.MariaDB, key string, during bool) {
 	ctx := semCtx(t)
 	b, bw, br := open(t, srv.URL()), open(t, srv.URL()), open(t, srv.URL())
 	defer b.Close()
 	defer bw.Close()
 	defer br.Close()
-	const key = "handed-conv-during-stop"
 	mustAcquire(t, b, writer(key, "h"))
 	w := semWaiter(t, bw, writer(key, "w"))
 	if _, err := admin(t, srv).ExecContext(ctx, "UPDATE dlock_locks_queue SET conn = 0 WHERE lock_key = ?", key); err != nil {
@@ -381,7 +360,12 @@ func testHandedGrantConvertedDuringStop(t *testing.T, srv *testserver.MariaDB) {
 		t.Fatal(err)
 	}
 	var r driver.Waiter
-	defer mysqllock.SetAfterWaitState(func() { r = semWaiter(t, br, reader(key, "r")) })()
+	convert := func() { r = semWaiter(t, br, reader(key, "r")) }
+	if during {
+		defer mysqllock.SetAfterWaitState(convert)()
+	} else {
+		convert()
+	}
 	if err := w.Stop(ctx, false); err != nil {
 		t.Fatal(err)
 	}
