@@ -190,20 +190,23 @@ func (c *Client) withdrawCtx(ctx context.Context) (context.Context, context.Canc
 // a server connection each, all queued on the same key behind its holders, and
 // starve the calls still under way. A release that does not get its turn within
 // maxReleaseInClose is dropped: a grant it would have given back expires after its
-// TTL, as when a release fails.
+// TTL, as when a release fails. One that gets its turn has maxReleaseInClose from
+// then (the wait for its turn is not taken from it).
 func (c *Client) releaseAsync(key, owner string) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), maxReleaseInClose)
-		defer cancel()
+		turn := time.NewTimer(maxReleaseInClose)
 		select {
 		case c.giving <- struct{}{}:
-		case <-ctx.Done():
-			c.cfg.logger.Debug("dlock: background release dropped", "key", key, "err", ctx.Err())
+			turn.Stop()
+		case <-turn.C:
+			c.cfg.logger.Debug("dlock: background release dropped", "key", key, "err", context.DeadlineExceeded)
 			return
 		}
 		defer func() { <-c.giving }()
+		ctx, cancel := context.WithTimeout(context.Background(), maxReleaseInClose)
+		defer cancel()
 		if err := c.b.Release(ctx, key, owner); err != nil && !errors.Is(err, driver.ErrNotHeld) {
 			c.cfg.logger.Debug("dlock: background release", "key", key, "err", err)
 		}

@@ -441,3 +441,57 @@ func TestBackgroundReleasesBounded(t *testing.T) {
 		t.Fatalf("%d releases sent, want %d (one per call)", n, calls)
 	}
 }
+
+// slowRelease is a backend whose attempts hang until ctx ends and then fail as a
+// lost connection would, and whose Release takes delay (a loaded server), counting
+// the releases that succeed.
+type slowRelease struct {
+	*memlock.Backend
+	delay    time.Duration
+	given    atomic.Int64
+	timedOut atomic.Int64
+}
+
+func (b *slowRelease) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	<-ctx.Done()
+	return driver.Grant{}, fmt.Errorf("backend: acquire %q: connection reset", req.Key)
+}
+
+func (b *slowRelease) Release(ctx context.Context, key, owner string) error {
+	t := time.NewTimer(b.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		b.given.Add(1)
+		return nil
+	case <-ctx.Done():
+		b.timedOut.Add(1)
+		return ctx.Err()
+	}
+}
+
+// A background release that gets its turn (within maxReleaseInClose) has the
+// whole bound for itself: the time it waited for its turn is not taken from it.
+// Twelve calls cut short, releases of 700 ms four at a time: the last four start
+// after 1.4 s and must still be given back.
+func TestBackgroundReleaseTurnNotTakenFromRelease(t *testing.T) {
+	b := &slowRelease{Backend: memlock.NewStore(clock.Real).Backend(), delay: 700 * time.Millisecond}
+	c, err := dlock.New(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const calls = 12
+	for range calls {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		if _, err := c.TryLock(ctx, "k"); err == nil {
+			t.Fatal("granted")
+		}
+		cancel()
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.given.Load(); n != calls {
+		t.Fatalf("%d of %d background releases given back (%d ran out of time after their turn)", n, calls, b.timedOut.Load())
+	}
+}

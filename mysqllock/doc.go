@@ -208,9 +208,11 @@
 // on 8 clients, calls cut short after 5 to 65 ms, reached the 400 connections in
 // some runs. A transaction therefore runs on a connection whose server id the
 // client knows (read once per connection), and a call that gives up ends its
-// statement with KILL QUERY (the same privilege as the wake-ups above) before the
-// connection goes back to the pool: the same test peaked at 55 to 57 connections
-// (64 to 156 without, in runs that stayed under the limit).
+// statement with KILL QUERY (the same privilege as the wake-ups above) and drops
+// that connection (it never goes back to the pool, so the KILL meets no other
+// call's statement, and its place in the pool serves the KILL): the same test
+// peaked at 55 to 57 connections (64 to 156 without, in runs that stayed under
+// the limit).
 //
 // # Several keys at once
 //

@@ -3,6 +3,7 @@ package mysqllock
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"sync"
 	"time"
 )
@@ -59,9 +60,12 @@ func (b *Backend) connID(ctx context.Context, c *sql.Conn) (uint64, error) {
 // tx runs fn in a transaction on a connection of the pool; if ctx is done before
 // fn returns, the statement the connection is running on the server is ended
 // (KILL QUERY), so that the transaction is gone from the server at once (the
-// driver closes the connection; the server rolls the transaction back). The KILL
-// has run before the connection goes back to the pool: it never meets another
-// call's statement.
+// driver closes the connection; the server rolls the transaction back). That
+// connection never goes back to the pool, so the KILL never meets another call's
+// statement; it is dropped before the KILL is awaited, which frees its place in
+// the pool for the KILL's own statement (calls cut short together while they
+// hold every connection of the pool would otherwise each wait for a connection
+// for their KILL, up to killWithin).
 func (b *Backend) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	c, err := b.db.Conn(ctx)
 	if err != nil {
@@ -81,6 +85,7 @@ func (b *Backend) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	})
 	defer func() {
 		if !stop() {
+			_ = c.Raw(func(any) error { return sqldriver.ErrBadConn })
 			<-killed
 		}
 	}()
