@@ -71,9 +71,10 @@
 // whether it ended between attempts or during a request to the server. A request cut
 // short may still have been granted on the server; when the call's owner id was
 // generated (its own), the client gives that grant back in the background, at most
-// four such releases at once per Client, each within two seconds or not at all (the
-// grant then expires after its TTL), so that a storm of calls cut short cannot queue
-// a connection each on the server. A TTL too short for the time a request takes
+// four such releases at once per Client, so that a storm of calls cut short cannot
+// queue a connection each on the server; a release that does not get its turn
+// within two seconds is dropped (the grant then expires after its TTL), and one
+// that does has two seconds from then. A TTL too short for the time a request takes
 // (grants that keep arriving after their validity) is ErrValidityTooShort.
 //
 // # Waiting
