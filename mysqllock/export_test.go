@@ -14,6 +14,6 @@ func ListenerIDs(b *Backend) (listener, anchor uint64) {
 // SetAfterWaitState makes f run in a mutex waiter's Stop between reading its wait
 // state and handing on a grant handed to its place, until the returned func runs.
 func SetAfterWaitState(f func()) (reset func()) {
-	afterWaitState = f
-	return func() { afterWaitState = nil }
+	afterWaitState.Store(&f)
+	return func() { afterWaitState.Store(nil) }
 }

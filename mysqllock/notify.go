@@ -246,7 +246,7 @@ func (w *waiter) C() <-chan struct{} { return w.c }
 
 // afterWaitState, when set (by tests), runs in a mutex waiter's Stop between
 // reading its wait state and handing on a grant handed to its place.
-var afterWaitState func()
+var afterWaitState atomic.Pointer[func()]
 
 func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	b := w.b
@@ -274,8 +274,8 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	if err != nil {
 		return b.ctxErr(ctx, err)
 	}
-	if afterWaitState != nil {
-		afterWaitState()
+	if f := afterWaitState.Load(); f != nil {
+		(*f)()
 	}
 	if ws.claim {
 		err := b.handOn(ctx, b.q.handoff, w.key, w.owner)
