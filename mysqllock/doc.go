@@ -212,7 +212,10 @@
 // that connection (it never goes back to the pool, so the KILL meets no other
 // call's statement, and its place in the pool serves the KILL): the same test
 // peaked at 55 to 57 connections (64 to 156 without, in runs that stayed under
-// the limit).
+// the limit). With two CPU hogs beside it, it still reached 401 connections: the
+// releases the core sends in the background for calls cut short (each may hold
+// the key) queued on the row, one connection each; since the core sends at most
+// four at once per client (see package dlock), 40 runs so peaked at 59 to 65.
 //
 // # Several keys at once
 //
