@@ -472,15 +472,16 @@ func (b *slowRelease) Release(ctx context.Context, key, owner string) error {
 
 // A background release that gets its turn (within maxReleaseInClose) has the
 // whole bound for itself: the time it waited for its turn is not taken from it.
-// Twelve calls cut short, releases of 700 ms four at a time: the last four start
-// after 1.4 s and must still be given back.
+// Eight calls cut short, releases of 1.2 s four at a time: the last four start
+// after 1.2 s (0.8 s before their turn would be lost) and end after 2.4 s, past
+// the bound counted from the call.
 func TestBackgroundReleaseTurnNotTakenFromRelease(t *testing.T) {
-	b := &slowRelease{Backend: memlock.NewStore(clock.Real).Backend(), delay: 700 * time.Millisecond}
+	b := &slowRelease{Backend: memlock.NewStore(clock.Real).Backend(), delay: 1200 * time.Millisecond}
 	c, err := dlock.New(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const calls = 12
+	const calls = 8
 	for range calls {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 		if _, err := c.TryLock(ctx, "k"); err == nil {
