@@ -63,7 +63,7 @@ func TestKilledFullPool(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("call %d cut short behind a held row: %v, want DeadlineExceeded", i, err)
 		}
-		if took[i] > 2*time.Second {
+		if took[i] > 4*time.Second { // 5.3 s when each waits killWithin for a connection
 			t.Errorf("call %d cut short after 300ms returned after %v", i, took[i].Round(time.Millisecond))
 		}
 	}
