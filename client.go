@@ -191,22 +191,28 @@ func (c *Client) withdrawCtx(ctx context.Context) (context.Context, context.Canc
 // starve the calls still under way. A release that does not get its turn within
 // maxReleaseInClose is dropped: a grant it would have given back expires after its
 // TTL, as when a release fails. One that gets its turn has maxReleaseInClose from
-// then (the wait for its turn is not taken from it).
+// then (the wait for its turn is not taken from it). Both windows run on the
+// client's clock.
 func (c *Client) releaseAsync(key, owner string) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		turn := time.NewTimer(maxReleaseInClose)
+		clk := c.cfg.clock
+		turn := clk.NewTimer(maxReleaseInClose)
 		select {
 		case c.giving <- struct{}{}:
 			turn.Stop()
-		case <-turn.C:
+		case <-turn.C():
 			c.cfg.logger.Debug("dlock: background release dropped", "key", key, "err", context.DeadlineExceeded)
 			return
 		}
 		defer func() { <-c.giving }()
-		ctx, cancel := context.WithTimeout(context.Background(), maxReleaseInClose)
-		defer cancel()
+		ctx, cancel := context.WithCancelCause(context.Background())
+		bound := clk.AfterFunc(maxReleaseInClose, func() { cancel(context.DeadlineExceeded) })
+		defer func() {
+			bound.Stop()
+			cancel(context.Canceled)
+		}()
 		if err := c.b.Release(ctx, key, owner); err != nil && !errors.Is(err, driver.ErrNotHeld) {
 			c.cfg.logger.Debug("dlock: background release", "key", key, "err", err)
 		}

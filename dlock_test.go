@@ -78,10 +78,16 @@ func waitLost(t *testing.T, l *dlock.Lease, msg string) {
 // refreshes after a clock advance.
 func waitRefreshes(t *testing.T, fb *flaky, n int64) {
 	t.Helper()
+	waitAtLeast(t, &fb.refreshes, n, "refreshes")
+}
+
+// waitAtLeast waits (in real time, bounded) until counter v reaches n.
+func waitAtLeast(t *testing.T, v *atomic.Int64, n int64, what string) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for fb.refreshes.Load() < n {
+	for v.Load() < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d refreshes, want %d", fb.refreshes.Load(), n)
+			t.Fatalf("%d %s, want %d", v.Load(), what, n)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -52,13 +52,7 @@ func (b *placing) lastPatience() time.Duration {
 // waitAttempts waits (in real time, bounded) until the waiter made n waiting attempts.
 func (b *placing) waitAttempts(t *testing.T, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for b.attempts.Load() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d waiting attempts, want %d", b.attempts.Load(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitAtLeast(t, &b.attempts, n, "waiting attempts")
 }
 
 // A notified waiter's fallback interval (its guard against a lost wake-up) grows

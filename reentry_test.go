@@ -411,8 +411,9 @@ func (b *gatedRelease) Release(ctx context.Context, key, owner string) error {
 // a few at a time: a storm of them does not send a release each at once (on a
 // server, a connection each, queued behind the key's holder). Close waits for them.
 func TestBackgroundReleasesBounded(t *testing.T) {
-	b := &gatedRelease{Backend: memlock.NewStore(clock.Real).Backend(), gate: make(chan struct{})}
-	c, err := dlock.New(b)
+	clk := clock.NewFake(time.Unix(0, 0))
+	b := &gatedRelease{Backend: memlock.NewStore(clk).Backend(), gate: make(chan struct{})}
+	c, err := dlock.New(b, dlock.WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,12 +425,11 @@ func TestBackgroundReleasesBounded(t *testing.T) {
 		}
 		cancel()
 	}
-	for deadline := time.Now().Add(10 * time.Second); b.now.Load() < 4; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d background releases under way, want 4", b.now.Load())
-		}
-	}
-	time.Sleep(20 * time.Millisecond) // time for more to start, if they could
+	// Each background release has one timer on the clock: its turn's while it
+	// waits for one, its bound's once it has one. With all of them there, and four
+	// inside Release held at the gate, no other can start.
+	clk.BlockUntil(calls)
+	waitAtLeast(t, &b.now, 4, "background releases under way")
 	if m := b.most.Load(); m != 4 {
 		t.Fatalf("%d background releases at once, want at most 4", m)
 	}
@@ -443,13 +443,13 @@ func TestBackgroundReleasesBounded(t *testing.T) {
 }
 
 // slowRelease is a backend whose attempts hang until ctx ends and then fail as a
-// lost connection would, and whose Release takes delay (a loaded server), counting
-// the releases that succeed.
+// lost connection would, and whose Release takes delay on clk (a loaded server),
+// counting the releases started and those that succeed.
 type slowRelease struct {
 	*memlock.Backend
-	delay    time.Duration
-	given    atomic.Int64
-	timedOut atomic.Int64
+	clk                      clock.Clock
+	delay                    time.Duration
+	started, given, timedOut atomic.Int64
 }
 
 func (b *slowRelease) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
@@ -458,10 +458,15 @@ func (b *slowRelease) Acquire(ctx context.Context, req driver.Request) (driver.G
 }
 
 func (b *slowRelease) Release(ctx context.Context, key, owner string) error {
-	t := time.NewTimer(b.delay)
+	t := b.clk.NewTimer(b.delay)
 	defer t.Stop()
+	b.started.Add(1)
 	select {
-	case <-t.C:
+	case <-t.C():
+		if ctx.Err() != nil { // both ready
+			b.timedOut.Add(1)
+			return ctx.Err()
+		}
 		b.given.Add(1)
 		return nil
 	case <-ctx.Done():
@@ -470,14 +475,15 @@ func (b *slowRelease) Release(ctx context.Context, key, owner string) error {
 	}
 }
 
-// A background release that gets its turn (within maxReleaseInClose) has the
+// A background release that gets its turn (within maxReleaseInClose, 2 s) has the
 // whole bound for itself: the time it waited for its turn is not taken from it.
 // Eight calls cut short, releases of 1.2 s four at a time: the last four start
 // after 1.2 s (0.8 s before their turn would be lost) and end after 2.4 s, past
 // the bound counted from the call.
 func TestBackgroundReleaseTurnNotTakenFromRelease(t *testing.T) {
-	b := &slowRelease{Backend: memlock.NewStore(clock.Real).Backend(), delay: 1200 * time.Millisecond}
-	c, err := dlock.New(b)
+	clk := clock.NewFake(time.Unix(0, 0))
+	b := &slowRelease{Backend: memlock.NewStore(clk).Backend(), clk: clk, delay: 1200 * time.Millisecond}
+	c, err := dlock.New(b, dlock.WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,6 +495,12 @@ func TestBackgroundReleaseTurnNotTakenFromRelease(t *testing.T) {
 		}
 		cancel()
 	}
+	waitAtLeast(t, &b.started, 4, "releases started")
+	clk.BlockUntil(12) // the first four's bounds and delays, the last four's turns
+	clk.Advance(b.delay)
+	waitAtLeast(t, &b.started, calls, "releases started")
+	clk.Advance(b.delay - 100*time.Millisecond) // past a bound counted from the call
+	clk.Advance(100 * time.Millisecond)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
