@@ -299,16 +299,57 @@ func testNoPermitTable(t *testing.T, srv *testserver.MariaDB) {
 // waits cut short: never a writer beside anyone or a reader beside a writer, never
 // more permits than the limit, and nothing left (no place, no permit) at the end.
 func testMixedKinds(t *testing.T, srv *testserver.MariaDB) {
-	var readers, writers, permits, grants atomic.Int64
-	var wg sync.WaitGroup
 	db := admin(t, srv)
 	if _, err := db.Exec("FLUSH STATUS"); err != nil { // Max_used_connections from now
 		t.Fatal(err)
 	}
-	end := time.Now().Add(4 * time.Second)
+	grants := mixedLoad{
+		key: "mixed", clients: 8, semClients: 2, readOdds: 3,
+		wait: [2]time.Duration{5 * time.Millisecond, 65 * time.Millisecond}, hold: 8 * time.Millisecond,
+		ttl: 2 * time.Second, length: 4 * time.Second,
+	}.run(t, srv)
+	// A call cut short ends its statements on the server: the connections in use
+	// stay near the calls under way (8 clients, each with its listener), where
+	// statements left waiting for a row lock filled the server's 400.
+	var name string
+	var peak int
+	if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Max_used_connections'").Scan(&name, &peak); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d grants, a peak of %d server connections", grants, peak)
+	if peak > 100 {
+		t.Errorf("a peak of %d server connections", peak)
+	}
+	// Enough grants that the checks meant something: about 900 on a quiet
+	// machine, 79 in the slowest run seen (the machine's CPUs busy with other work).
+	if grants < 20 {
+		t.Fatalf("only %d grants", grants)
+	}
+}
+
+// mixedLoad is a load of readers and writers of one key and holders of a
+// semaphore (limit 2) of another, each client a loop of calls until the load's
+// length is over.
+type mixedLoad struct {
+	key                 string // the read-write key; the semaphore's is key+"-sem"
+	clients, semClients int    // the last semClients clients take permits
+	readers             int    // the first readers clients always read
+	readOdds            int    // the others read one call in readOdds, else write
+	wait                [2]time.Duration
+	hold                time.Duration // a grant is held up to this long
+	ttl, length         time.Duration
+}
+
+// run runs the load and returns the number of grants. It fails t if a writer was
+// ever beside anyone, a reader beside a writer, or more than two permits held, and
+// if anything (a place, a permit) is left once every client is closed.
+func (m mixedLoad) run(t *testing.T, srv *testserver.MariaDB) int64 {
+	var readers, writers, permits, grants atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(m.length)
 	var clients []*dlock.Client
-	for i := range 8 {
-		c, err := dlock.New(open(t, srv.URL()), dlock.WithTTL(2*time.Second))
+	for i := range m.clients {
+		c, err := dlock.New(open(t, srv.URL()), dlock.WithTTL(m.ttl))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -316,14 +357,15 @@ func testMixedKinds(t *testing.T, srv *testserver.MariaDB) {
 		clients = append(clients, c)
 		wg.Go(func() {
 			for time.Now().Before(end) {
-				key, opts, count := "mixed-rw", []dlock.Option(nil), &writers
+				key, opts, count := m.key, []dlock.Option(nil), &writers
 				switch {
-				case i >= 6:
-					key, opts, count = "mixed-sem", []dlock.Option{dlock.WithLimit(2)}, &permits
-				case rand.IntN(3) == 0:
+				case i >= m.clients-m.semClients:
+					key, opts, count = m.key+"-sem", []dlock.Option{dlock.WithLimit(2)}, &permits
+				case i < m.readers || rand.IntN(m.readOdds) == 0:
 					opts, count = []dlock.Option{dlock.WithShared()}, &readers
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(5+rand.IntN(60))*time.Millisecond)
+				wait := m.wait[0] + rand.N(m.wait[1]-m.wait[0])
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
 				l, err := c.Lock(ctx, key, opts...)
 				cancel()
 				if err != nil {
@@ -348,7 +390,7 @@ func testMixedKinds(t *testing.T, srv *testserver.MariaDB) {
 						t.Error("a writer beside others")
 					}
 				}
-				time.Sleep(time.Duration(rand.IntN(8)) * time.Millisecond)
+				time.Sleep(rand.N(m.hold))
 				count.Add(-1)
 				if err := l.Release(context.Background()); err != nil {
 					t.Errorf("Release: %v", err)
@@ -360,31 +402,15 @@ func testMixedKinds(t *testing.T, srv *testserver.MariaDB) {
 	for _, c := range clients {
 		c.Close() // and its background releases (of grants calls cut short may have taken)
 	}
-	// A call cut short ends its statements on the server: the connections in use
-	// stay near the calls under way (8 clients, each with its listener), where
-	// statements left waiting for a row lock filled the server's 400.
-	var name string
-	var peak int
-	if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Max_used_connections'").Scan(&name, &peak); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%d grants, a peak of %d server connections", grants.Load(), peak)
-	if peak > 100 {
-		t.Errorf("a peak of %d server connections", peak)
-	}
-	// Enough grants that the checks above meant something: about 900 on a quiet
-	// machine, 79 in the slowest run seen (the machine's CPUs busy with other work).
-	if grants.Load() < 20 {
-		t.Fatalf("only %d grants", grants.Load())
-	}
 	b := open(t, srv.URL())
 	defer b.Close()
 	ctx := semCtx(t)
-	for _, k := range []string{"mixed-rw", "mixed-sem"} {
+	for _, k := range []string{m.key, m.key + "-sem"} {
 		places, err := b.Queue(ctx, k)
 		_, hs, err2 := b.Holders(ctx, k)
 		if err != nil || err2 != nil || len(places) != 0 || len(hs) != 0 {
 			t.Errorf("%s left: %d places (%v), %d holders (%v)", k, len(places), err, len(hs), err2)
 		}
 	}
+	return grants.Load()
 }
