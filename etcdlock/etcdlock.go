@@ -140,11 +140,13 @@
 // a waiting writer). Every token is a create revision, from the one counter.
 //
 // A waiting reader's attempt is a mutex's transaction (create the member key,
-// count the members, swap the tail); if members were there, it then reads those
-// created before its own, with their values, in a read-only transaction: with no
-// writer among them it holds (two requests), else it watches the nearest writer
-// ahead of it, the one created last, whose delete is the earliest moment it may
-// hold. Woken, it reads its own key and the members ahead again (one read): it
+// count the members, swap the tail) that also reads the first 64 members, with
+// their values; when the lock has no more, those created before its own are every
+// member ahead of it (one request), else it reads those in a read-only
+// transaction (two requests). With no writer among them it holds, else it watches
+// the nearest writer ahead of it, the one created last, whose delete is the
+// earliest moment it may hold. (The read with the write is bounded so that what
+// etcd's apply loop reads per write stays small however many members queue.) Woken, it reads its own key and the members ahead again (one read): it
 // holds, or watches the writer now nearest (an older one, when the nearest gave up
 // first). A waiting writer watches the member just ahead of it, reader or writer,
 // as a mutex waiter does. Nobody watches a reader but the writer just behind it.

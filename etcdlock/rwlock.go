@@ -17,6 +17,14 @@ var _ driver.Sharer = (*Backend)(nil)
 // Read-write locks in the package documentation).
 func (b *Backend) Shares() bool { return true }
 
+// readersInTxn is how many members a waiting reader's write reads (the range
+// read last in create's transaction, in key order, with values). When the lock
+// has no more members than that, they are every member ahead of the reader, and
+// the attempt needs no read of its own; with more, it reads those ahead in a
+// read-only transaction, as before. The bound keeps what etcd's apply loop reads
+// per write small however many members queue (see create).
+var readersInTxn int64 = 64 // a variable for tests (SetReadersInTxn)
+
 // aheadValuesOp reads the members created before rev, with their values (which
 // tell a reader from a writer).
 func aheadValuesOp(prefix string, rev int64) clientv3.Op {
@@ -26,9 +34,11 @@ func aheadValuesOp(prefix string, rev int64) clientv3.Op {
 // sharedAttempt is attempt for a reader of a read-write lock (driver.Request.Shared):
 // its member key, tagged as a reader's (see readerValue), holds when no writer's
 // member was created before it. A waiting attempt writes as a mutex's does (create:
-// the member key, the count, the tail), and when members were there reads those
-// ahead of it, with their values, in a read-only transaction: none of them a writer,
-// it holds; else it watches the nearest writer ahead. A TryLock creates its key if
+// the member key, the count, the tail) and reads the first readersInTxn members in
+// the same transaction; when members were there, those are the ones ahead if they
+// are all, else it reads those ahead of it, with their values, in a read-only
+// transaction: none of them a writer, it holds; else it watches the nearest writer
+// ahead. A TryLock creates its key if
 // the lock has no member, as a mutex's does; if the first member is a reader it
 // reads every member and creates its key only if none is a writer, guarded by "no
 // member created since", so it never queues.
@@ -62,6 +72,17 @@ func (b *Backend) sharedAttempt(ctx context.Context, req driver.Request, s *sess
 	if req.Wait {
 		if resp.Responses[0].GetResponseRange().GetCount() == 0 {
 			return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
+		}
+		if read := resp.Responses[len(resp.Responses)-1].GetResponseRange(); read != nil && !read.GetMore() {
+			// Every member was read with the write: those created before it are
+			// the ones ahead.
+			var ahead []*mvccpb.KeyValue
+			for _, kv := range read.GetKvs() {
+				if kv.CreateRevision < rev {
+					ahead = append(ahead, kv)
+				}
+			}
+			return sharedPlace(s, w, member, rev, ahead, rev)
 		}
 		r, err := b.cli.Txn(ctx).Then(aheadValuesOp(prefix, rev)).Commit()
 		if err != nil {

@@ -5,14 +5,18 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/etcdlock"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -259,5 +263,103 @@ func TestRWOldState(t *testing.T) {
 		if err := b.Release(ctx, key, req.Owner); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// countingClient is an etcd client that counts the requests it sends to the KV
+// service (Range, Txn, Put, DeleteRange).
+func countingClient(t *testing.T, endpoint string, n *atomic.Int64) *clientv3.Client {
+	t.Helper()
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if strings.HasPrefix(method, "/etcdserverpb.KV/") {
+			n.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(count)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// A waiting reader that finds only readers ahead holds after one request: the
+// members ahead are read with its write. When that read cannot hold them all (cut
+// to one member here), the reader reads those ahead in a request of its own, and
+// still holds beside readers and queues behind a writer.
+func TestReaderReadsAheadWithWrite(t *testing.T) {
+	srv := testserver.StartEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shared := dlock.WithShared()
+	key := drivertest.Key(t, "k")
+	first, err := client(t, srv).Lock(ctx, key, shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var requests atomic.Int64
+	b, err := etcdlock.New(ctx, countingClient(t, srv.Endpoint(), &requests))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dlock.New(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	warm, err := c.Lock(ctx, key+"-warm", shared) // the client's session
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	requests.Store(0)
+	second, err := c.Lock(ctx, key, shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := requests.Load(); n != 1 {
+		t.Fatalf("a reader beside a reader took %d requests, want 1", n)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	defer etcdlock.SetReadersInTxn(1)()
+	requests.Store(0)
+	second, err = c.Lock(ctx, key, shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := requests.Load(); n != 2 {
+		t.Fatalf("a reader beside a reader, its write's read cut short, took %d requests, want 2", n)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := lockAsync(ctx, client(t, srv), key)
+	waitMembers(t, rawClient(t, srv.Endpoint()), b, key, 2)
+	r := lockAsync(ctx, c, key, shared)
+	pending(t, "a reader behind a queued writer", r)
+	released := time.Now()
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wl := got(t, "the writer", w, released)
+	pending(t, "a reader behind the writer", r)
+	released = time.Now()
+	if err := wl.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rl := got(t, "the reader", r, released)
+	if rl.Token() <= wl.Token() {
+		t.Fatalf("reader's token %d not above the writer's %d", rl.Token(), wl.Token())
+	}
+	if err := rl.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
