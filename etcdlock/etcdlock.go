@@ -140,7 +140,7 @@
 // a waiting writer). Every token is a create revision, from the one counter.
 //
 // A waiting reader's attempt is a mutex's transaction (create the member key,
-// count the members, swap the tail) that also reads the first 64 members, with
+// count the members, swap the tail) that also reads the first 32 members, with
 // their values; when the lock has no more, those created before its own are every
 // member ahead of it (one request), else it reads those in a read-only
 // transaction (two requests). With no writer among them it holds, else it watches

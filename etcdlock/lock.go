@@ -308,7 +308,7 @@ func (b *Backend) create(ctx context.Context, req driver.Request, s *session, pr
 			}
 		}
 		thenOps = append(thenOps, put, putTail)
-		if req.Shared {
+		if req.Shared && readersInTxn > 0 {
 			// A reader needs the members ahead of it, with their values: the
 			// first few, read with the write (see readersInTxn), spare it a
 			// second request when they are all there is.
