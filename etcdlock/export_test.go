@@ -1,9 +1,8 @@
 package etcdlock
 
 // SetReadersInTxn sets how many members a waiting reader's write reads, until the
-// returned function restores it. Tests that call it do not run in parallel.
+// returned function restores it.
 func SetReadersInTxn(n int64) (restore func()) {
-	old := readersInTxn
-	readersInTxn = n
-	return func() { readersInTxn = old }
+	old := readersInTxn.Swap(n)
+	return func() { readersInTxn.Store(old) }
 }

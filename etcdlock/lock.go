@@ -308,11 +308,11 @@ func (b *Backend) create(ctx context.Context, req driver.Request, s *session, pr
 			}
 		}
 		thenOps = append(thenOps, put, putTail)
-		if req.Shared && readersInTxn > 0 {
+		if n := readersInTxn.Load(); req.Shared && n > 0 {
 			// A reader needs the members ahead of it, with their values: the
 			// first few, read with the write (see readersInTxn), spare it a
 			// second request when they are all there is.
-			thenOps = append(thenOps, clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithLimit(readersInTxn)))
+			thenOps = append(thenOps, clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithLimit(n)))
 		}
 		elseOps = []clientv3.Op{clientv3.OpGet(member)}
 		// A mutex member is never created while the lock is a semaphore.

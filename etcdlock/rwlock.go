@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -25,7 +26,9 @@ func (b *Backend) Shares() bool { return true }
 // per write small however many members queue (see create): 1,000 readers queued at
 // once behind a writer took 0.50-0.74 s with a bound of 16 to 64, 0.54-0.63 s
 // without the read (one run each, alternated, twice; within the noise).
-var readersInTxn int64 = 32 // a variable for tests (SetReadersInTxn); 0 reads none
+var readersInTxn atomic.Int64 // 32; tests change it (SetReadersInTxn); 0 reads none
+
+func init() { readersInTxn.Store(32) }
 
 // aheadValuesOp reads the members created before rev, with their values (which
 // tell a reader from a writer).
@@ -40,10 +43,9 @@ func aheadValuesOp(prefix string, rev int64) clientv3.Op {
 // the same transaction; when members were there, those are the ones ahead if they
 // are all, else it reads those ahead of it, with their values, in a read-only
 // transaction: none of them a writer, it holds; else it watches the nearest writer
-// ahead. A TryLock creates its key if
-// the lock has no member, as a mutex's does; if the first member is a reader it
-// reads every member and creates its key only if none is a writer, guarded by "no
-// member created since", so it never queues.
+// ahead. A TryLock creates its key if the lock has no member, as a mutex's does; if
+// the first member is a reader it reads every member and creates its key only if
+// none is a writer, guarded by "no member created since", so it never queues.
 func (b *Backend) sharedAttempt(ctx context.Context, req driver.Request, s *session, w *waiter) (driver.Grant, error) {
 	prefix := b.LockPrefix(req.Key)
 	member := b.name(driver.Holder{Key: req.Key, Owner: req.Owner})
