@@ -6,7 +6,9 @@
 //
 // Parameters: table (the lock table, default "dlock_locks", in the URL's database;
 // lower-case letters, digits and "_"); max_conns (the pool's limit of open
-// connections, default 32, at least 3: two wait for wake-ups, see Waiting); these parameters of the Go MySQL driver, under its
+// connections, default 32, at least 3: two wait for wake-ups, see Waiting; Open
+// keeps a second pool of a quarter as many, at least 2, for semaphores' and
+// readers' short grants, see Semaphores and read-write locks); these parameters of the Go MySQL driver, under its
 // names: tls (true, skip-verify, preferred or false; the default is false),
 // timeout, readTimeout, writeTimeout, allowCleartextPasswords, allowNativePasswords,
 // allowFallbackToPlaintext, serverPubKey, compress, maxAllowedPacket,
@@ -309,14 +311,24 @@
 // key with no writer's permit, or a permit's on a semaphore of the request's limit
 // with a permit free, is one UPDATE of the row (the next token and the expiry bound,
 // guarded by reads of the permits and of the live places) and the permit's INSERT,
-// in one transaction: the row is locked for one statement and the commit. A
+// in one transaction. A backend made by Open sends that transaction as one request
+// (START TRANSACTION, the UPDATE, the INSERT if the UPDATE changed the row, a read
+// of the outcome, COMMIT) on a connection of a second pool, whose connections take
+// several statements at once and have their parameters written into the text
+// (escaped) by the driver (multiStatements and interpolateParams, which the URL
+// cannot set): the row stays locked for the time the server takes to run them,
+// not for three round trips. A statement of it that fails stops the rest and may
+// leave the transaction open, so its connection is then closed (the server rolls
+// the transaction back), never returned to the pool. A backend made by New, on the
+// caller's pool, sends the statements one by one (BEGIN, UPDATE, INSERT, COMMIT),
+// the row locked for two round trips. A
 // permit's release is one DELETE of the permit joined to the row (share-locked);
 // it leaves the row's expiry bound as it was and the row a state row, free to the
 // next attempt of any kind once no permit is live. Statements that lock a key's row
 // and a permit lock the row first (STRAIGHT_JOIN), so they do not deadlock.
 //
-// Costs: with no place queued, a permit's or a reader's grant is four round trips
-// (BEGIN, UPDATE, INSERT, COMMIT) and a commit, against a mutex's one; its release
+// Costs: with no place queued, a permit's or a reader's grant is one request (four
+// round trips on New's pool) and a commit, against a mutex's one; its release
 // one statement, like a mutex's; its refresh one statement. Otherwise an attempt or
 // a release is a transaction of six to eight round trips that holds the key's row
 // lock. Waiting costs what a mutex's does (the same listener), but a freed permit is

@@ -67,7 +67,23 @@ func (b *Backend) connID(ctx context.Context, c *sql.Conn) (uint64, error) {
 // hold every connection of the pool would otherwise each wait for a connection
 // for their KILL, up to killWithin).
 func (b *Backend) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	c, err := b.db.Conn(ctx)
+	return b.onConn(ctx, b.db, func(c *sql.Conn) error {
+		tx, err := c.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err = fn(tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// onConn runs fn on a connection of pool db, which it ends on the server (KILL
+// QUERY) and drops if ctx is done before fn returns (see tx).
+func (b *Backend) onConn(ctx context.Context, db *sql.DB, fn func(c *sql.Conn) error) error {
+	c, err := db.Conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -85,17 +101,12 @@ func (b *Backend) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	})
 	defer func() {
 		if !stop() {
-			_ = c.Raw(func(any) error { return sqldriver.ErrBadConn })
+			dropConn(c)
 			<-killed
 		}
 	}()
-	tx, err := c.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err = fn(tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	return fn(c)
 }
+
+// dropConn makes c's connection leave the pool when c is closed.
+func dropConn(c *sql.Conn) { _ = c.Raw(func(any) error { return sqldriver.ErrBadConn }) }

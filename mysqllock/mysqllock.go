@@ -42,6 +42,7 @@ const DefaultTable = "dlock_locks"
 type Backend struct {
 	config
 	db       *sql.DB
+	batch    *sql.DB // Open's pool for several statements in one request (quickBatch), or nil
 	own      bool
 	closed   atomic.Bool
 	q        statements
@@ -598,6 +599,9 @@ func (b *Backend) Close() error {
 	b.flushDrops()
 	b.drops.Wait()
 	b.stmts.close()
+	if b.batch != nil {
+		b.batch.Close()
+	}
 	if b.own {
 		return b.db.Close()
 	}

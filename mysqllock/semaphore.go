@@ -44,7 +44,7 @@ type semStatements struct {
 	mutexGrant, updatePlace, newPlace, toState, convertHolder, convertPlaces string
 	reset, clearPermits, woke, refresh, owned, setValue, release             string
 	isState, holders, readGrant, permitGrant, quickRelease                   string
-	takenLocked                                                              string
+	takenLocked, quickTail                                                   string
 }
 
 func newSemStatements(table string) semStatements {
@@ -126,6 +126,13 @@ func newSemStatements(table string) semStatements {
 		quickRelease: "DELETE p FROM " + t + " l STRAIGHT_JOIN " + pt + " p ON p.lock_key = l.lock_key " +
 			"WHERE p.lock_key = ? AND p.owner = ? AND p.expires_at > " + now + " AND l.owner = '" + stateOwner + "' " +
 			"AND NOT EXISTS (SELECT 1 FROM " + qt + " q WHERE q.lock_key = ? AND q.expires_at > " + now + " AND q.id > l.handed)",
+		// quickTail follows readGrant or permitGrant in quickBatch's request:
+		// the permit, written only if the grant statement changed the row (with
+		// the token and expiry it set), the count of permits written, the token,
+		// and the commit.
+		quickTail: "; INSERT INTO " + pt + " (lock_key, owner, token, expires_at, value, shared) SELECT ?, ?, LAST_INSERT_ID(), @dlock_exp, ?, ? FROM DUAL WHERE ROW_COUNT() = 1 " +
+			"ON DUPLICATE KEY UPDATE token = VALUES(token), expires_at = VALUES(expires_at), value = VALUES(value), shared = VALUES(shared); " +
+			"SELECT ROW_COUNT(), LAST_INSERT_ID(); COMMIT",
 		// takenLocked says whether a key has a live permit or a live place,
 		// read with share locks (the latest rows, kept until the commit).
 		takenLocked: "(SELECT lock_key FROM " + pt + " WHERE lock_key = ? AND expires_at > " + now + " LIMIT 1 LOCK IN SHARE MODE) " +
@@ -396,38 +403,6 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		held.Queued, held.Ahead = true, out.ahead
 	}
 	return driver.Grant{}, held
-}
-
-// quickAcquire is a reader's or a permit's short grant when no place is queued:
-// readGrant (permitGrant) and putPermit in one transaction. ok is false when the
-// statement does not apply (the full attempt decides).
-func (b *Backend) quickAcquire(ctx context.Context, req driver.Request, limit int) (tok uint64, ok bool, err error) {
-	err = b.semTx(ctx, func(tx *sql.Tx) error {
-		ok = false
-		var res sql.Result
-		var err error
-		if req.Shared {
-			res, err = b.txExec(ctx, tx, b.sq.readGrant, micros(req.TTL), req.Key, req.Key, req.Owner, req.Key)
-		} else {
-			res, err = b.txExec(ctx, tx, b.sq.permitGrant, micros(req.TTL), req.Key, strconv.Itoa(limit), req.Key, req.Owner, req.Key, limit, req.Key)
-		}
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			return err
-		}
-		last, err := res.LastInsertId()
-		if err != nil {
-			return err
-		}
-		if _, err := b.txExec(ctx, tx, b.sq.putPermit, req.Key, req.Owner, last, value(req.Value), req.Shared); err != nil {
-			return err
-		}
-		tok, ok = uint64(last), true
-		return nil
-	})
-	return tok, ok, err
 }
 
 // semAttempt decides an attempt under the key's row lock (see semAcquire).

@@ -1,0 +1,100 @@
+package mysqllock
+
+import (
+	"context"
+	"database/sql"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+)
+
+// quickAcquire is a reader's or a permit's short grant when no place is queued:
+// readGrant (permitGrant) and putPermit in one transaction. ok is false when the
+// statement does not apply (the full attempt decides).
+func (b *Backend) quickAcquire(ctx context.Context, req driver.Request, limit int) (tok uint64, ok bool, err error) {
+	if b.batch != nil {
+		return b.quickBatch(ctx, req, limit)
+	}
+	err = b.semTx(ctx, func(tx *sql.Tx) error {
+		ok = false
+		var res sql.Result
+		var err error
+		if req.Shared {
+			res, err = b.txExec(ctx, tx, b.sq.readGrant, micros(req.TTL), req.Key, req.Key, req.Owner, req.Key)
+		} else {
+			res, err = b.txExec(ctx, tx, b.sq.permitGrant, micros(req.TTL), req.Key, strconv.Itoa(limit), req.Key, req.Owner, req.Key, limit, req.Key)
+		}
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err
+		}
+		last, err := res.LastInsertId()
+		if err != nil {
+			return err
+		}
+		if _, err := b.txExec(ctx, tx, b.sq.putPermit, req.Key, req.Owner, last, value(req.Value), req.Shared); err != nil {
+			return err
+		}
+		tok, ok = uint64(last), true
+		return nil
+	})
+	return tok, ok, err
+}
+
+// quickBatch is quickAcquire in one request on the batch pool: the transaction's
+// statements (START TRANSACTION, the grant statement, the permit's INSERT, a read
+// of the outcome, COMMIT) run on the server one after the other, so the key's row
+// stays locked for the time the server takes to run them, not for three round
+// trips. A statement that fails stops the rest and may leave the transaction
+// open: the connection is then dropped, which rolls it back.
+func (b *Backend) quickBatch(ctx context.Context, req driver.Request, limit int) (tok uint64, ok bool, err error) {
+	var args []any
+	text := "START TRANSACTION; "
+	if req.Shared {
+		text += b.sq.readGrant
+		args = []any{micros(req.TTL), req.Key, req.Key, req.Owner, req.Key}
+	} else {
+		text += b.sq.permitGrant
+		args = []any{micros(req.TTL), req.Key, strconv.Itoa(limit), req.Key, req.Owner, req.Key, limit, req.Key}
+	}
+	text += b.sq.quickTail
+	args = append(args, req.Key, req.Owner, value(req.Value), req.Shared)
+	for i := 0; ; i++ {
+		err = b.onConn(ctx, b.batch, func(c *sql.Conn) error {
+			var n int64
+			var last uint64
+			rows, err := c.QueryContext(ctx, text, args...)
+			if err == nil {
+				for {
+					for rows.Next() {
+						err = driver.Join(err, rows.Scan(&n, &last))
+					}
+					if !rows.NextResultSet() {
+						break
+					}
+				}
+				err = driver.Join(err, rows.Err(), rows.Close())
+			}
+			if err != nil {
+				dropConn(c)
+				return err
+			}
+			tok, ok = last, n > 0
+			return nil
+		})
+		if err == nil || i == 16 || !retryable(err) || ctx.Err() != nil {
+			return tok, ok, err
+		}
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(i+1) * int64(time.Millisecond))))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, false, err
+		}
+	}
+}
