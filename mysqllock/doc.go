@@ -12,7 +12,7 @@
 // names: tls (true, skip-verify, preferred or false; the default is false),
 // timeout, readTimeout, writeTimeout, allowCleartextPasswords, allowNativePasswords,
 // allowFallbackToPlaintext, serverPubKey, compress, maxAllowedPacket,
-// connectionAttributes, charset, collation; and the core's ttl, renew, drift, owner.
+// connectionAttributes, charset (names, comma-separated), collation (a name); and the core's ttl, renew, drift, owner.
 // Any other parameter is an error (the driver would send an unknown name to the
 // server as a session variable; some of its own would change how replies read). The
 // port defaults to 3306; the password is never printed (errors show the URL with
@@ -316,7 +316,9 @@
 // of the outcome, COMMIT) on a connection of a second pool, whose connections take
 // several statements at once and have their parameters written into the text
 // (escaped) by the driver (multiStatements and interpolateParams, which the URL
-// cannot set): the row stays locked for the time the server takes to run them,
+// cannot set; only when the URL's charset, if any, lists only utf8mb4, utf8,
+// utf8mb3, latin1, ascii or binary, in which escaping reads back as written):
+// the row stays locked for the time the server takes to run them,
 // not for three round trips. A statement of it that fails stops the rest and may
 // leave the transaction open, so its connection is then closed (the server rolls
 // the transaction back), never returned to the pool. A backend made by New, on the

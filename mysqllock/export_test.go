@@ -17,3 +17,6 @@ func SetAfterWaitState(f func()) (reset func()) {
 	afterWaitState.Store(&f)
 	return func() { afterWaitState.Store(nil) }
 }
+
+// Batched reports whether b sends short grants as one request (see quickBatch).
+func Batched(b *Backend) bool { return b.batch != nil }

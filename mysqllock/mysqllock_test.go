@@ -129,6 +129,10 @@ func testURLParameters(t *testing.T, srv *testserver.MariaDB) {
 		withQuery(srv.URL(), "table", "locks_sem"),
 		withQuery(srv.URL(), "tls", "nonsense"),
 		withQuery(srv.URL(), "max_conns", "2"),
+		withQuery(srv.URL(), "charset", "utf8mb4 COLLATE x"),
+		withQuery(srv.URL(), "charset", "utf8mb4,"),
+		withQuery(srv.URL(), "collation", "utf8mb4_bin; SELECT 1"),
+		withQuery(srv.URL(), "collation", "a,b"),
 		strings.TrimSuffix(srv.URL(), "/"+srv.Database),
 	} {
 		u, _ := url.Parse(bad)

@@ -9,6 +9,7 @@ import (
 	"log"
 	"net"
 	"net/url"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -95,11 +96,28 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if db == "" || strings.Contains(db, "/") {
 		return nil, fmt.Errorf("%w: mysqllock: URL %s names no database (mysql://user:password@host:3306/database)", driver.ErrInvalid, driver.Redact(u))
 	}
+	// charset and collation reach the server as written (SET NAMES): names only,
+	// and charset may list several, whose commas the driver reads unescaped.
+	charset := dsnQuery.Get("charset")
+	if charset != "" && !namesRE.MatchString(charset) {
+		return nil, fmt.Errorf("%w: mysqllock: URL parameter charset=%q: want names (letters, digits, _), comma-separated", driver.ErrInvalid, charset)
+	}
+	if c := dsnQuery.Get("collation"); c != "" && !nameRE.MatchString(c) {
+		return nil, fmt.Errorf("%w: mysqllock: URL parameter collation=%q: want a name (letters, digits, _)", driver.ErrInvalid, c)
+	}
+	dsnQuery.Del("charset")
 	// The DSN is parsed without the password, which is set afterwards: no error
 	// can repeat it.
 	dsn := "tcp(" + host + ")/" + db
 	if len(dsnQuery) > 0 {
 		dsn += "?" + dsnQuery.Encode()
+	}
+	if charset != "" {
+		if len(dsnQuery) > 0 {
+			dsn += "&charset=" + charset
+		} else {
+			dsn += "?charset=" + charset
+		}
 	}
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -142,10 +160,13 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	b.own = true
 	// A second pool whose connections take several statements at once, with
 	// parameters written into the text by the driver (escaped): a permit's or a
-	// reader's short grant is sent as one request (see quickBatch).
+	// reader's short grant is sent as one request (see quickBatch). Not with a
+	// character set in which an escaped byte string can end a quoted literal
+	// (GBK, Big5, SJIS: a multi-byte character may end in a backslash): then
+	// the short grant sends its statements one by one, with parameters apart.
 	bcfg := cfg.Clone()
 	bcfg.MultiStatements, bcfg.InterpolateParams = true, true
-	if bconn, err := mysql.NewConnector(bcfg); err == nil {
+	if bconn, err := mysql.NewConnector(bcfg); err == nil && escapeSafe(charset) {
 		b.batch = sql.OpenDB(bconn)
 		b.batch.SetMaxOpenConns(batchConns(conns))
 		b.batch.SetMaxIdleConns(batchConns(conns))
@@ -169,6 +190,31 @@ func New(ctx context.Context, pool *sql.DB, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("mysqllock: %w", authErr(err))
 	}
 	return b, nil
+}
+
+// nameRE matches a collation parameter, namesRE a charset parameter (names,
+// comma-separated).
+var (
+	nameRE  = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
+	namesRE = regexp.MustCompile(`^[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$`)
+)
+
+// escapeSafe reports whether every character set of a charset parameter (a
+// comma-separated list; empty for the driver's default, utf8mb4) reads a
+// backslash-escaped string as the driver writes it: ASCII-compatible sets in which
+// no multi-byte character holds a backslash or a quote byte.
+func escapeSafe(charsets string) bool {
+	if charsets == "" {
+		return true
+	}
+	for cs := range strings.SplitSeq(charsets, ",") {
+		switch strings.ToLower(strings.TrimSpace(cs)) {
+		case "utf8mb4", "utf8", "utf8mb3", "latin1", "ascii", "binary":
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // batchConns is the size of the batch pool of a backend of max_conns conns: a
