@@ -86,6 +86,9 @@ func TestQuickReviewBytes(t *testing.T) {
 		}
 		quickBytes(t, srv)
 	})
+	t.Run("ansi", func(t *testing.T) {
+		quickBytes(t, testserver.StartMariaDB(t, "--sql-mode=ANSI,NO_BACKSLASH_ESCAPES,STRICT_ALL_TABLES"))
+	})
 }
 
 // TestQuickReviewSetGlobal: sql_mode changed globally while a backend's batch
@@ -378,5 +381,189 @@ func TestQuickReviewServerCharset(t *testing.T) {
 	}
 	if mysqllock.Batched(b) {
 		t.Fatal("short grants still go as one request on GBK connections")
+	}
+}
+
+// TestQuickReviewExpiredAndReenter: a reader's short grant where the permit table
+// still has the owner's expired permit row (a reader's, or a writer's) replaces
+// it with a new token; a reader that holds the key and asks again without Reenter
+// is refused and changes nothing; with Reenter it gets its token back and one
+// permit stays; a semaphore's permit likewise.
+func TestQuickReviewExpiredAndReenter(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	key := drivertest.Key(t, "rw")
+	short := func(r driver.Request) driver.Request { r.TTL = 100 * time.Millisecond; return r }
+	g1 := mustAcquire(t, b, short(reader(key, "o")))
+	mustAcquire(t, b, reader(key, "other")) // keeps the row a reader's
+	time.Sleep(200 * time.Millisecond)
+	g2 := mustAcquire(t, b, reader(key, "o"))
+	if g2.Token <= g1.Token {
+		t.Fatalf("reader after its expired permit: token %d, before %d", g2.Token, g1.Token)
+	}
+	if _, err := b.Acquire(ctx, reader(key, "o")); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("a holder asking again without Reenter: %v", err)
+	}
+	r := reader(key, "o")
+	r.Reenter = true
+	r.Value = []byte("v2")
+	g3 := mustAcquire(t, b, r)
+	if g3.Token != g2.Token {
+		t.Fatalf("re-entered reader: token %d, want %d", g3.Token, g2.Token)
+	}
+	_, hs, err := b.Holders(ctx, key)
+	if err != nil || len(hs) != 2 {
+		t.Fatalf("Holders = %+v, %v", hs, err)
+	}
+	// A writer's expired permit of the owner, then the owner reads.
+	for _, o := range []string{"other", "o"} {
+		if err := b.Release(ctx, key, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := mustAcquire(t, b, short(writer(key, "o")))
+	time.Sleep(200 * time.Millisecond)
+	g4 := mustAcquire(t, b, reader(key, "o"))
+	g5 := mustAcquire(t, b, reader(key, "p"))
+	if g4.Token <= w.Token || g5.Token <= g4.Token {
+		t.Fatalf("tokens: writer %d, then readers %d, %d", w.Token, g4.Token, g5.Token)
+	}
+	_, hs, err = b.Holders(ctx, key)
+	if err != nil || len(hs) != 2 || !hs[0].Shared || !hs[1].Shared {
+		t.Fatalf("Holders = %+v, %v", hs, err)
+	}
+	// A semaphore of 2: an expired permit does not count; a holder is
+	// refused without Reenter, and re-enters with it.
+	skey := drivertest.Key(t, "sem")
+	s1 := mustAcquire(t, b, short(permit(skey, "a", 2)))
+	mustAcquire(t, b, permit(skey, "b", 2))
+	time.Sleep(200 * time.Millisecond)
+	s2 := mustAcquire(t, b, permit(skey, "c", 2))
+	if s2.Token <= s1.Token {
+		t.Fatalf("permit tokens %d after %d", s2.Token, s1.Token)
+	}
+	if _, err := b.Acquire(ctx, permit(skey, "a", 2)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("a third live permit of two: %v", err)
+	}
+	if _, err := b.Acquire(ctx, permit(skey, "c", 2)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("a holder of a permit asking again without Reenter: %v", err)
+	}
+	p := permit(skey, "c", 2)
+	p.Reenter = true
+	if g := mustAcquire(t, b, p); g.Token != s2.Token {
+		t.Fatalf("re-entered permit: token %d, want %d", g.Token, s2.Token)
+	}
+	if _, hs, err := b.Holders(ctx, skey); err != nil || len(hs) != 2 {
+		t.Fatalf("Holders = %+v, %v", hs, err)
+	}
+}
+
+// TestQuickReviewRestart: readers' short grants across a server crash and
+// restart: the batch pool's connections died with the server; the next grants
+// get fresh ones, the readers held before are still there, and tokens rise.
+func TestQuickReviewRestart(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	b := open(t, srv.URL())
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	key := drivertest.Key(t, "k")
+	var last uint64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g := mustAcquire(t, b, reader(key, fmt.Sprint("before", i)))
+			mu.Lock()
+			last = max(last, g.Token)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	srv.Kill()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	var g driver.Grant
+	fails := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if g, err = b.Acquire(ctx, reader(key, "after")); err == nil {
+			break
+		}
+		fails++
+		t.Logf("after restart: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d failures after restart", fails)
+	if g.Token <= last {
+		t.Fatalf("token after restart %d, not above %d", g.Token, last)
+	}
+	for i := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mustAcquire(t, b, reader(key, fmt.Sprint("after", i)))
+		}()
+	}
+	wg.Wait()
+	if _, hs, err := b.Holders(ctx, key); err != nil || len(hs) != 13 {
+		t.Fatalf("Holders = %d, %v", len(hs), err)
+	}
+}
+
+// TestQuickReviewCutShortFullPool: a reader's short grant cut short while its
+// UPDATE waits for the key's row returns at once even when every connection of the
+// main pool is busy (here with writers of another key waiting for its row): its
+// KILL QUERY must not wait for one of them.
+func TestQuickReviewCutShortFullPool(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	db := admin(t, srv)
+	b := open(t, withQuery(srv.URL(), "max_conns", "3"))
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	rkey, wkey := drivertest.Key(t, "r"), drivertest.Key(t, "w")
+	mustAcquire(t, b, reader(rkey, "first"))
+	mustAcquire(t, b, writer(wkey, "holder"))
+	rtx := holdRow(ctx, t, db, rkey)
+	defer rtx.Rollback()
+	wtx := holdRow(ctx, t, db, wkey)
+	defer wtx.Rollback()
+	wctx, wcancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range 3 { // the main pool's three connections wait for wkey's row
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for wctx.Err() == nil {
+				_, _ = b.Acquire(wctx, writer(wkey, fmt.Sprint("w", i)))
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	var worst time.Duration
+	for i := range 5 {
+		cctx, ccancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		start := time.Now()
+		_, err := b.Acquire(cctx, reader(rkey, fmt.Sprint("r", i)))
+		ccancel()
+		if err == nil {
+			t.Fatal("granted while the row is held")
+		}
+		worst = max(worst, time.Since(start))
+	}
+	wcancel()
+	wg.Wait()
+	t.Logf("slowest call cut short after 100ms returned after %v", worst)
+	if worst > 600*time.Millisecond {
+		t.Fatalf("a call cut short after 100ms returned after %v", worst)
 	}
 }
