@@ -567,3 +567,82 @@ func TestQuickReviewCutShortFullPool(t *testing.T) {
 		t.Fatalf("a call cut short after 100ms returned after %v", worst)
 	}
 }
+
+// TestQuickReviewCloseConns: Close closes the batch pool's connections with the
+// rest: none of the backend's sessions is left on the server.
+func TestQuickReviewCloseConns(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	db := admin(t, srv)
+	db.SetMaxOpenConns(1)
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	count := func() int {
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE user = ? AND id <> CONNECTION_ID()", srv.User).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	base := count()
+	b := open(t, withQuery(srv.URL(), "max_conns", "8"))
+	key := drivertest.Key(t, "k")
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() { defer wg.Done(); mustAcquire(t, b, reader(key, fmt.Sprint("r", i))) }()
+	}
+	wg.Wait()
+	if !mysqllock.Batched(b) {
+		t.Fatal("not batched")
+	}
+	t.Logf("%d sessions open", count()-base)
+	b.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for count() > base {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions left after Close", count()-base)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestQuickReviewInitConnect: a server whose init_connect sets the session's
+// character set (GBK) or sql_mode (NO_BACKSLASH_ESCAPES) for users without the
+// SUPER privilege: values of GBK lead bytes before quotes and backslashes are
+// stored as they are.
+func TestQuickReviewInitConnect(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	db := admin(t, srv)
+	db.SetMaxOpenConns(1)
+	exec(t, db, "CREATE USER IF NOT EXISTS 'plain'@'%' IDENTIFIED BY 'plainpw'")
+	exec(t, db, "GRANT ALL ON `"+srv.Database+"`.* TO 'plain'@'%'")
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	for _, tc := range []struct {
+		name, init string
+		batched    bool
+	}{
+		{"gbk", "SET NAMES gbk", false},
+		{"nbe", "SET sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')", true},
+		{"both", "SET NAMES sjis; SET sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')", false},
+	} {
+		exec(t, db, "SET GLOBAL init_connect = ?", tc.init)
+		b := open(t, srv.URLFor("plain", "plainpw", srv.Database))
+		key := drivertest.Key(t, "k-"+tc.name)
+		val := []byte("\xbf'\xbf\\'; --\x5c\x27")
+		owner := "o\xbf'\xbf\\'"
+		for _, o := range []string{"r1", owner, "r3"} {
+			if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: o, TTL: time.Minute, Shared: true, Value: val}); err != nil {
+				t.Errorf("%s: reader %q: %v", tc.name, o, err)
+			}
+		}
+		if _, hs, err := b.Holders(ctx, key); err != nil || len(hs) != 3 || string(hs[1].Value) != string(val) || hs[1].Owner != owner {
+			t.Errorf("%s: Holders = %+v, %v", tc.name, hs, err)
+		}
+		if got := mysqllock.Batched(b); got != tc.batched {
+			t.Errorf("%s: batched %v, want %v", tc.name, got, tc.batched)
+		}
+		b.Close()
+	}
+	exec(t, db, "SET GLOBAL init_connect = ''")
+}
