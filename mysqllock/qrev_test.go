@@ -646,3 +646,78 @@ func TestQuickReviewInitConnect(t *testing.T) {
 	}
 	exec(t, db, "SET GLOBAL init_connect = ''")
 }
+
+// TestQuickReviewReadWrite: readers (short grants) and writers (full attempts) of
+// one key on several clients: never a writer beside anyone, tokens never repeat,
+// and each grant's token is above those of grants returned before it began.
+func TestQuickReviewReadWrite(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	key := drivertest.Key(t, "rw")
+	var (
+		readers, writers atomic.Int64
+		mu               sync.Mutex
+		seen             = map[uint64]bool{}
+		maxRet           uint64
+		nr, nw           atomic.Int64
+	)
+	var wg sync.WaitGroup
+	for c := range 4 {
+		b := open(t, withQuery(srv.URL(), "max_conns", "4"))
+		defer b.Close()
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				o := fmt.Sprintf("c%d-g%d", c, g)
+				end := time.Now().Add(4 * time.Second)
+				for time.Now().Before(end) {
+					shared := rand.IntN(3) == 0
+					mu.Lock()
+					before := maxRet
+					mu.Unlock()
+					gr, err := b.Acquire(ctx, driver.Request{Key: key, Owner: o, TTL: time.Minute, Shared: shared})
+					if errors.Is(err, driver.ErrLocked) {
+						continue
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if shared {
+						nr.Add(1)
+						readers.Add(1)
+						if writers.Load() != 0 {
+							t.Error("a reader beside a writer")
+						}
+					} else {
+						nw.Add(1)
+						if writers.Add(1) != 1 || readers.Load() != 0 {
+							t.Error("a writer beside another holder")
+						}
+					}
+					mu.Lock()
+					if seen[gr.Token] || gr.Token <= before {
+						t.Errorf("token %d (seen %v, before %d)", gr.Token, seen[gr.Token], before)
+					}
+					seen[gr.Token] = true
+					maxRet = max(maxRet, gr.Token)
+					mu.Unlock()
+					time.Sleep(time.Duration(rand.IntN(2)) * time.Millisecond)
+					if shared {
+						readers.Add(-1)
+					} else {
+						writers.Add(-1)
+					}
+					if err := b.Release(ctx, key, o); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	t.Logf("%d readers, %d writers granted", nr.Load(), nw.Load())
+}
