@@ -721,3 +721,67 @@ func TestQuickReviewReadWrite(t *testing.T) {
 	wg.Wait()
 	t.Logf("%d readers, %d writers granted", nr.Load(), nw.Load())
 }
+
+// TestQuickReviewKilledConn: the batch pool's connections killed by another
+// session (KILL CONNECTION) while their UPDATE waits for the key's row: the calls
+// fail or are granted, no transaction stays open, later grants work, and a writer
+// once every reader is gone gets a token above theirs.
+func TestQuickReviewKilledConn(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	db := admin(t, srv)
+	b := open(t, withQuery(srv.URL(), "max_conns", "16"))
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	key := drivertest.Key(t, "k")
+	first := mustAcquire(t, b, reader(key, "first"))
+	tx := holdRow(ctx, t, db, key)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	maxTok := first.Token
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := b.Acquire(ctx, reader(key, fmt.Sprint("r", i)))
+			t.Logf("r%d: %+v, %v", i, g, err)
+			if err == nil {
+				mu.Lock()
+				maxTok = max(maxTok, g.Token)
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	rows, err := db.QueryContext(ctx, "SELECT id FROM information_schema.processlist WHERE info LIKE 'UPDATE%' OR info LIKE 'START TRANSACTION%'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	rows.Close()
+	t.Logf("killing %d sessions", len(ids))
+	for _, id := range ids {
+		exec(t, db, fmt.Sprintf("KILL CONNECTION %d", id))
+	}
+	tx.Rollback()
+	wg.Wait()
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.innodb_trx").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d transactions open, %v", n, err)
+	}
+	g := mustAcquire(t, b, reader(key, "later"))
+	maxTok = max(maxTok, g.Token)
+	for _, o := range []string{"first", "later", "r0", "r1", "r2", "r3"} {
+		if err := b.Release(ctx, key, o); err != nil && !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatal(err)
+		}
+	}
+	if w := mustAcquire(t, b, writer(key, "w")); w.Token <= maxTok {
+		t.Fatalf("writer's token %d, a reader had %d", w.Token, maxTok)
+	}
+}
