@@ -785,3 +785,41 @@ func TestQuickReviewKilledConn(t *testing.T) {
 		t.Fatalf("writer's token %d, a reader had %d", w.Token, maxTok)
 	}
 }
+
+// TestQuickReviewAdjacentKeys: readers' short grants and releases on many keys
+// next to each other in the permit table's index (whose gap locks may make
+// deadlocks, retried) all succeed.
+func TestQuickReviewAdjacentKeys(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	base := drivertest.Key(t, "k")
+	var wg sync.WaitGroup
+	var grants, fails atomic.Int64
+	for c := range 4 {
+		b := open(t, withQuery(srv.URL(), "max_conns", "8"))
+		defer b.Close()
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				end := time.Now().Add(3 * time.Second)
+				for i := 0; time.Now().Before(end); i++ {
+					key := fmt.Sprintf("%s-%d", base, (c*4+g+i)%8)
+					o := fmt.Sprintf("c%d-g%d", c, g)
+					if _, err := b.Acquire(ctx, reader(key, o)); err != nil {
+						fails.Add(1)
+						t.Errorf("%s %s: %v", key, o, err)
+						continue
+					}
+					grants.Add(1)
+					if err := b.Release(ctx, key, o); err != nil {
+						t.Errorf("release: %v", err)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	t.Logf("%d grants, %d failures", grants.Load(), fails.Load())
+}
