@@ -317,8 +317,12 @@
 // several statements at once and have their parameters written into the text
 // (escaped) by the driver (multiStatements and interpolateParams, which the URL
 // cannot set; only when the URL's charset, if any, lists only utf8mb4, utf8,
-// utf8mb3, latin1, ascii or binary, in which escaping reads back as written):
-// the row stays locked for the time the server takes to run them,
+// utf8mb3, latin1, ascii or binary, in which escaping reads back as written; each
+// new connection of the pool is asked for the character set the server reads it
+// in, which a server may choose itself (skip-character-set-client-handshake,
+// init_connect), and the first that is not one of those turns the pool off: the
+// statements then go one by one): the row stays locked for the time the server
+// takes to run them,
 // not for three round trips. A statement of it that fails stops the rest and may
 // leave the transaction open, so its connection is then closed (the server rolls
 // the transaction back), never returned to the pool. A backend made by New, on the

@@ -19,4 +19,4 @@ func SetAfterWaitState(f func()) (reset func()) {
 }
 
 // Batched reports whether b sends short grants as one request (see quickBatch).
-func Batched(b *Backend) bool { return b.batch != nil }
+func Batched(b *Backend) bool { return b.batch != nil && !b.batchOff.Load() }

@@ -4,8 +4,12 @@ import (
 	"context"
 	"database/sql"
 	sqldriver "database/sql/driver"
+	"errors"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Transactions whose call is cut short end on the server at once (see "Cancelled
@@ -97,7 +101,7 @@ func (b *Backend) onConn(ctx context.Context, db *sql.DB, fn func(c *sql.Conn) e
 		defer close(killed)
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killWithin)
 		defer cancel()
-		b.wake(kctx, id)
+		b.kill(kctx, db, id)
 	})
 	defer func() {
 		if !stop() {
@@ -106,6 +110,23 @@ func (b *Backend) onConn(ctx context.Context, db *sql.DB, fn func(c *sql.Conn) e
 		}
 	}()
 	return fn(c)
+}
+
+// kill ends the statement of connection id, of pool db, with KILL QUERY sent
+// through db: the place in db that the connection leaves when it is dropped
+// serves the KILL, so that it waits for no connection of another pool (the main
+// pool's may all be busy while the batch pool's are cut short). If db cannot give
+// a connection (a batch pool that the server gives unsafe connections, see
+// checkedConnector), the KILL goes through the main pool.
+func (b *Backend) kill(ctx context.Context, db *sql.DB, id uint64) {
+	if db != b.db {
+		_, err := db.ExecContext(ctx, "KILL QUERY "+strconv.FormatUint(id, 10))
+		var me *mysql.MySQLError
+		if err == nil || errors.As(err, &me) || ctx.Err() != nil {
+			return
+		}
+	}
+	b.wake(ctx, id)
 }
 
 // dropConn makes c's connection leave the pool when c is closed.

@@ -42,7 +42,8 @@ const DefaultTable = "dlock_locks"
 type Backend struct {
 	config
 	db       *sql.DB
-	batch    *sql.DB // Open's pool for several statements in one request (quickBatch), or nil
+	batch    *sql.DB     // Open's pool for several statements in one request (quickBatch), or nil
+	batchOff atomic.Bool // the server gave batch a connection whose character set is not escapeSafe
 	own      bool
 	closed   atomic.Bool
 	q        statements

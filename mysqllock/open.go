@@ -166,8 +166,10 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	// the short grant sends its statements one by one, with parameters apart.
 	bcfg := cfg.Clone()
 	bcfg.MultiStatements, bcfg.InterpolateParams = true, true
+	// The server may read statements in a character set other than the one
+	// asked for: each connection is checked (checkedConnector).
 	if bconn, err := mysql.NewConnector(bcfg); err == nil && escapeSafe(charset) {
-		b.batch = sql.OpenDB(bconn)
+		b.batch = sql.OpenDB(checkedConnector{bconn})
 		b.batch.SetMaxOpenConns(batchConns(conns))
 		b.batch.SetMaxIdleConns(batchConns(conns))
 		b.batch.SetConnMaxIdleTime(5 * time.Minute)

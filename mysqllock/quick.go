@@ -3,6 +3,10 @@ package mysqllock
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -14,8 +18,14 @@ import (
 // readGrant (permitGrant) and putPermit in one transaction. ok is false when the
 // statement does not apply (the full attempt decides).
 func (b *Backend) quickAcquire(ctx context.Context, req driver.Request, limit int) (tok uint64, ok bool, err error) {
-	if b.batch != nil {
-		return b.quickBatch(ctx, req, limit)
+	if b.batch != nil && !b.batchOff.Load() {
+		tok, ok, err := b.quickBatch(ctx, req, limit)
+		if !errors.Is(err, errUnsafeCharset) {
+			return tok, ok, err
+		}
+		// The server speaks a character set in which the driver's escaping
+		// does not hold (checkedConnector): statements one by one from now on.
+		b.batchOff.Store(true)
 	}
 	err = b.semTx(ctx, func(tx *sql.Tx) error {
 		ok = false
@@ -97,4 +107,61 @@ func (b *Backend) quickBatch(ctx context.Context, req driver.Request, limit int)
 			return 0, false, err
 		}
 	}
+}
+
+// errUnsafeCharset is the error of a batch connection whose character set is not
+// escapeSafe.
+var errUnsafeCharset = errors.New("mysqllock: the connection's character set does not read escaped literals as written")
+
+// checkedConnector makes the batch pool's connections: each new one is asked for
+// the character set the server reads its statements in (character_set_client),
+// which may not be the one the driver asked for (a server started with
+// skip-character-set-client-handshake uses its own, init_connect may change it);
+// a connection whose set is not escapeSafe is closed and errUnsafeCharset
+// returned, since the driver writes parameters into the text escaped for an
+// ASCII-safe set (a GBK value could end its literal).
+type checkedConnector struct{ sqldriver.Connector }
+
+func (c checkedConnector) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := charsetClient(ctx, conn)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if !escapeSafe(cs) {
+		conn.Close()
+		return nil, fmt.Errorf("%w (%s)", errUnsafeCharset, cs)
+	}
+	return conn, nil
+}
+
+// charsetClient reads conn's character_set_client.
+func charsetClient(ctx context.Context, conn sqldriver.Conn) (string, error) {
+	q, ok := conn.(sqldriver.QueryerContext)
+	if !ok {
+		return "", errUnsafeCharset
+	}
+	rows, err := q.QueryContext(ctx, "SELECT @@character_set_client", nil)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	dest := make([]sqldriver.Value, 1)
+	if err := rows.Next(dest); err != nil {
+		if err == io.EOF {
+			err = errUnsafeCharset
+		}
+		return "", err
+	}
+	switch v := dest[0].(type) {
+	case []byte:
+		return string(v), nil
+	case string:
+		return v, nil
+	}
+	return "", errUnsafeCharset
 }
