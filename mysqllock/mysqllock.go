@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -615,28 +614,17 @@ func (b *Backend) Close() error {
 // of the queue table inside the acquire statement take shared locks (REPEATABLE
 // READ), which can meet a waiter's upsert of its place.
 func (b *Backend) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	for i := 0; ; i++ {
-		var res sql.Result
-		var err error
+	var res sql.Result
+	err := retryTx(ctx, func() (err error) {
 		if st := b.stmts[query]; st != nil {
 			res, err = st.ExecContext(ctx, args...)
 		}
 		if st := b.stmts[query]; st == nil || isErr(err, errTooManyPrepared) {
 			res, err = b.db.ExecContext(ctx, query, args...)
 		}
-		if err == nil || i == 16 || !retryable(err) || ctx.Err() != nil {
-			return res, err
-		}
-		// After a jittered pause that grows, so that the transactions that met
-		// do not meet again at once.
-		t := time.NewTimer(time.Duration(rand.Int64N(int64(i+1) * int64(time.Millisecond))))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return res, err
-		}
-	}
+		return err
+	})
+	return res, err
 }
 
 // errTooManyPrepared is ER_MAX_PREPARED_STMT_COUNT_REACHED: the server holds

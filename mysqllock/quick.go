@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"strconv"
-	"time"
 
 	"github.com/dlockio/dlock/driver"
 )
@@ -73,8 +71,8 @@ func (b *Backend) quickBatch(ctx context.Context, req driver.Request, limit int)
 	}
 	text += b.sq.quickTail
 	args = append(args, req.Key, req.Owner, value(req.Value), req.Shared)
-	for i := 0; ; i++ {
-		err = b.onConn(ctx, b.batch, func(c *sql.Conn) error {
+	err = retryTx(ctx, func() error {
+		return b.onConn(ctx, b.batch, func(c *sql.Conn) error {
 			var n int64
 			var last uint64
 			rows, err := c.QueryContext(ctx, text, args...)
@@ -96,17 +94,8 @@ func (b *Backend) quickBatch(ctx context.Context, req driver.Request, limit int)
 			tok, ok = last, n > 0
 			return nil
 		})
-		if err == nil || i == 16 || !retryable(err) || ctx.Err() != nil {
-			return tok, ok, err
-		}
-		t := time.NewTimer(time.Duration(rand.Int64N(int64(i+1) * int64(time.Millisecond))))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return 0, false, err
-		}
-	}
+	})
+	return tok, ok, err
 }
 
 // errUnsafeCharset is the error of a batch connection whose character set is not

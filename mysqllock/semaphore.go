@@ -188,12 +188,18 @@ type semState struct {
 // as a deadlock's victim or a statement waited longer than the session's lock wait
 // timeout (the transaction is rolled back whole either way: see retryable).
 func (b *Backend) semTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return retryTx(ctx, func() error { return b.tx(ctx, fn) })
+}
+
+// retryTx runs try, again (up to 16 times) while it fails with a retryable error
+// and ctx is not done, after a jittered pause that grows, so that the
+// transactions that met do not meet again at once.
+func retryTx(ctx context.Context, try func() error) error {
 	for i := 0; ; i++ {
-		err := b.tx(ctx, fn)
+		err := try()
 		if err == nil || i == 16 || !retryable(err) || ctx.Err() != nil {
 			return err
 		}
-		// After a jittered pause that grows (as exec does).
 		t := time.NewTimer(time.Duration(rand.Int64N(int64(i+1) * int64(time.Millisecond))))
 		select {
 		case <-t.C:
