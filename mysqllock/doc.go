@@ -208,8 +208,9 @@
 // short its abandoned statements queued faster than the row lock served them, and
 // a second's wait was still too long: readers, writers and a semaphore's holders
 // on 8 clients, calls cut short after 5 to 65 ms, reached the 400 connections in
-// some runs. A transaction therefore runs on a connection whose server id the
-// client knows (read once per connection), and a call that gives up ends its
+// some runs. A transaction (and the one request of a short grant, see
+// Semaphores and read-write locks) therefore runs on a connection whose server id
+// the client knows (read once per connection), and a call that gives up ends its
 // statement with KILL QUERY (the same privilege as the wake-ups above) and drops
 // that connection (it never goes back to the pool, so the KILL meets no other
 // call's statement, and its place in the pool serves the KILL): the same test
@@ -311,24 +312,26 @@
 // key with no writer's permit, or a permit's on a semaphore of the request's limit
 // with a permit free, is one UPDATE of the row (the next token and the expiry bound,
 // guarded by reads of the permits and of the live places) and the permit's INSERT,
-// in one transaction. A backend made by Open sends that transaction as one request
-// (START TRANSACTION, the UPDATE, the INSERT if the UPDATE changed the row, a read
-// of the outcome, COMMIT) on a connection of a second pool, whose connections take
-// several statements at once and have their parameters written into the text
-// (escaped) by the driver (multiStatements and interpolateParams, which the URL
-// cannot set; only when the URL's charset, if any, lists only utf8mb4, utf8,
-// utf8mb3, latin1, ascii or binary, in which escaping reads back as written; each
-// new connection of the pool is asked for the character set the server reads it
-// in, which a server may choose itself (skip-character-set-client-handshake,
-// init_connect), and the first that is not one of those turns the pool off: the
-// statements then go one by one): the row stays locked for the time the server
-// takes to run them,
-// not for three round trips. A statement of it that fails stops the rest and may
-// leave the transaction open, so its connection is then closed (the server rolls
-// the transaction back), never returned to the pool. A backend made by New, on the
-// caller's pool, sends the statements one by one (BEGIN, UPDATE, INSERT, COMMIT),
-// the row locked for two round trips. A
-// permit's release is one DELETE of the permit joined to the row (share-locked);
+// in one transaction.
+//
+// A backend made by Open sends that transaction as one request (START
+// TRANSACTION, the UPDATE, the INSERT if the UPDATE changed the row, a read of the
+// outcome, COMMIT) on a connection of a second, smaller pool whose connections take
+// several statements at once, their parameters written into the text by the
+// driver, escaped (multiStatements and interpolateParams, which the URL cannot
+// set). The row then stays locked for the time the server takes to run them, not
+// for three round trips. A statement of it that fails stops the rest and may leave
+// the transaction open, so its connection is closed (the server rolls the
+// transaction back), never returned to the pool. Escaping holds only in character
+// sets that read it back as written: the second pool is made only when the URL's
+// charset, if any, lists only utf8mb4, utf8, utf8mb3, latin1, ascii or binary, and
+// each of its new connections is asked for the set the server reads it in (a
+// server may choose its own: skip-character-set-client-handshake, init_connect);
+// the first that is not one of those turns the pool off. Then, and for a backend
+// made by New on the caller's pool, the statements go one by one (BEGIN, UPDATE,
+// INSERT, COMMIT), the row locked for two round trips.
+//
+// A permit's release is one DELETE of the permit joined to the row (share-locked);
 // it leaves the row's expiry bound as it was and the row a state row, free to the
 // next attempt of any kind once no permit is live. Statements that lock a key's row
 // and a permit lock the row first (STRAIGHT_JOIN), so they do not deadlock.
