@@ -3,7 +3,6 @@ package dlock_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -207,114 +206,6 @@ func TestWaiterWakesAtExpiryOfCrashedHolder(t *testing.T) {
 	clk.Advance(time.Second + time.Millisecond)
 	if err := <-got; err != nil {
 		t.Fatalf("Lock after expiry: %v", err)
-	}
-}
-
-func TestInvalidOptions(t *testing.T) {
-	b := memlock.NewStore(clock.Real).Backend()
-	bad := map[string][]dlock.Option{
-		"zero TTL":          {dlock.WithTTL(0)},
-		"negative TTL":      {dlock.WithTTL(-time.Second)},
-		"renew >= validity": {dlock.WithTTL(time.Second), dlock.WithRenewInterval(time.Second)},
-		"renew zero":        {dlock.WithRenewInterval(0)},
-		"drift too big":     {dlock.WithDrift(0.5, 0)},
-		"drift negative":    {dlock.WithDrift(-0.1, 0)},
-		"fixed drift < 0":   {dlock.WithDrift(0.01, -time.Millisecond)},
-		"TTL below drift":   {dlock.WithTTL(time.Millisecond)},
-		"retry min > max":   {dlock.WithRetry(time.Second, time.Millisecond)},
-		"retry zero":        {dlock.WithRetry(0, time.Second)},
-		"owner empty":       {dlock.WithOwner("")},
-		"owner spaces":      {dlock.WithOwner("a b")},
-		"owner too long":    {dlock.WithOwner(strings.Repeat("a", 129))},
-		"nil logger":        {dlock.WithLogger(nil)},
-		"nil clock":         {dlock.WithClock(nil)},
-		"nil option":        {nil},
-		"resume, no owner":  {dlock.WithResume()},
-	}
-	for name, opts := range bad {
-		if _, err := dlock.New(b, opts...); !errors.Is(err, dlock.ErrInvalid) {
-			t.Errorf("%s: New = %v, want ErrInvalid", name, err)
-		}
-	}
-	if _, err := dlock.New(nil); !errors.Is(err, dlock.ErrInvalid) {
-		t.Errorf("nil backend: %v", err)
-	}
-	c, err := dlock.New(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := context.Background()
-	if _, err := c.Lock(ctx, "k", dlock.WithClock(clock.Real)); !errors.Is(err, dlock.ErrInvalid) {
-		t.Errorf("per-lock WithClock: %v", err)
-	}
-	if _, err := c.Lock(ctx, "k", dlock.WithTTL(-1)); !errors.Is(err, dlock.ErrInvalid) {
-		t.Errorf("per-lock bad TTL: %v", err)
-	}
-}
-
-func TestOpenURLs(t *testing.T) {
-	ctx := context.Background()
-	for _, u := range []string{
-		"",
-		"nosuch://host",
-		"mem://x?bogus=1",
-		"mem://x?ttl=abc",
-		"mem://x?ttl=-1s",
-		"mem://x?ttl=1s&renew=2s",
-		"mem://x?owner=bad%20owner",
-		"mem://x?ttl=1s&ttl=2s",
-		"mem://x/path",
-		"redis://user:hunter2@[::1",
-	} {
-		c, err := dlock.Open(ctx, u)
-		if err == nil {
-			c.Close()
-			t.Errorf("Open(%q) succeeded", u)
-			continue
-		}
-		if !errors.Is(err, dlock.ErrInvalid) {
-			t.Errorf("Open(%q) = %v, want ErrInvalid", u, err)
-		}
-		if strings.Contains(err.Error(), "hunter2") {
-			t.Errorf("Open(%q) error shows the password: %v", u, err)
-		}
-	}
-	c, err := dlock.Open(ctx, "mem://open-test?ttl=2s&renew=500ms&owner=me-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	l, err := c.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l.TTL() != 2*time.Second || l.Owner() != "me-1" {
-		t.Fatalf("URL options not applied: ttl %v owner %q", l.TTL(), l.Owner())
-	}
-	// Explicit options override the URL.
-	l2, err := c.Lock(ctx, "k2", dlock.WithTTL(3*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l2.TTL() != 3*time.Second {
-		t.Fatalf("option did not override URL: %v", l2.TTL())
-	}
-	_ = l.Release(ctx)
-	_ = l2.Release(ctx)
-}
-
-func TestRedact(t *testing.T) {
-	c, err := dlock.Open(context.Background(), "mem://redact")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	u := "redis://user:s3cret@host:6379/0?password=p4ss&prefix=app"
-	pu, _ := url.Parse(u)
-	got := driver.Redact(pu)
-	if strings.Contains(got, "s3cret") || strings.Contains(got, "p4ss") || !strings.Contains(got, "prefix=app") {
-		t.Fatalf("Redact = %q", got)
 	}
 }
 
