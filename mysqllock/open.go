@@ -223,11 +223,11 @@ func escapeSafe(charsets string) bool {
 // quarter, at least 2.
 func batchConns(conns int) int { return max(2, conns/4) }
 
-// authErr marks the server refusing the credentials or a privilege with
-// driver.ErrAuth.
 // lockWaitTimeout is the session's innodb_lock_wait_timeout, in seconds.
 const lockWaitTimeout = "1"
 
+// authErr marks the server refusing the credentials or a privilege with
+// driver.ErrAuth.
 func authErr(err error) error {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
