@@ -434,7 +434,10 @@ func TestQuickReviewCutShortFullPool(t *testing.T) {
 	wcancel()
 	wg.Wait()
 	t.Logf("slowest call cut short after 100ms returned after %v", worst)
-	if worst > 600*time.Millisecond {
+	// Before the fix: 1.0 s and more (a main-pool statement's lock wait timeout
+	// frees a connection); after, about 0.1 s. The bound leaves room for a loaded
+	// machine.
+	if worst > 900*time.Millisecond {
 		t.Fatalf("a call cut short after 100ms returned after %v", worst)
 	}
 }
