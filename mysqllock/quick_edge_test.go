@@ -419,7 +419,19 @@ func TestQuickReviewCutShortFullPool(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Until the three wait for wkey's row (the main pool is then all theirs).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var waiting int
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE command = 'Execute' AND info LIKE 'INSERT INTO `"+mysqllock.DefaultTable+"`%'").Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writers wait for the row, want 3", waiting)
+		}
+	}
 	var worst time.Duration
 	for i := range 5 {
 		cctx, ccancel := context.WithTimeout(ctx, 100*time.Millisecond)
@@ -463,7 +475,12 @@ func TestQuickReviewCloseConns(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 16 {
 		wg.Add(1)
-		go func() { defer wg.Done(); mustAcquire(t, b, reader(key, fmt.Sprint("r", i))) }()
+		go func() {
+			defer wg.Done()
+			if _, err := b.Acquire(ctx, reader(key, fmt.Sprint("r", i))); err != nil {
+				t.Error(err) // not Fatal: another goroutine
+			}
+		}()
 	}
 	wg.Wait()
 	if !mysqllock.Batched(b) {

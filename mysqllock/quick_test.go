@@ -27,10 +27,7 @@ func TestQuickGrantFailsWhole(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
 	defer cancel()
 	key := drivertest.Key(t, "k")
-	reader := func(owner string) driver.Request {
-		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Shared: true}
-	}
-	g1, err := b.Acquire(ctx, reader("r1"))
+	g1, err := b.Acquire(ctx, reader(key, "r1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +40,7 @@ func TestQuickGrantFailsWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.AfterFunc(1500*time.Millisecond, func() { tx.Rollback() }) // past one lock wait timeout
-	g2, err := b.Acquire(ctx, reader("r2"))
+	g2, err := b.Acquire(ctx, reader(key, "r2"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,12 +63,9 @@ func TestQuickGrantOnCallersPool(t *testing.T) {
 	}
 	defer b.Close()
 	key := drivertest.Key(t, "k")
-	req := func(owner string, shared bool) driver.Request {
-		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Shared: shared}
-	}
 	var last uint64
 	for _, owner := range []string{"r1", "r2", "r3"} {
-		g, err := b.Acquire(ctx, req(owner, true))
+		g, err := b.Acquire(ctx, reader(key, owner))
 		if err != nil {
 			t.Fatalf("reader %s: %v", owner, err)
 		}
@@ -80,7 +74,7 @@ func TestQuickGrantOnCallersPool(t *testing.T) {
 		}
 		last = g.Token
 	}
-	if _, err := b.Acquire(ctx, req("w", false)); !errors.Is(err, driver.ErrLocked) {
+	if _, err := b.Acquire(ctx, writer(key, "w")); !errors.Is(err, driver.ErrLocked) {
 		t.Fatalf("a writer beside readers: %v, want ErrLocked", err)
 	}
 	for _, owner := range []string{"r1", "r2", "r3"} {
@@ -88,7 +82,7 @@ func TestQuickGrantOnCallersPool(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	g, err := b.Acquire(ctx, req("w", false))
+	g, err := b.Acquire(ctx, writer(key, "w"))
 	if err != nil || g.Token <= last {
 		t.Fatalf("the writer once the readers left: %+v, %v", g, err)
 	}
