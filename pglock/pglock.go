@@ -328,22 +328,27 @@
 // refresh costs what a semaphore permit's does, and a handoff costs a row per
 // reader handed the key.
 //
-// Readers do not take turns: a reader's grant and release lock the key's state
-// row FOR SHARE, not FOR UPDATE, and write only the reader's own permit row
-// (sql/read_acquire.sql, read_release.sql), so readers' transactions, their
-// commits included, run in parallel, while a writer's attempt and every handoff,
-// which lock the row FOR UPDATE, wait for the readers in flight and they for it:
-// each still decides on every permit and place committed before its lock. A fast
+// Readers do not take turns: a reader's grant and release hold the key's readers'
+// barrier, an advisory lock of the transaction, shared, lock no row, and write
+// only the reader's own permit row (sql/read_lock.sql, read_acquire.sql,
+// read_release.sql), so readers' transactions, their commits included, run in
+// parallel, while a writer's attempt and every handoff and permit change, which
+// take the barrier exclusively before they lock the key's row FOR UPDATE
+// (lock_row.sql, sem_lock.sql), wait for the readers in flight and they for it:
+// each still decides on every permit and place committed before its lock. (A
+// share lock of the row did the same, but each reader then joined a MultiXact
+// that the next had to copy: see docs/lock-types.md.) A fast
 // grant applies when the key is free (it inserts the state row) or is a read-write
 // key with no writer's permit and no live place, and the state row's expiry bound
 // already covers the new permit (a reader's full attempt sets the bound two TTLs
 // ahead, so the bound may outlast the last reader by up to a TTL); otherwise the
 // full attempt decides, one more round trip. Its token comes from the sequence like
 // every grant's, drawn after the writer before it committed and before the writer
-// after it locks the row, so tokens still rise per key across readers and writers.
+// after it takes the barrier, so tokens still rise per key across readers and writers.
 // A reader's release frees the key, or hands it to a queued writer, in the same
 // transaction when it sees no other reader left (or a place queued) and no other
-// transaction holds the row (FOR UPDATE SKIP LOCKED). Else, with a place queued,
+// transaction holds or awaits the barrier (tried exclusively, then the row FOR
+// UPDATE SKIP LOCKED). Else, with a place queued,
 // it runs the handoff after committing (waiting for the readers in flight; of two
 // last readers each sees the place, so a queued writer is always woken); with none
 // it does nothing more, and the state row it may leave without permits is a free

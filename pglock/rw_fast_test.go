@@ -29,6 +29,100 @@ func TestReadersFast(t *testing.T) {
 	t.Run("DeadRows", func(t *testing.T) { testReadersDeadRows(t, srv) })
 	t.Run("WatchLockGivenBack", func(t *testing.T) { testReadersWatchLock(t, srv) })
 	t.Run("PlannedOnce", func(t *testing.T) { testReadersPlanned(t, srv) })
+	t.Run("WritersWaitForReaders", func(t *testing.T) { testWritersWaitForReaders(t, srv) })
+}
+
+// barrierID is the key of the readers' barrier lock of key $1 in the default
+// table, as sql/fragments.sql (readerID) computes it.
+const barrierID = `hashtextextended($1::text COLLATE "C", '` + pglock.DefaultTable + `'::regclass::oid::bigint + 4294967296)`
+
+// A writer's attempt, a release and a refresh of a writer's permit, and a set's
+// attempt each wait for a reader's fast grant or release in flight (the key's
+// readers' barrier held shared, as read_lock takes it, and no row lock) and
+// decide only once it has committed.
+func testWritersWaitForReaders(t *testing.T, srv *testserver.Postgres) {
+	h := harness(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	b := h.Open(t).(*pglock.Backend)
+	defer b.Close()
+	c := h.Client(t)
+	req := func(key, owner string, shared bool) driver.Request {
+		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Shared: shared}
+	}
+	// A writer holding a read-write key: a reader's queueing turns its mutex row
+	// into a state row and a writer's permit.
+	var queued []driver.Waiter
+	defer func() {
+		for _, w := range queued {
+			w.Stop(ctx, false)
+		}
+	}()
+	writerHolds := func(key string) error {
+		if _, err := b.Acquire(ctx, req(key, "w", false)); err != nil {
+			return err
+		}
+		queued = append(queued, queueRW(t, b, key, "r", true))
+		return nil
+	}
+	for _, tc := range []struct {
+		name  string
+		setup func(key string) error
+		op    func(key string) error
+	}{
+		{"writer's attempt", func(key string) error {
+			_, err := b.Acquire(ctx, req(key, "r", true))
+			return err
+		}, func(key string) error {
+			if _, err := b.Acquire(ctx, req(key, "w", false)); !errors.As(err, new(*driver.HeldError)) {
+				return fmt.Errorf("writer beside a reader: %v, want held", err)
+			}
+			return nil
+		}},
+		{"release of a writer's permit", writerHolds, func(key string) error { return b.Release(ctx, key, "w") }},
+		{"refresh of a writer's permit", writerHolds, func(key string) error { return b.Refresh(ctx, key, "w", time.Minute) }},
+		{"set's attempt", func(string) error { return nil }, func(key string) error {
+			m, err := c.TryLockAll(ctx, []string{key, key + "-other"})
+			if err != nil {
+				return err
+			}
+			return m.Release(ctx)
+		}},
+	} {
+		key := drivertest.Key(t, "k")
+		if err := tc.setup(key); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		tx, err := b.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+barrierID+`)`, key); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- tc.op(key) }()
+		for waiting := false; !waiting; {
+			select {
+			case err := <-done:
+				tx.Rollback(ctx)
+				t.Fatalf("%s returned (%v) while a reader's transaction held the barrier", tc.name, err)
+			case <-time.After(5 * time.Millisecond):
+			}
+			err := b.Pool().QueryRow(ctx, `WITH id AS (SELECT `+barrierID+` AS v)
+				SELECT EXISTS (SELECT FROM pg_locks l, id WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1
+					AND l.classid = oid((id.v >> 32) & 4294967295) AND l.objid = oid(id.v & 4294967295))`, key).Scan(&waiting)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("%s after the reader's transaction: %v", tc.name, err)
+		}
+	}
 }
 
 // A reader's statements after read_lock run on generic plans, made once per
@@ -355,9 +449,10 @@ func testReadersWatch(t *testing.T, srv *testserver.Postgres) {
 	}
 }
 
-// A reader's fast release that cannot lock the key's row at once (another
-// reader's transaction holds it) leaves the state row, with no permit: that row
-// is a free key to every statement, and the key's next use drops it.
+// A reader's fast release that cannot take the key's readers' barrier at once
+// (another reader's transaction holds it shared) leaves the state row, with no
+// permit: that row is a free key to every statement, and the key's next use
+// drops it.
 func testReadersLeftRow(t *testing.T, srv *testserver.Postgres) {
 	h := harness(t, srv)
 	ctx := context.Background()
@@ -373,7 +468,7 @@ func testReadersLeftRow(t *testing.T, srv *testserver.Postgres) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.Exec(ctx, `SELECT FROM `+pglock.DefaultTable+` WHERE key = $1 FOR SHARE`, key); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+barrierID+`)`, key); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Release(ctx, key, "r1"); err != nil {

@@ -100,8 +100,8 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 }
 
 // readAcquire is a reader's fast grant (read_lock, read_acquire in one batch and
-// transaction): it takes the key's state row FOR SHARE and writes only its own
-// permit, so readers' grants run together. ok is false when the fast grant does
+// transaction): it takes the key's readers' barrier lock shared, no row lock, and
+// writes only its own permit, so readers' grants run together. ok is false when the fast grant does
 // not apply (no read-write state row bounding the permit, a writer's permit, a
 // live place, a permit of the owner's own); the full attempt then decides.
 func (b *Backend) readAcquire(ctx context.Context, req driver.Request, value []byte) (token int64, ok bool, err error) {
@@ -127,12 +127,13 @@ func (b *Backend) readAcquire(ctx context.Context, req driver.Request, value []b
 
 // readRelease is a reader's fast release (read_lock, read_release, read_last,
 // read_wake in one batch and transaction): it deletes its shared permit under the
-// state row's share lock. When a place is queued, or no other reader seems left,
-// and the state row can be locked at once, read_wake hands the key to whom it now
+// key's readers' barrier, held shared. When a place is queued, or no other reader
+// seems left, and the barrier can be taken exclusively and the state row locked
+// at once, read_wake hands the key to whom it now
 // admits or drops the key's rows in the same transaction. When a place is queued
-// and the row cannot be locked at once, the full handoff (lock_row, sem_wake)
+// and they cannot be taken at once, the full handoff (lock_row, sem_wake)
 // runs in a transaction of its own, which waits for the transactions in flight.
-// When no place is queued and the row cannot be locked at once (another reader's
+// When no place is queued and they cannot be taken at once (another reader's
 // grant or release is in flight), nothing more is done: the state row is left,
 // with perhaps no permit and no place, a free key to every statement (see
 // read_last.sql), which the key's next release or handoff that finds it alone

@@ -33,13 +33,17 @@ flight, so a change that notified no one is committed before the watch starts.
 (The dlock pool's connections hold no session lock otherwise; nothing between
 the try and the give-back can fail.)
 readerID: the key of the readers' barrier lock of key $1 (another seed than the
-watch lock's, above every oid).
+watch lock's, above every oid); called with (.WithKey "u.k"), of the key that
+expression names. Readers' transactions hold it shared (read_lock); every
+transaction that locks a key's row to decide for writers, handoffs or permits
+(lock_row, sem_lock) holds it exclusively first, so those and readers wait for
+each other in the lock manager, with no row lock of readers.
 */}}
 {{- define "us"}} * interval '1 microsecond'{{end -}}
 {{- define "placeRange"}}{{$k := or . "$1::text"}}p.key > {{$k}} || chr(2) AND p.key < {{$k}} || chr(3){{end -}}
 {{- define "placeLive"}}(p.expires_at > now() OR NOT pg_try_advisory_xact_lock(('x' || substr(p.queue_channel[1], 7, 16))::bit(64)::bigint)){{end -}}
 {{- define "notify"}}{{$k := or .Key "$1::text"}}(CASE WHEN pg_try_advisory_xact_lock(hashtextextended({{$k}} COLLATE "C", {{.TableID}})) THEN true ELSE pg_notify({{.WatchChannel}}, {{$k}}) IS NOT NULL END){{end -}}
-{{- define "readerID"}}hashtextextended($1::text COLLATE "C", {{.TableID}}::bigint + 4294967296){{end -}}
+{{- define "readerID"}}{{$k := or .Key "$1::text"}}hashtextextended({{$k}} COLLATE "C", {{.TableID}}::bigint + 4294967296){{end -}}
 {{- define "readNotify"}}(CASE WHEN pg_try_advisory_lock(hashtextextended($1::text COLLATE "C", {{.TableID}}))
 		THEN pg_advisory_unlock(hashtextextended($1::text COLLATE "C", {{.TableID}})) IS NOT NULL WHEN EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ShareLock'
 		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())

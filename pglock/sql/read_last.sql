@@ -4,10 +4,15 @@ key may have to be handed on (a live place is queued: a writer may now be let in
 or freed (no other live permit is left whose row no transaction is deleting:
 xmax unset; a reader's release deletes its row before this statement, so of two
 last readers releasing together the later one to get here sees the other's
-deletion). Then it locks the state row FOR UPDATE if no other transaction holds
-it (SKIP LOCKED: no reader or writer of the key in flight) and marks the
-transaction (dlock.wake) for read_wake, next in the same transaction, which
-decides under that lock with a snapshot taken after it. Returns (whether the
+deletion). Then, if no other transaction holds the key's readers' barrier
+(readerID, which this one holds shared since read_lock: no other reader's grant
+or release in flight, and no writer's transaction holding or awaiting it), it
+takes the barrier exclusively and locks the state row FOR UPDATE (SKIP LOCKED:
+nor a statement that locks the row without the barrier, a mutex attempt that
+refuses a state row), and marks the transaction (dlock.wake) for read_wake, next
+in the same transaction, which decides under those locks with a snapshot taken
+after them. Both are tries: a transaction that holds the barrier shared and
+waited for it here could deadlock with another. Returns (whether the
 key may need it and its row lock was taken; whether a live place is queued). When
 both hold, the caller runs the full handoff, lock_row then sem_wake, in a
 transaction of its own, which waits for the transactions in flight, so a queued
@@ -26,6 +31,8 @@ WITH w AS (
 	FROM w
 ), mine AS (
 	SELECT set_config('dlock.wake', $1::text, true) AS k FROM (
-		SELECT FROM {{.Table}} r, need WHERE need.yes AND r.key = $1::text AND r.owner = '#' FOR UPDATE OF r SKIP LOCKED) l
+		SELECT FROM {{.Table}} r, need WHERE r.key = $1::text
+			AND CASE WHEN need.yes AND r.owner = '#' THEN pg_try_advisory_xact_lock({{template "readerID" .}}) ELSE false END
+		FOR UPDATE OF r SKIP LOCKED) l
 )
 SELECT need.yes AND NOT EXISTS (SELECT FROM mine), need.places FROM need
