@@ -132,8 +132,8 @@ func (b *Backend) readAcquire(ctx context.Context, req driver.Request, value []b
 // at once, read_wake hands the key to whom it now
 // admits or drops the key's rows in the same transaction. When a place is queued
 // and they cannot be taken at once, the full handoff (lock_row, sem_wake)
-// runs in a transaction of its own, which waits for the transactions in flight.
-// When no place is queued and they cannot be taken at once (another reader's
+// runs in a transaction of its own, which waits for the transactions in flight
+// (in the background if the caller gives up first). When no place is queued and they cannot be taken at once (another reader's
 // grant or release is in flight), nothing more is done: the state row is left,
 // with perhaps no permit and no place, a free key to every statement (see
 // read_last.sql), which the key's next release or handoff that finds it alone
@@ -168,13 +168,23 @@ func (b *Backend) readRelease(ctx context.Context, key, owner string) (handled b
 		return true, b.ctxErr(ctx, wrap("release", key, err))
 	}
 	if wake && places {
-		// A writer may be let in: wait for the transactions in flight.
-		_ = retry(ctx, func() error {
-			batch := &pgx.Batch{}
-			batch.Queue(b.sql.lockRow, key)
-			batch.Queue(b.sql.semWake, key, owner)
-			return b.pool.SendBatch(ctx, batch).Close()
-		})
+		// A writer may be let in: wait for the transactions in flight. A queued
+		// writer must be woken even when the caller gives up meanwhile (the
+		// permit is gone already): if the caller's context ends first, the
+		// handoff runs again in the background, bounded, and Close waits for it.
+		handOff := func(ctx context.Context) error {
+			return retry(ctx, func() error {
+				batch := &pgx.Batch{}
+				batch.Queue(b.sql.lockRow, key)
+				batch.Queue(b.sql.semWake, key, owner)
+				return b.pool.SendBatch(ctx, batch).Close()
+			})
+		}
+		if err := handOff(ctx); err != nil && ctx.Err() != nil {
+			b.lst.mu.Lock()
+			b.lst.background(func(ctx context.Context) { _ = handOff(ctx) })
+			b.lst.mu.Unlock()
+		}
 	}
 	if !live {
 		return true, driver.ErrNotHeld
