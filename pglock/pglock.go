@@ -337,8 +337,8 @@
 // (lock_row.sql, sem_lock.sql), wait for the readers in flight and they for it:
 // each still decides on every permit and place committed before its lock. (A
 // share lock of the row did the same, but each reader then joined a MultiXact
-// that the next had to copy: see docs/lock-types.md.) A fast
-// grant applies when the key is free (it inserts the state row) or is a read-write
+// that the next had to copy: see docs/lock-types.md.) A fast grant applies when
+// the key is free (it inserts the state row) or is a read-write
 // key with no writer's permit and no live place, and the state row's expiry bound
 // already covers the new permit (a reader's full attempt sets the bound two TTLs
 // ahead, so the bound may outlast the last reader by up to a TTL); otherwise the
@@ -348,9 +348,10 @@
 // A reader's release frees the key, or hands it to a queued writer, in the same
 // transaction when it sees no other reader left (or a place queued) and no other
 // transaction holds or awaits the barrier (tried exclusively, then the row FOR
-// UPDATE SKIP LOCKED). Else, with a place queued,
-// it runs the handoff after committing (waiting for the readers in flight; of two
-// last readers each sees the place, so a queued writer is always woken); with none
+// UPDATE SKIP LOCKED). Else, with a place queued, it runs the handoff after
+// committing (waiting for the readers in flight, in the background if its caller
+// gives up first; of two last readers each sees the place, so a queued writer is
+// always woken); with none
 // it does nothing more, and the state row it may leave without permits is a free
 // key to every statement (any attempt takes it; Holders, Inspect and List show no
 // holder) until the key's next release or handoff that finds it alone drops it.

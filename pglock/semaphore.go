@@ -101,9 +101,10 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 
 // readAcquire is a reader's fast grant (read_lock, read_acquire in one batch and
 // transaction): it takes the key's readers' barrier lock shared, no row lock, and
-// writes only its own permit, so readers' grants run together. ok is false when the fast grant does
-// not apply (no read-write state row bounding the permit, a writer's permit, a
-// live place, a permit of the owner's own); the full attempt then decides.
+// writes only its own permit, so readers' grants run together. ok is false when
+// the fast grant does not apply (no read-write state row bounding the permit, a
+// writer's permit, a live place, a permit of the owner's own); the full attempt
+// then decides.
 func (b *Backend) readAcquire(ctx context.Context, req driver.Request, value []byte) (token int64, ok bool, err error) {
 	err = retry(ctx, func() error {
 		ok = false
@@ -129,16 +130,16 @@ func (b *Backend) readAcquire(ctx context.Context, req driver.Request, value []b
 // read_wake in one batch and transaction): it deletes its shared permit under the
 // key's readers' barrier, held shared. When a place is queued, or no other reader
 // seems left, and the barrier can be taken exclusively and the state row locked
-// at once, read_wake hands the key to whom it now
-// admits or drops the key's rows in the same transaction. When a place is queued
-// and they cannot be taken at once, the full handoff (lock_row, sem_wake)
-// runs in a transaction of its own, which waits for the transactions in flight
-// (in the background if the caller gives up first). When no place is queued and they cannot be taken at once (another reader's
-// grant or release is in flight), nothing more is done: the state row is left,
-// with perhaps no permit and no place, a free key to every statement (see
-// read_last.sql), which the key's next release or handoff that finds it alone
-// drops. handled is false when the owner holds no shared permit of key (the full
-// release decides).
+// at once, read_wake hands the key to whom it now admits or drops the key's rows
+// in the same transaction. When a place is queued and they cannot be taken at
+// once, the full handoff (lock_row, sem_wake) runs in a transaction of its own,
+// which waits for the transactions in flight (in the background if the caller
+// gives up first). When no place is queued and they cannot be taken at once
+// (another reader's grant or release is in flight), nothing more is done: the
+// state row is left, with perhaps no permit and no place, a free key to every
+// statement (see read_last.sql), which the key's next release or handoff that
+// finds it alone drops. handled is false when the owner holds no shared permit of
+// key (the full release decides).
 func (b *Backend) readRelease(ctx context.Context, key, owner string) (handled bool, err error) {
 	var live, notified, wake, places bool
 	err = retry(ctx, func() error {
