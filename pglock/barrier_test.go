@@ -3,8 +3,13 @@ package pglock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
@@ -23,6 +28,59 @@ func TestBarrier(t *testing.T) {
 	t.Run("ReleaseCutShort", func(t *testing.T) { testReleaseCutShort(t, srv) })
 }
 
+// gatePermits makes the insert of owner's permit into table's permit table wait
+// (in a trigger, BEFORE or AFTER as when says) until the returned func is
+// called: the transaction that inserts it keeps, meanwhile, what it took before.
+func gatePermits(t *testing.T, ctx context.Context, pool *pgxpool.Pool, table, when, owner string, id int64) (open func()) {
+	t.Helper()
+	fn := table + "_fn"
+	exec(t, pool, fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		IF NEW.owner = %s THEN PERFORM pg_advisory_xact_lock(%d); END IF;
+		RETURN NEW;
+	END $$`, fn, pgxQuote(owner), id))
+	exec(t, pool, fmt.Sprintf(`CREATE OR REPLACE TRIGGER %s %s INSERT ON %s_permits FOR EACH ROW EXECUTE FUNCTION %s()`, table, when, table, fn))
+	gate, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gate.Exec(ctx, `SELECT pg_advisory_lock($1)`, id); err != nil {
+		gate.Release()
+		t.Fatal(err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			defer gate.Release()
+			if _, err := gate.Exec(ctx, `SELECT pg_advisory_unlock($1)`, id); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// pgxQuote quotes s as an SQL string literal.
+func pgxQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// awaitLockWaiters waits until at least n statements wait for a lock that cond
+// (an SQL condition on pg_locks) selects, or fails the test naming what.
+func awaitLockWaiters(t *testing.T, ctx context.Context, pool *pgxpool.Pool, cond string, n int, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(drivertest.Wait); ; {
+		var got int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND `+cond).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d statements waiting for a lock after %v, want %d", what, got, drivertest.Wait, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // A reader's fast grant in flight (past read_lock, its permit not yet written:
 // held here by a trigger on the permit table) holds the key's readers' barrier
 // shared, so a writer's attempt on the key, free meanwhile (the reader before
@@ -38,46 +96,8 @@ func testReaderGrantInFlight(t *testing.T, srv *testserver.Postgres) {
 	defer b.Close()
 	slow := open(t, rawURL)
 	defer slow.Close()
-	exec(t, pool, `CREATE OR REPLACE FUNCTION barrier_gate_fn() RETURNS trigger LANGUAGE plpgsql AS $$
-	BEGIN
-		IF NEW.owner = 'slow' THEN PERFORM pg_advisory_xact_lock(4343); END IF;
-		RETURN NEW;
-	END $$`)
-	exec(t, pool, `CREATE OR REPLACE TRIGGER barrier_gate BEFORE INSERT ON barrier_gate_permits FOR EACH ROW EXECUTE FUNCTION barrier_gate_fn()`)
-	gate, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gate.Release()
-	if _, err := gate.Exec(ctx, `SELECT pg_advisory_lock(4343)`); err != nil {
-		t.Fatal(err)
-	}
-	unlocked := false
-	unlock := func() {
-		if !unlocked {
-			unlocked = true
-			if _, err := gate.Exec(ctx, `SELECT pg_advisory_unlock(4343)`); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	unlock := gatePermits(t, ctx, pool, "barrier_gate", "BEFORE", "slow", 4343)
 	defer unlock()
-	waitFor := func(what, cond string) {
-		t.Helper()
-		for deadline := time.Now().Add(drivertest.Wait); ; {
-			var n int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND `+cond).Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			if n > 0 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never waited", what)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	key := drivertest.Key(t, "k")
 	// A first reader's fast grant makes the key a read-write key.
 	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "r0", TTL: time.Minute, Shared: true}); err != nil {
@@ -92,7 +112,7 @@ func testReaderGrantInFlight(t *testing.T, srv *testserver.Postgres) {
 		g, err := slow.Acquire(ctx, driver.Request{Key: key, Owner: "slow", TTL: time.Minute, Shared: true})
 		reader <- result{g, err}
 	}()
-	waitFor("the slow reader's permit", `objid = 4343`)
+	awaitLockWaiters(t, ctx, pool, `locktype = 'advisory' AND objid = 4343`, 1, "the slow reader's permit")
 	// The first reader leaves: the key has no live permit but the one in flight.
 	if err := b.Release(ctx, key, "r0"); err != nil {
 		t.Fatal(err)
@@ -107,7 +127,7 @@ func testReaderGrantInFlight(t *testing.T, srv *testserver.Postgres) {
 	case w := <-writer:
 		writer <- w
 	case <-time.After(200 * time.Millisecond):
-		waitFor("the writer", `objid <> 4343`)
+		awaitLockWaiters(t, ctx, pool, `locktype = 'advisory' AND objid <> 4343`, 1, "the writer")
 	}
 	unlock()
 	r, w := <-reader, <-writer
@@ -143,29 +163,7 @@ func testWatchReaderInFlight(t *testing.T, srv *testserver.Postgres) {
 	slow := open(t, rawURL)
 	defer slow.Close()
 	// An AFTER trigger runs at the end of the statement, after its notify.
-	exec(t, pool, `CREATE OR REPLACE FUNCTION watch_gate_fn() RETURNS trigger LANGUAGE plpgsql AS $$
-	BEGIN
-		IF NEW.owner = 'late' THEN PERFORM pg_advisory_xact_lock(4344); END IF;
-		RETURN NEW;
-	END $$`)
-	exec(t, pool, `CREATE OR REPLACE TRIGGER watch_gate AFTER INSERT ON watch_gate_permits FOR EACH ROW EXECUTE FUNCTION watch_gate_fn()`)
-	gate, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gate.Release()
-	if _, err := gate.Exec(ctx, `SELECT pg_advisory_lock(4344)`); err != nil {
-		t.Fatal(err)
-	}
-	unlocked := false
-	unlock := func() {
-		if !unlocked {
-			unlocked = true
-			if _, err := gate.Exec(ctx, `SELECT pg_advisory_unlock(4344)`); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	unlock := gatePermits(t, ctx, pool, "watch_gate", "AFTER", "late", 4344)
 	defer unlock()
 	key := drivertest.Key(t, "k")
 	// The listening connection is up before the reader starts.
@@ -179,19 +177,7 @@ func testWatchReaderInFlight(t *testing.T, srv *testserver.Postgres) {
 		_, err := slow.Acquire(ctx, driver.Request{Key: key, Owner: "late", TTL: time.Minute, Shared: true})
 		reader <- err
 	}()
-	for deadline := time.Now().Add(drivertest.Wait); ; {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = 4344`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reader's grant never reached its trigger")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	awaitLockWaiters(t, ctx, pool, `locktype = 'advisory' AND objid = 4344`, 1, "the reader's grant at its trigger")
 	type started struct {
 		w       driver.HolderWatch
 		holders int
@@ -269,28 +255,12 @@ func testBarrierBeforeRow(t *testing.T, srv *testserver.Postgres) {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+barrierID+`)`, key); err != nil {
 			t.Fatal(err)
 		}
-		waiting := func(n int) {
-			t.Helper()
-			for deadline := time.Now().Add(drivertest.Wait); ; {
-				var got int
-				if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted`).Scan(&got); err != nil {
-					t.Fatal(err)
-				}
-				if got >= n {
-					return
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d statements waiting, want %d", got, n)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}
 		writer := make(chan error, 1)
 		go func() {
 			_, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "w", TTL: time.Minute})
 			writer <- err
 		}()
-		waiting(1)
+		awaitLockWaiters(t, ctx, pool, "true", 1, "the writer's attempt")
 		done := make(chan error, 1)
 		go func() {
 			if second == "refresh" {
@@ -303,7 +273,7 @@ func testBarrierBeforeRow(t *testing.T, srv *testserver.Postgres) {
 			}
 			done <- err
 		}()
-		waiting(2)
+		awaitLockWaiters(t, ctx, pool, "true", 2, "the "+second)
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
