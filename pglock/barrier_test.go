@@ -248,13 +248,7 @@ func testBarrierBeforeRow(t *testing.T, srv *testserver.Postgres) {
 		if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "r", TTL: time.Minute, Shared: true}); err != nil {
 			t.Fatal(err)
 		}
-		tx, err := b.Pool().Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+barrierID+`)`, key); err != nil {
-			t.Fatal(err)
-		}
+		tx := readerInFlight(t, ctx, b, key)
 		writer := make(chan error, 1)
 		go func() {
 			_, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "w", TTL: time.Minute})
@@ -321,16 +315,10 @@ func testReleaseCutShort(t *testing.T, srv *testserver.Postgres) {
 	case <-w.C(): // a wake-up left by the queueing attempt
 	default:
 	}
-	tx, err := b.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+barrierID+`)`, key); err != nil {
-		t.Fatal(err)
-	}
+	tx := readerInFlight(t, ctx, b, key)
 	rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	start := time.Now()
-	err = b.Release(rctx, key, "r1")
+	err := b.Release(rctx, key, "r1")
 	rcancel()
 	t.Logf("the release beside a reader in flight: %v after %v; reserved %v", err, time.Since(start), reservedFor(t, b, pglock.DefaultTable, key))
 	if err := tx.Rollback(ctx); err != nil {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
@@ -35,6 +37,20 @@ func TestReadersFast(t *testing.T) {
 // barrierID is the key of the readers' barrier lock of key $1 in the default
 // table, as sql/fragments.sql (readerID) computes it.
 const barrierID = `hashtextextended($1::text COLLATE "C", '` + pglock.DefaultTable + `'::regclass::oid::bigint + 4294967296)`
+
+// readerInFlight begins a transaction that holds key's readers' barrier shared,
+// as a reader's fast grant or release in flight does (read_lock.sql).
+func readerInFlight(t *testing.T, ctx context.Context, b *pglock.Backend, key string) pgx.Tx {
+	t.Helper()
+	tx, err := b.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+barrierID+`)`, key); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
 
 // A writer's attempt, a release and a refresh of a writer's permit, and a set's
 // attempt each wait for a reader's fast grant or release in flight (the key's
@@ -93,13 +109,7 @@ func testWritersWaitForReaders(t *testing.T, srv *testserver.Postgres) {
 		if err := tc.setup(key); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		tx, err := b.Pool().Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+barrierID+`)`, key); err != nil {
-			t.Fatal(err)
-		}
+		tx := readerInFlight(t, ctx, b, key)
 		done := make(chan error, 1)
 		go func() { done <- tc.op(key) }()
 		for waiting := false; !waiting; {
@@ -464,13 +474,7 @@ func testReadersLeftRow(t *testing.T, srv *testserver.Postgres) {
 		if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "r1", TTL: time.Minute, Shared: true}); err != nil {
 			t.Fatal(err)
 		}
-		tx, err := b.Pool().Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+barrierID+`)`, key); err != nil {
-			t.Fatal(err)
-		}
+		tx := readerInFlight(t, ctx, b, key)
 		if err := b.Release(ctx, key, "r1"); err != nil {
 			t.Fatal(err)
 		}
