@@ -42,14 +42,17 @@ func (b *Backend) refresh(ctx context.Context, key, owner string, ttl time.Durat
 	return nil
 }
 
-// handOff locks key's row and runs a release-like statement (see the function
-// handOff in sqlfiles.go) in one transaction. It returns ErrNotHeld when the grant
-// had expired or the statement found nothing to do.
+// handOff locks key's row and runs a mutex's release or force release (see the
+// function handOff in sqlfiles.go) in one transaction. It returns ErrNotHeld when
+// the grant had expired or the statement found nothing to do. Those statements
+// change no state row (a read-write key's), so the row lock alone orders them
+// (lockMutexRow: without the readers' barrier, which a handoff of the hot key
+// would otherwise take each time).
 func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string) error {
 	var live, wrote, notified bool
 	err := retry(ctx, func() error {
 		batch := &pgx.Batch{}
-		batch.Queue(b.sql.lockRow, key)
+		batch.Queue(b.sql.lockMutexRow, key)
 		batch.Queue(sql, key, owner, "") // no withdrawing place
 		br := b.pool.SendBatch(ctx, batch)
 		_, err := br.Exec()

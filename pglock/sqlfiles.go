@@ -37,6 +37,7 @@ type sqlData struct {
 	Guard        bool // with Wake: only in a transaction read_release marked (read_wake)
 	Cond         string
 	Multi        bool   // the statement is about an array of keys, $1
+	NoBarrier    bool   // lock_row: the row lock alone, for a mutex's handoff
 	Key          string // the key's expression in fragment "notify"; "" for $1::text
 }
 
@@ -81,6 +82,9 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		acquireTry:  render("acquire", d),
 		refresh:     render("refresh", d),
 		lockRow:     render("lock_row", d),
+		// A mutex's release or force release changes only a mutex's row (its
+		// conditions exclude a state row), which readers never take.
+		lockMutexRow: render("lock_row", with(func(c *sqlData) { c.NoBarrier = true })),
 		// Release: the caller's own grant, live or expired (no one else holds it then).
 		release: handOff(`cur.owner = $2::text AND NOT cur.reserved`),
 		// Force release: whoever holds it ($2 is '', no owner's place is dropped).
