@@ -332,10 +332,12 @@
 // barrier, an advisory lock of the transaction, shared, lock no row, and write
 // only the reader's own permit row (sql/read_lock.sql, read_acquire.sql,
 // read_release.sql), so readers' transactions, their commits included, run in
-// parallel, while a writer's attempt and every handoff and permit change, which
-// take the barrier exclusively before they lock the key's row FOR UPDATE
-// (lock_row.sql, sem_lock.sql), wait for the readers in flight and they for it:
-// each still decides on every permit and place committed before its lock. (A
+// parallel, while a writer's attempt and every handoff and permit change of a
+// read-write key, which take the barrier exclusively before they lock the key's
+// row FOR UPDATE (lock_row.sql, sem_lock.sql; a mutex's release, which changes
+// no state row, locks the row alone), wait for the readers in flight and they
+// for it: each still decides on every permit and place committed before its
+// lock. (A
 // share lock of the row did the same, but each reader then joined a MultiXact
 // that the next had to copy: see docs/lock-types.md.) A fast grant applies when
 // the key is free (it inserts the state row) or is a read-write

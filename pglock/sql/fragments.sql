@@ -36,7 +36,8 @@ readerID: the key of the readers' barrier lock of key $1 (another seed than the
 watch lock's, above every oid); called with (.WithKey "u.k"), of the key that
 expression names. Readers' transactions hold it shared (read_lock); every
 transaction that locks a key's row to decide for writers, handoffs or permits
-(lock_row, sem_lock) holds it exclusively first, so those and readers wait for
+(lock_row, sem_lock; not a mutex's release, lock_row .NoBarrier, which changes
+no state row) holds it exclusively first, so those and readers wait for
 each other in the lock manager, with no row lock of readers.
 */}}
 {{- define "us"}} * interval '1 microsecond'{{end -}}
