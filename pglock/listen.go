@@ -62,7 +62,8 @@ type listener struct {
 }
 
 // attemptTimeout bounds a waiting attempt that runs on after its caller gave up, and
-// withdrawTimeout a withdrawal made in the background.
+// withdrawTimeout a withdrawal, or a reader's follow-up handoff, made in the
+// background.
 const (
 	attemptTimeout  = 30 * time.Second
 	withdrawTimeout = 10 * time.Second
