@@ -88,7 +88,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		return a.fail(ctx, usedUp(a.start), a.r.errs)
 	}
 	b.saw(req.Key, token)
-	b.remember(req.Key, req.Owner, token, req.Value)
+	b.remember(req.Key, req.Owner, token, req.Value, req.Shared)
 	a.withdrawElsewhere()
 	a.decide(true)
 	return driver.Grant{Token: token}, nil
@@ -125,10 +125,14 @@ func (a *attempt) phaseOne(ctx context.Context) {
 	if req.Reenter {
 		reenter = "1"
 	}
+	shared := "0"
+	if req.Shared {
+		shared = "1"
+	}
 	keys := a.keys // not a: the closure would move it to the heap
-	args := make([]any, 9, 10)
+	args := make([]any, 10, 11)
 	args[0], args[1], args[2], args[3], args[4] = req.Owner, ttl, a.proposal, wait, patience
-	args[5], args[6], args[7], args[8] = prefix, b.wakeCh, since, reenter
+	args[5], args[6], args[7], args[8], args[9] = prefix, b.wakeCh, since, reenter, shared
 	if len(req.Value) > 0 {
 		args = append(args, req.Value)
 	}
@@ -210,7 +214,7 @@ func (a *attempt) late(i int, v acqReply, err error) {
 		fallthrough
 	default:
 		if ok && req.Wait {
-			_ = withdrawScript.Run(ctx, n.rdb, []string{waitSetKey(b.cfg.prefix, req.Key)}, req.Owner, b.waiterPrefix(req.Key)).Err()
+			_ = b.withdrawOn(ctx, n, req.Key, req.Owner, b.newNonce())
 		}
 	}
 }
@@ -260,7 +264,7 @@ func (a *attempt) settle(ctx context.Context) (uint64, string, []error) {
 	case fresh:
 		return a.proposal, "", nil // a majority accepted the proposal in phase one
 	}
-	t, cerrs, note := a.b.commit(ctx, a.req, a.keys, a.granted, a.maxSeen+1, a.start)
+	t, cerrs, note := a.b.commit(ctx, a.req, a.b.grantKeys(a.req.Key), a.granted, a.maxSeen+1, a.start)
 	if t == 0 {
 		errs := slices.Clone(a.r.errs)
 		for i, err := range cerrs {
@@ -337,7 +341,7 @@ func (b *Backend) commit(ctx context.Context, req driver.Request, keys []string,
 			return 0, errs, "validity used up while settling the fencing token"
 		}
 		r := fanoutFor(ctx, b, driver.Holder{Key: req.Key, Owner: req.Owner}, nodes, func(ctx context.Context, n *node) (int64, error) {
-			return commitScript.Run(ctx, n.rdb, keys[:2], req.Owner, t).Int64()
+			return commitScript.Run(ctx, n.rdb, keys, req.Owner, t).Int64()
 		})
 		errs = r.errs
 		accepted := 0

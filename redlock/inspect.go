@@ -18,7 +18,7 @@ import (
 // took the new value then keep it, and Inspect reads whichever value a majority
 // holds.
 func (b *Backend) SetValue(ctx context.Context, key, owner string, value []byte) error {
-	keys := b.keys(key)[:1]
+	keys := b.valueKeys(key)
 	args := []any{owner}
 	if len(value) > 0 {
 		args = append(args, value)
@@ -70,13 +70,14 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	return nil
 }
 
-// view is one node's answer to inspect.lua.
+// view is one node's answer to inspect.lua, or one reader's entry in it.
 type view struct {
-	owner string
-	tok   uint64
-	value string // "" for none
-	pttl  int64
-	wait  int64 // live waiters
+	owner   string
+	tok     uint64
+	value   string // "" for none
+	pttl    int64
+	wait    int64  // live waiters
+	readers []view // the node's live readers (owner, tok, value, pttl)
 }
 
 // inspectNode runs inspect.lua on one node.
@@ -85,33 +86,50 @@ func (b *Backend) inspectNode(ctx context.Context, n *node, keys []string, prefi
 	if err != nil {
 		return view{}, err
 	}
-	if len(v) != 4 { // {value, pttl, counter, live waiters}
+	if len(v) != 5 { // {value, pttl, counter, live waiters, readers}
 		return view{}, fmt.Errorf("unexpected script reply %v", v)
 	}
 	var out view
 	if s, ok := v[0].(string); ok { // "OWNER", "OWNER TOKEN" or "OWNER TOKEN VALUE"
 		h, rest, _ := strings.Cut(s, tokenSep)
-		t, value, _ := strings.Cut(rest, tokenSep)
-		out.owner, out.value = h, value
-		out.tok, _ = strconv.ParseUint(t, 10, 64)
+		out.owner = h
+		out.tok, out.value = tokenValue(rest)
 	}
 	out.pttl, _ = v[1].(int64)
 	out.wait, _ = v[3].(int64)
+	rs, _ := v[4].([]any) // owner, "TOKEN" or "TOKEN VALUE", pttl; repeated
+	for i := 0; i+2 < len(rs); i += 3 {
+		owner, _ := rs[i].(string)
+		data, _ := rs[i+1].(string)
+		r := view{owner: owner}
+		r.tok, r.value = tokenValue(data)
+		r.pttl, _ = rs[i+2].(int64)
+		out.readers = append(out.readers, r)
+	}
 	return out, nil
 }
 
+// tokenValue splits "TOKEN" or "TOKEN VALUE".
+func tokenValue(s string) (uint64, string) {
+	t, value, _ := strings.Cut(s, tokenSep)
+	tok, _ := strconv.ParseUint(t, 10, 64)
+	return tok, value
+}
+
 // Inspect implements driver.Inspector with the majority's view: the owner that holds
-// the key on a majority of nodes, its token, the time for which a majority still
-// holds it, the value a majority of nodes holds with it, and the largest number of
-// live waiters any node knows. When the owner holds a majority but no value does
-// (a SetValue under way, or one that reached too few nodes) it returns a
-// QuorumError.
+// the key on a majority of nodes (a writer, or else the reader with the smallest
+// token among those that hold it on a majority, with Info.Shared set), its token,
+// the time for which a majority still holds it, the value a majority of nodes holds
+// with it, and the largest number of live waiters any node knows. When the owner
+// holds a majority but no value does (a SetValue under way, or one that reached
+// too few nodes) it returns a QuorumError.
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	keys, prefix := b.keys(key), b.waiterPrefix(key)
 	r := fanoutFor(ctx, b, driver.Holder{Key: key}, b.all(), func(ctx context.Context, n *node) (view, error) {
 		return b.inspectNode(ctx, n, keys, prefix)
 	})
 	byOwner := make(map[string][]view)
+	byReader := make(map[string][]view)
 	failed := 0
 	var waiters int64
 	for i := range b.nodes {
@@ -124,37 +142,64 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 		if v.owner != "" {
 			byOwner[v.owner] = append(byOwner[v.owner], v)
 		}
+		for _, rv := range v.readers {
+			byReader[rv.owner] = append(byReader[rv.owner], rv)
+		}
 	}
 	best := 0
 	for owner, vs := range byOwner {
 		best = max(best, len(vs))
+		if len(vs) >= b.quorum {
+			return b.holderInfo(key, owner, vs, int(waiters), false, r.errs)
+		}
+	}
+	var oldest string
+	var oldestTok uint64
+	for owner, vs := range byReader {
+		best = max(best, len(vs))
 		if len(vs) < b.quorum {
 			continue
 		}
-		// The TTL for which a majority still holds it: the quorum-th largest.
-		slices.SortFunc(vs, func(a, c view) int { return int(c.pttl - a.pttl) })
 		var tok uint64
-		votes := make(map[string]int, 1)
 		for _, v := range vs {
 			tok = max(tok, v.tok)
-			votes[v.value]++
 		}
-		info := driver.Info{Key: key, Owner: owner, Token: tok,
-			TTL: time.Duration(max(vs[b.quorum-1].pttl, 0)) * time.Millisecond, Waiters: int(waiters)}
-		for value, n := range votes {
-			if n >= b.quorum {
-				if value != "" {
-					info.Value = []byte(value)
-				}
-				return info, nil
-			}
+		if oldest == "" || tok < oldestTok || (tok == oldestTok && owner < oldest) {
+			oldest, oldestTok = owner, tok
 		}
-		return driver.Info{}, &QuorumError{Op: "inspect", Key: key, OK: len(vs), Need: b.quorum, Nodes: len(b.nodes),
-			Note: "no majority of nodes agrees on the value", Err: b.nodeErrors(r.errs)}
+	}
+	if oldest != "" {
+		return b.holderInfo(key, oldest, byReader[oldest], int(waiters), true, r.errs)
 	}
 	if best+failed >= b.quorum {
 		return driver.Info{}, &QuorumError{Op: "inspect", Key: key, OK: len(b.nodes) - failed, Need: b.quorum, Nodes: len(b.nodes),
 			Note: "too many nodes failed to tell who holds it", Err: b.nodeErrors(r.errs)}
 	}
 	return driver.Info{}, fmt.Errorf("redlock: inspect %q: %w", key, driver.ErrNotHeld)
+}
+
+// holderInfo makes Inspect's answer for an owner that holds the key on the nodes of
+// vs, a majority: the largest token they report, the time for which a majority
+// still holds it (the quorum-th largest TTL), and the value a majority holds, or a
+// QuorumError when no value does.
+func (b *Backend) holderInfo(key, owner string, vs []view, waiters int, shared bool, errs []error) (driver.Info, error) {
+	slices.SortFunc(vs, func(a, c view) int { return int(c.pttl - a.pttl) })
+	var tok uint64
+	votes := make(map[string]int, 1)
+	for _, v := range vs {
+		tok = max(tok, v.tok)
+		votes[v.value]++
+	}
+	info := driver.Info{Key: key, Owner: owner, Token: tok, Shared: shared,
+		TTL: time.Duration(max(vs[b.quorum-1].pttl, 0)) * time.Millisecond, Waiters: waiters}
+	for value, n := range votes {
+		if n >= b.quorum {
+			if value != "" {
+				info.Value = []byte(value)
+			}
+			return info, nil
+		}
+	}
+	return driver.Info{}, &QuorumError{Op: "inspect", Key: key, OK: len(vs), Need: b.quorum, Nodes: len(b.nodes),
+		Note: "no majority of nodes agrees on the value", Err: b.nodeErrors(errs)}
 }

@@ -16,8 +16,14 @@ package redlock
 //	P:wait 0x1f K     zset    owner ids of waiters, scored by when they started
 //	                          waiting (their client's clock, ms), oldest first
 //	P:waiter 0x1f K 0x1f OWNER
-//	                  string  the waiter's client wake-up channel; its TTL is the
-//	                          waiter's patience, renewed by each of its attempts
+//	                  string  the waiter's client wake-up channel, followed by
+//	                          " r" for a reader; its TTL is the waiter's
+//	                          patience, renewed by each of its attempts
+//	P:readers 0x1f K  zset    the owner ids of the readers (shared grants) on
+//	                          this node, scored by the server time (ms) at which
+//	                          each grant lapses; TTL = the longest of them
+//	P:reader 0x1f K   hash    owner id -> "TOKEN" or "TOKEN VALUE" of each reader
+//	                          (TOKEN "0" until it is known); the same TTL
 //	P:floor 0x1f K    string  the benchmark floor's lock (internal/storeops, on the
 //	                          first node); the backend never touches it
 //
@@ -52,6 +58,8 @@ const (
 	fencePart  = ":fence\x1f"
 	waitPart   = ":wait\x1f"
 	waiterPart = ":waiter\x1f"
+	readPart   = ":readers\x1f"
+	rdataPart  = ":reader\x1f"
 	floorPart  = ":floor\x1f"
 	ownerSep   = "\x1f"
 	tokenSep   = " "          // between OWNER, TOKEN and VALUE in a lock value (lib.lua's SEP)
@@ -61,6 +69,8 @@ const (
 func lockKey(prefix, key string) string       { return prefix + lockPart + key }
 func fenceKey(prefix, key string) string      { return prefix + fencePart + key }
 func waitSetKey(prefix, key string) string    { return prefix + waitPart + key }
+func readersKey(prefix, key string) string    { return prefix + readPart + key }
+func readerDataKey(prefix, key string) string { return prefix + rdataPart + key }
 func floorKey(prefix, key string) string      { return prefix + floorPart + key }
 func waiterPrefix(prefix, key string) string  { return prefix + waiterPart + key + ownerSep }
 func wakeChannel(prefix, id string) string    { return prefix + ":wake:" + id }
@@ -73,15 +83,38 @@ func (b *Backend) LockKey(key string) string { return lockKey(b.cfg.prefix, key)
 // FenceKey returns the Redis key, on every node, that holds the fencing counter of key.
 func (b *Backend) FenceKey(key string) string { return fenceKey(b.cfg.prefix, key) }
 
-// keys returns the KEYS of the acquire and inspect scripts: lock, fence, wait set.
-// The commit and refresh scripts take the first two.
+// keys returns the KEYS of the acquire and inspect scripts: lock, fence, wait set,
+// readers, readers' data.
 func (b *Backend) keys(key string) []string {
-	return []string{lockKey(b.cfg.prefix, key), fenceKey(b.cfg.prefix, key), waitSetKey(b.cfg.prefix, key)}
+	p := b.cfg.prefix
+	return []string{lockKey(p, key), fenceKey(p, key), waitSetKey(p, key), readersKey(p, key), readerDataKey(p, key)}
 }
 
-// releaseKeys returns the KEYS of the release scripts: lock, wait set, fence.
+// grantKeys returns the KEYS of the commit and refresh scripts: lock, fence,
+// readers, readers' data.
+func (b *Backend) grantKeys(key string) []string {
+	p := b.cfg.prefix
+	return []string{lockKey(p, key), fenceKey(p, key), readersKey(p, key), readerDataKey(p, key)}
+}
+
+// valueKeys returns the KEYS of set_value.lua: lock, readers, readers' data.
+func (b *Backend) valueKeys(key string) []string {
+	p := b.cfg.prefix
+	return []string{lockKey(p, key), readersKey(p, key), readerDataKey(p, key)}
+}
+
+// releaseKeys returns the KEYS of the release scripts: lock, wait set, fence,
+// readers, readers' data.
 func (b *Backend) releaseKeys(key string) []string {
-	return []string{lockKey(b.cfg.prefix, key), waitSetKey(b.cfg.prefix, key), fenceKey(b.cfg.prefix, key)}
+	p := b.cfg.prefix
+	return []string{lockKey(p, key), waitSetKey(p, key), fenceKey(p, key), readersKey(p, key), readerDataKey(p, key)}
+}
+
+// withdrawKeys returns the KEYS of withdraw.lua: wait set, lock, fence, readers,
+// readers' data.
+func (b *Backend) withdrawKeys(key string) []string {
+	p := b.cfg.prefix
+	return []string{waitSetKey(p, key), lockKey(p, key), fenceKey(p, key), readersKey(p, key), readerDataKey(p, key)}
 }
 
 func (b *Backend) waiterPrefix(key string) string { return waiterPrefix(b.cfg.prefix, key) }

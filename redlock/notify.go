@@ -94,10 +94,16 @@ func (b *Backend) stillQueued(req driver.Request) (int, bool) {
 
 // release counts the copies of one release's message; guarded by Backend.mu.
 type release struct {
-	nonce  string
+	nonce string
+	named []*named // the local waiters its copies named, the first named first
+}
+
+// named is a local waiter that copies of one release named: one for a mutex's
+// release, several when it woke a run of readers (or the nodes disagreed).
+type named struct {
+	w      *waiter
 	copies int
-	target *waiter // the first local waiter a copy named
-	woken  bool    // target was signalled
+	woken  bool // w was signalled
 }
 
 // Watch implements driver.Notifier. It only registers the waiter locally: an
@@ -266,6 +272,10 @@ func (b *Backend) wake(payload string) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	w := b.waiters[driver.Holder{Key: key, Owner: owner}]
+	if w == nil {
+		return
+	}
 	var r *release
 	for _, x := range b.recent {
 		if x.nonce == nonce {
@@ -280,25 +290,33 @@ func (b *Backend) wake(payload string) {
 		r = &release{nonce: nonce}
 		b.recent = append(b.recent, r)
 	}
-	r.copies++
-	if r.target == nil {
-		if w := b.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
-			r.target = w
-			if r.copies < b.quorum {
-				time.AfterFunc(wakeDelay, func() {
-					b.mu.Lock()
-					defer b.mu.Unlock()
-					if !r.woken {
-						r.woken = true
-						w.signal()
-					}
-				})
-			}
+	var t *named
+	for _, x := range r.named {
+		if x.w == w {
+			t = x
+			break
 		}
 	}
-	if r.copies == b.quorum && r.target != nil {
-		r.woken = true
-		r.target.signal()
+	if t == nil {
+		t = &named{w: w}
+		r.named = append(r.named, t)
+		if len(r.named) == 1 {
+			// The first waiter named is woken after wakeDelay even without
+			// copies from a majority.
+			time.AfterFunc(wakeDelay, func() {
+				b.mu.Lock()
+				defer b.mu.Unlock()
+				if !t.woken {
+					t.woken = true
+					w.signal()
+				}
+			})
+		}
+	}
+	t.copies++
+	if t.copies == b.quorum && !t.woken {
+		t.woken = true
+		w.signal()
 	}
 }
 
@@ -344,12 +362,19 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 }
 
 // withdraw removes owner's place from the wait sets of the given nodes.
+// A place given up on a node where no writer holds the key wakes the waiters it held
+// back (see withdraw.lua), with one nonce for every node.
 func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int) error {
-	wait, prefix := []string{waitSetKey(b.cfg.prefix, key)}, b.waiterPrefix(key)
+	nonce := b.newNonce()
 	r := fanoutFor(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (int64, error) {
-		return withdrawScript.Run(ctx, n.rdb, wait, owner, prefix).Int64()
+		return 0, b.withdrawOn(ctx, n, key, owner, nonce)
 	})
 	return b.nodeErrors(r.errs)
+}
+
+// withdrawOn removes owner's place from the wait set of node n.
+func (b *Backend) withdrawOn(ctx context.Context, n *node, key, owner, nonce string) error {
+	return withdrawScript.Run(ctx, n.rdb, b.withdrawKeys(key), owner, b.waiterPrefix(key), nonce, key).Err()
 }
 
 // withdrawAsync is withdraw in the background; Close waits for it.

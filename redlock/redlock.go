@@ -254,6 +254,7 @@ var (
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
+	_ driver.Sharer        = (*Backend)(nil)
 )
 
 func (b *Backend) isClosed() bool {
@@ -293,3 +294,7 @@ func (b *Backend) Close() error {
 	}
 	return driver.Join(errs...)
 }
+
+// Shares implements driver.Sharer: a Redlock key has shared (read) holders together
+// or one exclusive holder (see Read-write locks in the package documentation).
+func (b *Backend) Shares() bool { return true }

@@ -13,7 +13,7 @@ import (
 // if a majority did so within the validity. Nodes that lost the key get it back.
 func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	start := time.Now()
-	keys := b.keys(key)[:2] // lock, fence
+	keys := b.grantKeys(key)
 	g := b.grantOf(key, owner)
 	tok, pttl := g.token, ms(ttl)
 	h := driver.Holder{Key: key, Owner: owner}
@@ -40,7 +40,11 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 			// A node that lost the key (restarted empty) would grant it to anyone:
 			// close it again for the valid owner, with the grant's value if this
 			// client knows it.
-			args := []any{owner, pttl, tok, refreshRestore}
+			shared := "0"
+			if g.shared {
+				shared = "1"
+			}
+			args := []any{owner, pttl, tok, refreshRestore, shared}
 			if len(g.value) > 0 {
 				args = append(args, g.value)
 			}

@@ -34,8 +34,8 @@ var (
 	refreshScript      = script("lib", "refresh")
 	releaseScript      = script("lib", "wake", "release")
 	forceReleaseScript = script("lib", "wake", "force_release")
-	withdrawScript     = script("withdraw")
-	inspectScript      = script("inspect")
+	withdrawScript     = script("lib", "wake", "withdraw")
+	inspectScript      = script("lib", "inspect")
 	setValueScript     = script("lib", "set_value")
 )
 

@@ -46,20 +46,22 @@ func (b *Backend) saw(key string, c uint64) {
 }
 
 // grant is what this client remembers of a grant it made: the token, for counter
-// repair, and the value, to restore with the lock on a node that lost it.
+// repair, and the value and kind (a reader's or not), to restore the grant on a
+// node that lost it.
 type grant struct {
-	token uint64
-	value []byte
+	token  uint64
+	value  []byte
+	shared bool
 }
 
 // remember records a grant made here.
-func (b *Backend) remember(key, owner string, token uint64, value []byte) {
+func (b *Backend) remember(key, owner string, token uint64, value []byte, shared bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.grants) >= maxFenceCache {
 		clear(b.grants) // only used to repair nodes; leases lost unnoticed leave entries
 	}
-	b.grants[driver.Holder{Key: key, Owner: owner}] = grant{token, value}
+	b.grants[driver.Holder{Key: key, Owner: owner}] = grant{token, value, shared}
 }
 
 // grantOf returns the owner's grant made here, or a zero grant.

@@ -1,6 +1,7 @@
 -- acquire.lua: phase one of an acquire on one node (joined after lib.lua).
 --
--- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] wait set.
+-- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] wait set, KEYS[4] readers, KEYS[5]
+-- readers' tokens and values (see lib.lua).
 -- ARGV[1] owner
 -- ARGV[2] ttl in ms
 -- ARGV[3] proposal: a token to accept if it is above this node's counter, or 0
@@ -13,26 +14,35 @@
 -- ARGV[9] reenter: 1 the request says Reenter (driver.Request); 0 an owner that holds
 --         the key here is refused like another owner, and not recorded as a waiter,
 --         because the same owner id may be in use by another client or process
--- ARGV[10] the grant's value (any bytes, not empty); absent for none
+-- ARGV[10] shared: 1 a reader's attempt, 0 a writer's (or a mutex's)
+-- ARGV[11] the grant's value (any bytes, not empty); absent for none
+--
+-- A writer is granted when the node has neither a lock value nor a live reader. A
+-- reader is granted when the node has no lock value and no live writer waits ahead
+-- of it (every live writer in the wait set when the reader is not in it), so a
+-- stream of readers cannot pass a queued writer. A waiter's key holds its channel,
+-- followed by " r" for a reader (see wake.lua).
 --
 -- Returns {status, counter, x[, rank]}:
 --   {FRESH, c, p}      the lock was free and is now the owner's; c is the counter
 --                      before; p is the proposal if it was accepted (counter and
 --                      lock now carry it), else 0
---   {REENTRY, c, t}    the owner already held it here and reenter is 1: TTL
+--   {REENTRY, c, t}    the owner already held it here (as the same kind: writer or
+--                      reader) and reenter is 1: TTL
 --                      extended, value replaced by the request's; t is the token
 --                      recorded with it, 0 if none
 --   {HELD, c, pttl, r} held by another owner; c is the counter (0 if missing); pttl
---                      its remaining TTL in ms (-1 if unknown); r the owner's rank in
+--                      its remaining TTL in ms (the readers': the last to lapse; -1 if
+--                      unknown or only a queued writer is ahead); r the owner's rank in
 --                      the wait set (0: oldest), NOT_QUEUED if it is not there. With
 --                      wait 1 or 2 the owner is recorded as a waiter.
 -- A grant whose proposal was accepted, and a re-entry that changes the value,
 -- publish on the holder channel (a grant without a token is announced by the
 -- commit that settles it).
-local lockKey, fenceKey, waitKey = KEYS[1], KEYS[2], KEYS[3]
+local lockKey, fenceKey, waitKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, proposal, wait = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local patience, waiterPrefix, channel, since, reenter = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local val = ARGV[10]
+local shared, val = ARGV[10] == '1', ARGV[11]
 local HELD, FRESH, REENTRY = 0, 1, 2
 local NOT_QUEUED = -1
 
@@ -49,8 +59,36 @@ local function counter()
   return tonumber(redis.call('GET', fenceKey) or '0')
 end
 
-local v = redis.call('GET', lockKey)
-if not v then
+-- held records the owner as a waiter if it waits, and returns HELD.
+local function held(pttl)
+  if wait ~= '0' then
+    local kind = channel
+    if shared then kind = channel .. ' r' end
+    redis.call('SET', waiterPrefix .. owner, kind, 'PX', patience)
+    redis.call('ZADD', waitKey, 'NX', since, owner)
+    if redis.call('PTTL', waitKey) < tonumber(patience) then
+      redis.call('PEXPIRE', waitKey, patience)
+    end
+  end
+  return {HELD, counter(), pttl, redis.call('ZRANK', waitKey, owner) or NOT_QUEUED}
+end
+
+-- writerAhead reports whether a live writer waits ahead of the owner (anywhere in
+-- the wait set if the owner is not in it).
+local function writerAhead()
+  local i = 0
+  while true do
+    local w = redis.call('ZRANGE', waitKey, i, i)[1]
+    if not w or w == owner then return false end
+    local ch = redis.call('GET', waiterPrefix .. w)
+    if ch and string.sub(ch, -2) ~= ' r' then return true end
+    i = i + 1
+  end
+end
+
+-- grant takes the free lock for the owner: the lock value for a writer, a reader's
+-- entry for a reader.
+local function grant()
   local c = fence(fenceKey)
   leave()
   local p = tonumber(proposal)
@@ -61,14 +99,37 @@ if not v then
   else
     p = 0
   end
-  redis.call('SET', lockKey, join(owner, t, val), 'PX', ttl)
+  if shared then
+    putReader(readKey, readData, owner, ttl, readerData(t, val))
+  else
+    redis.call('SET', lockKey, join(owner, t, val), 'PX', ttl)
+  end
   -- A grant is announced once its token is known: here if the proposal was
   -- accepted, else by the commit (a reader told now would read token 0).
   if p > 0 then redis.call('PUBLISH', lockKey .. HOLDER, '') end
   return {FRESH, c, p}
 end
+
+local v = redis.call('GET', lockKey)
+if not v then
+  local n = readers(readKey, readData)
+  if not shared then
+    if n > 0 then return held(readerTTL(readKey)) end
+    return grant()
+  end
+  local t, old = readerTok(readData, owner)
+  if not t then
+    if writerAhead() then return held(-1) end
+    return grant()
+  end
+  if reenter ~= '1' then return {HELD, counter(), readerTTL(readKey), NOT_QUEUED} end
+  putReader(readKey, readData, owner, ttl, readerData(t, val))
+  if old ~= val then redis.call('PUBLISH', lockKey .. HOLDER, '') end
+  leave()
+  return {REENTRY, fence(fenceKey), tonumber(t)}
+end
 local h, t, old = parts(v)
-if h == owner and reenter ~= '1' then
+if h == owner and (reenter ~= '1' or shared) then
   return {HELD, counter(), redis.call('PTTL', lockKey), NOT_QUEUED}
 end
 if h == owner then
@@ -81,12 +142,4 @@ if h == owner then
   leave()
   return {REENTRY, fence(fenceKey), tonumber(t)}
 end
-if wait ~= '0' then
-  redis.call('SET', waiterPrefix .. owner, channel, 'PX', patience)
-  redis.call('ZADD', waitKey, 'NX', since, owner)
-  if redis.call('PTTL', waitKey) < tonumber(patience) then
-    redis.call('PEXPIRE', waitKey, patience)
-  end
-end
-return {HELD, counter(), redis.call('PTTL', lockKey),
-  redis.call('ZRANK', waitKey, owner) or NOT_QUEUED}
+return held(redis.call('PTTL', lockKey))

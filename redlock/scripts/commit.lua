@@ -1,23 +1,36 @@
 -- commit.lua: phase two of an acquire (joined after lib.lua): offers token t to a
 -- node that granted the lock.
 --
--- KEYS[1] lock, KEYS[2] fence counter.
+-- KEYS[1] lock, KEYS[2] fence counter, KEYS[3] readers, KEYS[4] readers' tokens
+-- and values (a reader's grant records its token there).
 -- ARGV[1] owner, ARGV[2] t.
 --
 -- Returns ACCEPTED (0) when t was above the counter (counter and lock now carry t,
 -- and the holder channel is told), the counter (> 0) when t is not above it
 -- (rejected), LOST (-1) when the owner no longer holds the lock here.
-local lockKey, fenceKey = KEYS[1], KEYS[2]
+local lockKey, fenceKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, t = ARGV[1], ARGV[2]
 local ACCEPTED, LOST = 0, -1
 
 local v = redis.call('GET', lockKey)
-if not v then return LOST end
-local h, _, val = parts(v)
-if h ~= owner then return LOST end
+local val
+if v then
+  local h, old
+  h, old, val = parts(v)
+  if h ~= owner then return LOST end
+else
+  readers(readKey, readData)
+  local rt
+  rt, val = readerTok(readData, owner)
+  if not rt then return LOST end
+end
 local c = fence(fenceKey)
 if tonumber(t) <= c then return c end
 redis.call('SET', fenceKey, t)
-redis.call('SET', lockKey, join(owner, t, val), 'KEEPTTL')
+if v then
+  redis.call('SET', lockKey, join(owner, t, val), 'KEEPTTL')
+else
+  redis.call('HSET', readData, owner, readerData(t, val))
+end
 redis.call('PUBLISH', lockKey .. HOLDER, '')
 return ACCEPTED

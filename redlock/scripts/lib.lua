@@ -44,3 +44,47 @@ local function join(owner, t, val)
   if t ~= '0' then return owner .. SEP .. t end
   return owner
 end
+
+local function nowMs()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function readers(rk, dk)
+  if redis.call('EXISTS', rk) == 0 then return 0 end
+  local now = nowMs()
+  local gone = redis.call('ZRANGEBYSCORE', rk, '-inf', now)
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', rk, '-inf', now)
+    for _, o in ipairs(gone) do redis.call('HDEL', dk, o) end
+  end
+  return redis.call('ZCARD', rk)
+end
+
+local function readerTTL(rk)
+  local last = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
+  if #last == 0 then return -1 end
+  return math.max(tonumber(last[2]) - nowMs(), 0)
+end
+
+local function putReader(rk, dk, owner, ttl, data)
+  local ms = tonumber(ttl)
+  redis.call('ZADD', rk, nowMs() + ms, owner)
+  if data then redis.call('HSET', dk, owner, data) end
+  local keep = math.max(redis.call('PTTL', rk), ms)
+  redis.call('PEXPIRE', rk, keep)
+  redis.call('PEXPIRE', dk, keep)
+end
+
+local function readerTok(dk, owner)
+  local d = redis.call('HGET', dk, owner)
+  if not d then return nil end
+  local at = string.find(d, SEP, 1, true)
+  if not at then return d, nil end
+  return string.sub(d, 1, at - 1), string.sub(d, at + 1)
+end
+
+local function readerData(t, val)
+  if val then return t .. SEP .. val end
+  return t
+end
