@@ -264,7 +264,14 @@ func (a *attempt) settle(ctx context.Context) (uint64, string, []error) {
 	case fresh:
 		return a.proposal, "", nil // a majority accepted the proposal in phase one
 	}
-	t, cerrs, note := a.b.commit(ctx, a.req, a.b.grantKeys(a.req.Key), a.granted, a.maxSeen+1, a.start)
+	var t uint64
+	var cerrs []error
+	var note string
+	if a.req.Shared {
+		t, cerrs, note = a.b.raise(ctx, a.req, a.granted, a.maxSeen, a.start)
+	} else {
+		t, cerrs, note = a.b.commit(ctx, a.req, a.b.grantKeys(a.req.Key), a.granted, a.maxSeen+1, a.start)
+	}
 	if t == 0 {
 		errs := slices.Clone(a.r.errs)
 		for i, err := range cerrs {
@@ -341,7 +348,7 @@ func (b *Backend) commit(ctx context.Context, req driver.Request, keys []string,
 			return 0, errs, "validity used up while settling the fencing token"
 		}
 		r := fanoutFor(ctx, b, driver.Holder{Key: req.Key, Owner: req.Owner}, nodes, func(ctx context.Context, n *node) (int64, error) {
-			return commitScript.Run(ctx, n.rdb, keys, req.Owner, t).Int64()
+			return commitScript.Run(ctx, n.rdb, keys, req.Owner, t, "0").Int64()
 		})
 		errs = r.errs
 		accepted := 0
@@ -371,6 +378,33 @@ func (b *Backend) commit(ctx context.Context, req driver.Request, keys []string,
 		t, nodes = maxC+1, next
 	}
 	return 0, errs, "no fencing token accepted by a majority after several rounds"
+}
+
+// raise settles a reader's token when phase one did not: t, the largest token the
+// granting nodes drew or accepted (a.maxSeen covers them all), is recorded on them
+// and their counters raised to it (commit.lua, raise), in one round that never
+// rejects. Once a majority holds a counter of at least t, every grant that starts
+// later gets a larger token, as with the register's rule; readers that overlap may
+// share one. It returns t, or 0 with the node errors (indexed like b.nodes) and a
+// note.
+func (b *Backend) raise(ctx context.Context, req driver.Request, nodes []int, t uint64, start time.Time) (uint64, []error, string) {
+	keys := b.grantKeys(req.Key)
+	r := fanoutFor(ctx, b, driver.Holder{Key: req.Key, Owner: req.Owner}, nodes, func(ctx context.Context, n *node) (int64, error) {
+		return commitScript.Run(ctx, n.rdb, keys, req.Owner, t, "1").Int64()
+	})
+	accepted := 0
+	for _, i := range nodes {
+		if r.errs[i] == nil && r.vals[i] == commitAccepted {
+			accepted++
+		}
+	}
+	switch {
+	case accepted < b.quorum:
+		return 0, r.errs, fmt.Sprintf("the reader's grant vanished from granting nodes while settling the fencing token (%d raised)", accepted)
+	case b.validity(req.TTL, start) <= 0:
+		return 0, r.errs, "validity used up while settling the fencing token"
+	}
+	return t, nil, ""
 }
 
 // retryAfter estimates when enough held nodes free up for a majority: with held

@@ -160,3 +160,14 @@ func BenchmarkMultiKey(b *testing.B) {
 		drivertest.BenchMultiKey(b, benchHarness(b, nodes), n)
 	}
 }
+
+// BenchmarkReaders: 1 and 16 readers of one key, each holding 5ms per read; readers
+// hold together, so 16 should reach close to 16 times one reader's rate (a reader's
+// grant draws its own token through the majority register, so readers that start
+// together may need a second round to settle theirs).
+func BenchmarkReaders(b *testing.B) {
+	nodes := benchNodes(b, 5)
+	for _, r := range []int{1, 16} {
+		drivertest.BenchReaders(b, benchHarness(b, nodes), r, 5*time.Millisecond)
+	}
+}

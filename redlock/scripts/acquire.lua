@@ -26,7 +26,8 @@
 -- Returns {status, counter, x[, rank]}:
 --   {FRESH, c, p}      the lock was free and is now the owner's; c is the counter
 --                      before; p is the proposal if it was accepted (counter and
---                      lock now carry it), else 0
+--                      lock now carry it), else 0 for a writer, and for a reader
+--                      c+1, a token the node drew (counter and entry carry it)
 --   {REENTRY, c, t}    the owner already held it here (as the same kind: writer or
 --                      reader) and reenter is 1: TTL
 --                      extended, value replaced by the request's; t is the token
@@ -93,9 +94,17 @@ local function grant()
   leave()
   local p = tonumber(proposal)
   local t = '0'
-  if p > c then
+  local accepted = p > c
+  if accepted then
     redis.call('SET', fenceKey, proposal)
     t = proposal
+  elseif shared then
+    -- Readers that start together would reject each other's proposals round
+    -- after round: the node draws a token for the reader instead, and the
+    -- client raises the largest it got on a majority (commit.lua, raise).
+    p = c + 1
+    t = string.format('%d', p)
+    redis.call('SET', fenceKey, t)
   else
     p = 0
   end
@@ -106,7 +115,7 @@ local function grant()
   end
   -- A grant is announced once its token is known: here if the proposal was
   -- accepted, else by the commit (a reader told now would read token 0).
-  if p > 0 then redis.call('PUBLISH', lockKey .. HOLDER, '') end
+  if accepted then redis.call('PUBLISH', lockKey .. HOLDER, '') end
   return {FRESH, c, p}
 end
 

@@ -1,0 +1,282 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/testserver"
+)
+
+var shared = dlock.WithShared()
+
+// readersKey is the node key of a lock's readers under the default prefix (see the
+// key layout in names.go).
+func readersKey(key string) string { return "redlock:readers\x1f" + key }
+
+// Read-write locks on majorities: a reader's token is above every earlier grant's,
+// a writer's is above every reader's, a lapsed reader frees the key, a release wakes the whole run of readers
+// queued at the front, and a queued writer that gives up wakes the readers behind
+// it.
+func TestReadWrite(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 5)
+	u := testserver.RedlockURL(nodes, testQuery)
+
+	t.Run("Tokens", func(t *testing.T) {
+		ctx := ctxT(t)
+		const readers = 6
+		leases := make([]*dlock.Lease, readers)
+		var wg sync.WaitGroup
+		for i := range readers {
+			c := client(t, u)
+			wg.Go(func() {
+				l, err := c.Lock(ctx, "tokens", shared)
+				if err != nil {
+					t.Errorf("reader %d: %v", i, err)
+				}
+				leases[i] = l
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		var toks []uint64
+		for _, l := range leases {
+			toks = append(toks, uint64(l.Token()))
+		}
+		slices.Sort(toks)
+		// Readers that overlap may share a token; one that starts after they were
+		// granted gets a larger one.
+		late := mustLock(t, ctx, client(t, u), "tokens", shared)
+		if uint64(late.Token()) <= toks[readers-1] {
+			t.Fatalf("a later reader's token %d not above the earlier readers' %v", late.Token(), toks)
+		}
+		leases = append(leases, late)
+		w := client(t, u)
+		if _, err := w.TryLock(ctx, "tokens"); !errors.Is(err, dlock.ErrLocked) {
+			t.Fatalf("writer beside %d readers: %v, want ErrLocked", readers, err)
+		}
+		info, err := w.Inspect(ctx, "tokens")
+		if err != nil || !info.Shared || uint64(info.Token) != toks[0] {
+			t.Fatalf("Inspect = %+v, %v; want the reader with token %d, shared", info, err, toks[0])
+		}
+		for _, l := range leases {
+			mustRelease(t, ctx, l)
+		}
+		l := mustLock(t, ctx, w, "tokens")
+		if uint64(l.Token()) <= toks[readers-1] {
+			t.Fatalf("writer's token %d not above the readers' %v", l.Token(), toks)
+		}
+		mustRelease(t, ctx, l)
+	})
+
+	t.Run("ReaderLapses", func(t *testing.T) {
+		ctx := ctxT(t)
+		b := open(t, u) // driven by hand: no renewal
+		defer b.Close()
+		g, err := b.Acquire(ctx, driver.Request{Key: "lapse", Owner: "r", TTL: 300 * time.Millisecond, Shared: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := client(t, u)
+		if _, err := w.TryLock(ctx, "lapse"); !errors.Is(err, dlock.ErrLocked) {
+			t.Fatalf("writer beside a reader: %v, want ErrLocked", err)
+		}
+		l := mustLock(t, ctx, w, "lapse") // once the reader's grant lapses on the nodes
+		if uint64(l.Token()) <= g.Token {
+			t.Fatalf("writer's token %d not above the lapsed reader's %d", l.Token(), g.Token)
+		}
+		if err := b.Release(ctx, "lapse", "r"); !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("release of the lapsed reader: %v, want ErrNotHeld", err)
+		}
+		mustRelease(t, ctx, l)
+	})
+
+	t.Run("WakeRun", func(t *testing.T) {
+		ctx := ctxT(t)
+		// A long TTL: readers queued behind others answer their fallback attempts
+		// locally for 15 s, so only a release's wake-ups grant them within the
+		// 10 s below.
+		w1 := mustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "run")
+		waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		readers := make(chan *dlock.Lease, 2)
+		var wg sync.WaitGroup
+		inspector := client(t, u)
+		for i := range 3 {
+			c := client(t, u)
+			wg.Go(func() {
+				if i == 2 {
+					// A writer behind the readers. It may still pass them (Redlock
+					// is not FIFO: its client's first subscription wakes it once),
+					// so it lets go at once; its release wakes the readers then.
+					l, err := c.Lock(waitCtx, "run")
+					if err != nil {
+						t.Errorf("writer: %v", err)
+						return
+					}
+					mustRelease(t, ctx, l)
+					return
+				}
+				l, err := c.Lock(waitCtx, "run", shared)
+				if err != nil {
+					t.Errorf("reader %d: %v", i, err)
+				}
+				readers <- l
+			})
+			waitWaiters(t, ctx, inspector, "run", i+1)
+		}
+		mustRelease(t, ctx, w1)
+		r1, r2 := <-readers, <-readers
+		if r1 == nil || r2 == nil {
+			t.FailNow()
+		}
+		mustRelease(t, ctx, r1)
+		mustRelease(t, ctx, r2)
+		wg.Wait()
+	})
+
+	t.Run("WithdrawWakes", func(t *testing.T) {
+		ctx := ctxT(t)
+		r1 := mustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "withdraw", shared)
+		inspector := client(t, u)
+		wCtx, cancelW := context.WithCancel(ctx)
+		wDone := make(chan error, 1)
+		go func() {
+			_, err := client(t, u).Lock(wCtx, "withdraw")
+			wDone <- err
+		}()
+		waitWaiters(t, ctx, inspector, "withdraw", 1)
+		r2Ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		got := make(chan *dlock.Lease, 1)
+		go func() {
+			l, err := client(t, u).Lock(r2Ctx, "withdraw", shared)
+			if err != nil {
+				t.Errorf("reader behind the writer: %v", err)
+			}
+			got <- l
+		}()
+		waitWaiters(t, ctx, inspector, "withdraw", 2)
+		cancelW()
+		if err := <-wDone; !errors.Is(err, context.Canceled) {
+			t.Fatalf("writer that gave up: %v", err)
+		}
+		r2 := <-got
+		if r2 == nil {
+			t.FailNow()
+		}
+		mustRelease(t, ctx, r2)
+		mustRelease(t, ctx, r1)
+	})
+}
+
+// A reader's majority and a writer's share a node, which refuses the writer: a
+// reader granted on nodes 0-2 (3 and 4 down) keeps a writer out that reaches only
+// nodes 2-4. A reader's token is settled on a majority, and a renewal puts a reader
+// back on a node that restarted empty.
+func TestReadersMajority(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 5)
+	raw := rawClients(t, nodes)
+	ctx := ctxT(t)
+	u := testserver.RedlockURL(nodes, "node_timeout=100ms")
+	r := open(t, u) // driven by hand: no background renewal
+	defer r.Close()
+	const ttl = 10 * time.Second
+	restart := func(i int) {
+		t.Helper()
+		nodes[i].Kill()
+		if err := nodes[i].Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A reader's token drawn by the nodes is raised on a majority before it is
+	// granted: node 0 alone had a high counter, so the reader's token comes from
+	// node 0, and a writer that cannot reach node 0 must still get a larger one.
+	for i, c := range raw {
+		n := 10
+		if i == 0 {
+			n = 100
+		}
+		if err := c.Set(ctx, r.FenceKey("raise"), n, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := r.Acquire(ctx, driver.Request{Key: "raise", Owner: "reader", TTL: ttl, Shared: true})
+	if err != nil || g.Token <= 100 {
+		t.Fatalf("reader with node 0's counter at 100: token %d, %v; want above 100", g.Token, err)
+	}
+	if err := r.Release(ctx, "raise", "reader"); err != nil {
+		t.Fatal(err)
+	}
+	nodes[0].Kill()
+	w0 := open(t, u)
+	defer w0.Close()
+	wg, err := w0.Acquire(ctx, driver.Request{Key: "raise", Owner: "writer", TTL: ttl})
+	if err != nil || wg.Token <= g.Token {
+		t.Fatalf("writer without node 0: token %d, %v; want above the reader's %d", wg.Token, err, g.Token)
+	}
+	if err := w0.Release(ctx, "raise", "writer"); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := r.Acquire(ctx, driver.Request{Key: "restore", Owner: "reader", TTL: ttl, Shared: true}); err != nil {
+		t.Fatal(err)
+	}
+	restart(0)
+	if err := r.Refresh(ctx, "restore", "reader", ttl); err != nil {
+		t.Fatalf("reader's renewal with 4 of 5 nodes holding: %v", err)
+	}
+	if n, err := raw[0].ZCard(ctx, readersKey("restore")).Result(); err != nil || n != 1 {
+		t.Fatalf("node 0 after the renewal: %d readers, %v; want 1", n, err)
+	}
+	if err := r.Release(ctx, "restore", "reader"); err != nil {
+		t.Fatal(err)
+	}
+
+	nodes[3].Kill()
+	nodes[4].Kill()
+	if _, err := r.Acquire(ctx, driver.Request{Key: "k", Owner: "reader", TTL: ttl, Shared: true}); err != nil {
+		t.Fatalf("reader on 3 of 5 nodes: %v", err)
+	}
+	for _, i := range []int{3, 4} {
+		if err := nodes[i].Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodes[0].Kill()
+	nodes[1].Kill()
+	w := client(t, u)
+	if _, err := w.TryLock(ctx, "k"); !errors.Is(err, dlock.ErrLocked) {
+		t.Fatalf("writer on nodes 2-4 beside a reader on nodes 0-2: %v, want ErrLocked", err)
+	}
+	_ = r.Release(ctx, "k", "reader") // on node 2 alone: not a majority any more
+	l := mustLock(t, ctx, w, "k")
+	mustRelease(t, ctx, l)
+}
+
+func mustLock(t *testing.T, ctx context.Context, c *dlock.Client, key string, opts ...dlock.Option) *dlock.Lease {
+	t.Helper()
+	l, err := c.Lock(ctx, key, opts...)
+	if err != nil {
+		t.Fatalf("Lock %q: %v", key, err)
+	}
+	return l
+}
+
+func mustRelease(t *testing.T, ctx context.Context, l *dlock.Lease) {
+	t.Helper()
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
