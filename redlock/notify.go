@@ -28,12 +28,14 @@ import (
 // local waiter is woken once to try again. From then on a waiter is subscribed
 // before it is recorded anywhere, so no release can miss it.
 //
-// One release sends one message per node, with a nonce shared by its copies. The
-// client wakes the first local waiter a copy names when copies from a majority have
-// arrived (so that its attempt does not come before the release reached a
-// majority), or wakeDelay after the first copy if they do not; so a release wakes
-// at most one waiter per client, at most twice. If
-// the named waiter vanished without withdrawing (its process died), others wait for their fallback timer until its place lapses.
+// One release sends one message per node and per waiter it wakes (one, or a run of
+// readers), with a nonce shared by its copies. The client wakes a local waiter that
+// copies name when copies from a majority have named it (so that its attempt does
+// not come before the release reached a majority), and the first waiter named
+// wakeDelay after the first copy if they do not; so a release wakes each waiter it
+// names at most once, and one more when nodes disagree. If the named waiter vanished
+// without withdrawing (its process died), others wait for their fallback timer until
+// its place lapses.
 
 const (
 	subscribeTimeout = time.Second
@@ -246,12 +248,12 @@ func (b *Backend) subscriptionDown(n *node) {
 
 // wake handles one node's copy of a release's message "NONCE OWNER COUNTER KEY".
 //
-// The named local waiter is woken once copies from a majority of nodes have come:
-// an attempt sent earlier could reach nodes the release had not reached yet, find
-// the key held there, and have to give back what it took elsewhere (a round trip
-// and a wasted attempt per handoff when it happens). If a majority of copies does
-// not come within wakeDelay of the first (the nodes named different waiters, or
-// some are slow), the waiter is woken anyway. The counter (the node's fencing
+// A named local waiter is woken once copies from a majority of nodes named it: an
+// attempt sent earlier could reach nodes the release had not reached yet, find the
+// key held there, and have to give back what it took elsewhere (a round trip and a
+// wasted attempt per handoff when it happens). If a majority of copies does not
+// name the first waiter named within wakeDelay of its first copy (the nodes named
+// different waiters, or some are slow), it is woken anyway. The counter (the node's fencing
 // counter) is recorded, so that the waiter's attempt proposes a token above the
 // holder's and settles it in its one round.
 func (b *Backend) wake(payload string) {

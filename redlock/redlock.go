@@ -143,19 +143,38 @@
 // the same token after nodes lost data (it gets a larger one); any guarantee when the
 // assumptions above fail, beyond what fencing tokens give.
 //
-// # No semaphores, no read-write locks
+// # Read-write locks, no semaphores
 //
-// Redlock is not a driver.Semaphorer nor a driver.Sharer: a lock call with
-// dlock.WithLimit(n > 1) or dlock.WithShared fails with an error matching
-// ErrUnsupported. Majorities count one holder
-// correctly because any two of them share a node, which refuses the second; they
-// cannot count N > 1: with N permits kept per node, holders can each hold a
-// different majority while no node sees more than N of them (5 nodes, N = 2:
-// clients on nodes {1,2,3}, {3,4,5} and {1,4,5} are three holders, and no node
-// counts more than two), even without a fault. Read-write locks could be built
-// on majorities (a reader's majority and a writer's share a node that sees both),
-// but are not yet. Semaphores and read-write locks on Redis are redislock's, on
-// one server.
+// Redlock is a driver.Sharer: dlock.WithShared takes the read side. Each node keeps
+// the key's readers beside its lock key (owner ids scored by when each reader's grant
+// lapses, on the node's clock, with each reader's token and value). A node grants a
+// writer when it has no lock value and no live reader, and a reader when it has no
+// lock value and no live writer queued ahead of the reader (any queued writer, for a
+// reader not queued there), so a stream of readers does not pass a queued writer. A
+// reader, like a writer, holds only with a majority, renews, restores itself on a
+// node that lost it, and is released on every node; so a reader's majority and a
+// writer's share a node that refuses the later of the two, under the assumptions of
+// the Algorithm section. A writer's release, the last reader's release, and a queued
+// writer that gives up wake the run of readers at the front of a node's queue (or
+// its first writer). Order is not strict FIFO, as for the mutex.
+//
+// Tokens: readers that start together would reject each other's proposals round
+// after round, so a node that rejects a reader's proposal draws a token for it (its
+// counter plus one) instead. Unless a majority accepted the proposal, the reader then
+// raises the largest token its granting nodes hold (phase one saw every one of them)
+// on those nodes, in one round that records the token and lifts each counter to it,
+// and holds once a majority did. The register's argument carries over: a grant B
+// that starts after grant A completed shares a node k with A's majority, whose
+// counter was at least A's token a, so every token k gives or accepts for B is above
+// a. Readers that overlap may share a token; a later grant always has a larger one.
+//
+// Redlock is not a driver.Semaphorer: a lock call with dlock.WithLimit(n > 1) fails
+// with an error matching ErrUnsupported. Majorities count one holder correctly
+// because any two of them share a node, which refuses the second; they cannot count
+// N > 1: with N permits kept per node, holders can each hold a different majority
+// while no node sees more than N of them (5 nodes, N = 2: clients on nodes {1,2,3},
+// {3,4,5} and {1,4,5} are three holders, and no node counts more than two), even
+// without a fault. Semaphores on Redis are redislock's, on one server.
 //
 // # Values
 //

@@ -1,5 +1,6 @@
--- wake.lua: wake(waitKey, waiterPrefix, nonce, name, fenceKey, readersOnly), joined in front of
--- release.lua, force_release.lua and withdraw.lua. Defines no KEYS or ARGV of its own.
+-- wake.lua: wake(waitKey, waiterPrefix, nonce, name, fenceKey, readersOnly), joined
+-- in front of release.lua, force_release.lua and withdraw.lua. Defines no KEYS or
+-- ARGV of its own.
 --
 -- wake wakes the oldest live waiter of this node, if any: it publishes
 -- "NONCE OWNER COUNTER NAME" on the waiter's client channel (stored at
