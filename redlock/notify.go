@@ -253,9 +253,9 @@ func (b *Backend) subscriptionDown(n *node) {
 // key held there, and have to give back what it took elsewhere (a round trip and a
 // wasted attempt per handoff when it happens). If a majority of copies does not
 // name the first waiter named within wakeDelay of its first copy (the nodes named
-// different waiters, or some are slow), it is woken anyway. The counter (the node's fencing
-// counter) is recorded, so that the waiter's attempt proposes a token above the
-// holder's and settles it in its one round.
+// different waiters, or some are slow), it is woken anyway. The counter (the node's
+// fencing counter) is recorded, so that the waiter's attempt proposes a token above
+// the holder's and settles it in its one round.
 func (b *Backend) wake(payload string) {
 	nonce, rest, ok := strings.Cut(payload, " ")
 	if !ok {
@@ -363,9 +363,9 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	return nil
 }
 
-// withdraw removes owner's place from the wait sets of the given nodes.
-// A place given up on a node where no writer holds the key wakes the waiters it held
-// back (see withdraw.lua), with one nonce for every node.
+// withdraw removes owner's place from the wait sets of the given nodes. A place
+// given up on a node where no writer holds the key wakes the waiters it held back
+// (see withdraw.lua), with one nonce for every node.
 func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int) error {
 	nonce := b.newNonce()
 	r := fanoutFor(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (int64, error) {

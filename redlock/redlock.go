@@ -156,7 +156,11 @@
 // writer's share a node that refuses the later of the two, under the assumptions of
 // the Algorithm section. A writer's release, the last reader's release, and a queued
 // writer that gives up wake the run of readers at the front of a node's queue (or
-// its first writer). Order is not strict FIFO, as for the mutex.
+// its first writer). Order is not strict FIFO, as for the mutex. Redlock is not a
+// driver.Semaphorer (below), so dlock.Client.Holders and dlock inspect show one
+// holder: the writer, or the reader with the smallest token. Clients of versions
+// before read-write locks do not know readers and grant a writer beside them: stop
+// them before any client takes a read lock.
 //
 // Tokens: readers that start together would reject each other's proposals round
 // after round, so a node that rejects a reader's proposal draws a token for it (its
