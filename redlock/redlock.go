@@ -154,13 +154,15 @@
 // reader, like a writer, holds only with a majority, renews, restores itself on a
 // node that lost it, and is released on every node; so a reader's majority and a
 // writer's share a node that refuses the later of the two, under the assumptions of
-// the Algorithm section. A writer's release, the last reader's release, and a queued
-// writer that gives up wake the run of readers at the front of a node's queue (or
-// its first writer). Order is not strict FIFO, as for the mutex. Redlock is not a
-// driver.Semaphorer (below), so dlock.Client.Holders and dlock inspect show one
-// holder: the writer, or the reader with the smallest token. Clients of versions
-// before read-write locks do not know readers and grant a writer beside them: stop
-// them before any client takes a read lock.
+// the Algorithm section. A writer's release and the last reader's release wake the
+// run of readers at the front of a node's queue, or its first writer; a queued
+// writer that gives up where no writer holds wakes the run of readers behind it.
+// Order is not strict FIFO, as for the mutex. The mutex pays for this with one
+// EXISTS per node in an attempt that finds the key free (the readers' set).
+// Redlock is not a driver.Semaphorer (below), so dlock.Client.Holders and dlock
+// inspect show one holder: the writer, or the reader with the smallest token.
+// Clients of versions before read-write locks do not know readers and grant a
+// writer beside them: stop them before any client takes a read lock.
 //
 // Tokens: readers that start together would reject each other's proposals round
 // after round, so a node that rejects a reader's proposal draws a token for it (its

@@ -17,6 +17,7 @@ local owner, waiterPrefix, nonce, name, wakeOne = ARGV[1], ARGV[2], ARGV[3], ARG
 local NOT_HELD, RELEASED = 0, 1
 
 local v = redis.call('GET', lockKey)
+local last = true -- no reader left (a node with a lock value has none)
 if v then
   if holder(v) ~= owner then return NOT_HELD end
   redis.call('DEL', lockKey)
@@ -24,9 +25,10 @@ else
   if readers(readKey, readData) == 0 or not readerTok(readData, owner) then return NOT_HELD end
   redis.call('ZREM', readKey, owner)
   redis.call('HDEL', readData, owner)
+  last = redis.call('EXISTS', readKey) == 0
 end
 redis.call('PUBLISH', lockKey .. HOLDER, '')
-if wakeOne == '1' and redis.call('EXISTS', waitKey) == 1 and redis.call('EXISTS', readKey) == 0 then
+if wakeOne == '1' and last and redis.call('EXISTS', waitKey) == 1 then
   local woken = wake(waitKey, waiterPrefix, nonce, name, fenceKey)
   if woken then return woken end
 end

@@ -1,8 +1,9 @@
 -- withdraw.lua: gives up a waiter's place on one node (joined after lib.lua and
--- wake.lua), and wakes the waiters that its place held back: when the node has no
--- lock value, the oldest live waiter if no reader holds, else the run of readers at
--- the front of the queue (a reader waits behind a queued writer even while readers
--- hold; once that writer gives up, it can join them).
+-- wake.lua). A writer's place given up where the node has no lock value wakes the
+-- run of readers that may now be at the front of the queue: a reader waits behind
+-- a queued writer even while readers hold, and once that writer is gone it can join
+-- them. Nothing else is woken (a woken mutex waiter that gives up leaves the next
+-- one to its fallback timer, as before read-write locks).
 --
 -- KEYS[1] wait set, KEYS[2] lock, KEYS[3] fence counter (read for the wake-up),
 -- KEYS[4] readers, KEYS[5] readers' tokens and values.
@@ -14,7 +15,8 @@ local waitKey, lockKey, fenceKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3],
 local owner, waiterPrefix, nonce, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 redis.call('ZREM', waitKey, owner)
-redis.call('DEL', waiterPrefix .. owner)
+local ch = redis.call('GETDEL', waiterPrefix .. owner)
+if not ch or string.sub(ch, -2) == ' r' then return 1 end
 if redis.call('EXISTS', lockKey) == 1 or redis.call('EXISTS', waitKey) == 0 then return 1 end
-wake(waitKey, waiterPrefix, nonce, name, fenceKey, readers(readKey, readData) > 0)
+wake(waitKey, waiterPrefix, nonce, name, fenceKey, true)
 return 1
