@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock"
+	"github.com/dlockio/dlock/internal/testserver"
 )
 
 // dlock run --limit N holds one of N permits; another N is a usage error while the
@@ -248,5 +249,30 @@ func TestList(t *testing.T) {
 	}
 	if code, _, errs := run("list", "--backend", url, "a", "b"); code != 64 {
 		t.Fatalf("two prefixes: exit %d: %s", code, errs)
+	}
+}
+
+// dlock inspect of a read-held key on a backend that lists no holders (Redlock)
+// says that the holder it tells is a reader.
+func TestInspectRedlockReader(t *testing.T) {
+	ctx := context.Background()
+	url := testserver.RedlockURL(testserver.StartRedisNodes(t, 3), "node_timeout=500ms")
+	c, err := dlock.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.Lock(ctx, "doc", dlock.WithShared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	code, out, errs := run("inspect", "--backend", url, "doc")
+	if code != 0 || !strings.Contains(out, "shared:  yes") {
+		t.Fatalf("inspect: exit %d, %q %q; want a shared line", code, out, errs)
+	}
+	code, out, errs = run("inspect", "--json", "--backend", url, "doc")
+	if code != 0 || !strings.Contains(out, `"shared": true`) {
+		t.Fatalf("inspect --json: exit %d, %q %q", code, out, errs)
 	}
 }
