@@ -80,17 +80,24 @@ func (c *Client) ForceRelease(ctx context.Context, key string) error {
 // Holders lists every holder of key, the oldest grant first, and the key's holder
 // limit (1 for an ordinary lock, n for a semaphore of WithLimit(n)); no holders
 // and limit 0 when the key is free. It returns an error matching ErrUnsupported
-// when the backend cannot have several holders of a key (not a
-// driver.Semaphorer); Inspect then tells the one holder. A snapshot, like
+// when the backend cannot list holders (neither a driver.Semaphorer nor a
+// driver.HolderLister); Inspect then tells the one holder. A snapshot, like
 // Inspect's.
 func (c *Client) Holders(ctx context.Context, key string) (limit int, holders []Info, err error) {
 	if err := c.adminCheck(key); err != nil {
 		return 0, nil, err
 	}
-	if c.sem == nil {
+	var dh []driver.Info
+	if c.sem != nil {
+		limit, dh, err = c.sem.Holders(ctx, key)
+	} else if hl, ok := c.b.(driver.HolderLister); ok {
+		dh, err = hl.ListHolders(ctx, key)
+		if len(dh) > 0 {
+			limit = 1
+		}
+	} else {
 		return 0, nil, unsupported("list holders", key)
 	}
-	limit, dh, err := c.sem.Holders(ctx, key)
 	if err != nil {
 		return 0, nil, err
 	}

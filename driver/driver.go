@@ -44,6 +44,10 @@
 //   - Sharer: honours Request.Shared, so a key has shared (read) holders together
 //     or one exclusive (write) holder. Without it a shared lock call
 //     (dlock.WithShared) returns an error matching ErrUnsupported.
+//   - HolderLister: lists every holder of a key on a Sharer that is not a
+//     Semaphorer (whose Holders does that), for dlock.Client.Holders and dlock
+//     inspect. Without either, Client.Holders returns an error matching
+//     ErrUnsupported.
 //   - MultiAcquirer: takes several keys in one atomic step on the server, all
 //     or none, for dlock.Client.LockAll and TryLockAll. Without it, and for a
 //     set that is not free, the core takes the keys one at a time in ascending
@@ -384,12 +388,21 @@ type Semaphorer interface {
 }
 
 // Sharer is implemented by backends that honour Request.Shared: read-write locks.
-// Holders (Semaphorer) lists shared holders with Info.Shared set; Inspect reports
-// the oldest holder.
+// Holders (Semaphorer) or ListHolders (HolderLister) lists shared holders with
+// Info.Shared set; Inspect reports the oldest holder.
 type Sharer interface {
 	// Shares reports whether the backend honours Request.Shared; a wrapper
 	// answers for the backend it wraps.
 	Shares() bool
+}
+
+// HolderLister is implemented by a Sharer that is not a Semaphorer (it admits no
+// limit above 1) but can list a key's holders: its readers, or its one writer.
+type HolderLister interface {
+	// ListHolders returns every live holder of key, the oldest grant first (the
+	// smallest token first where the backend cannot tell the order of grants);
+	// none when the key is free.
+	ListHolders(ctx context.Context, key string) ([]Info, error)
 }
 
 // MultiAcquirer is implemented by backends that can take several keys in one

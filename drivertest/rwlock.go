@@ -24,8 +24,8 @@ func (h Harness) sharerBackend(t *testing.T, c *dlock.Client) {
 var shared = dlock.WithShared()
 
 // RWLock: readers hold together, a writer alone; a writer's token is larger than
-// every earlier reader's; Holders marks readers; a semaphore's key cannot be taken
-// shared.
+// every earlier reader's; Holders (on a Semaphorer or a HolderLister) lists both
+// readers, marked shared; a semaphore's key cannot be taken shared.
 func (h Harness) testRWLock(t *testing.T) {
 	ctx := ctxT(t)
 	c := h.Client(t)
@@ -45,7 +45,9 @@ func (h Harness) testRWLock(t *testing.T) {
 	if _, err := c.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
 		t.Fatalf("writer while readers hold: %v, want ErrLocked", err)
 	}
-	if _, ok := c.Backend().(driver.Semaphorer); ok {
+	_, sem := c.Backend().(driver.Semaphorer)
+	_, lister := c.Backend().(driver.HolderLister)
+	if sem || lister {
 		_, holders, err := c.Holders(ctx, key)
 		if err != nil || len(holders) != 2 || !holders[0].Shared || !holders[1].Shared {
 			t.Fatalf("Holders = %+v, %v; want the two readers, shared", holders, err)

@@ -1,6 +1,7 @@
 package redlock
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -124,6 +125,28 @@ func tokenValue(s string) (uint64, string) {
 // holds a majority but no value does (a SetValue under way, or one that reached
 // too few nodes) it returns a QuorumError.
 func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	hs, err := b.readHolders(ctx, key, "inspect")
+	if err != nil {
+		return driver.Info{}, err
+	}
+	if len(hs) == 0 {
+		return driver.Info{}, fmt.Errorf("redlock: inspect %q: %w", key, driver.ErrNotHeld)
+	}
+	return hs[0], nil
+}
+
+// ListHolders implements driver.HolderLister: the writer that holds key on a
+// majority of nodes, or every reader that does, the smallest token first, each as
+// Inspect reports it; none when the key is free.
+func (b *Backend) ListHolders(ctx context.Context, key string) ([]driver.Info, error) {
+	return b.readHolders(ctx, key, "list holders")
+}
+
+// readHolders reads every node's view of key and returns the writer that holds it
+// on a majority, or the readers that do, the smallest token first; a QuorumError
+// (for operation op) when too many nodes failed to tell, or when a holder's nodes
+// agree on no value.
+func (b *Backend) readHolders(ctx context.Context, key, op string) ([]driver.Info, error) {
 	keys, prefix := b.keys(key), b.waiterPrefix(key)
 	r := fanoutFor(ctx, b, driver.Holder{Key: key}, b.all(), func(ctx context.Context, n *node) (view, error) {
 		return b.inspectNode(ctx, n, keys, prefix)
@@ -150,39 +173,40 @@ func (b *Backend) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	for owner, vs := range byOwner {
 		best = max(best, len(vs))
 		if len(vs) >= b.quorum {
-			return b.holderInfo(key, owner, vs, int(waiters), false, r.errs)
+			info, err := b.holderInfo(op, key, owner, vs, int(waiters), false, r.errs)
+			if err != nil {
+				return nil, err
+			}
+			return []driver.Info{info}, nil
 		}
 	}
-	var oldest string
-	var oldestTok uint64
+	var out []driver.Info
 	for owner, vs := range byReader {
 		best = max(best, len(vs))
 		if len(vs) < b.quorum {
 			continue
 		}
-		var tok uint64
-		for _, v := range vs {
-			tok = max(tok, v.tok)
+		info, err := b.holderInfo(op, key, owner, vs, int(waiters), true, r.errs)
+		if err != nil {
+			return nil, err
 		}
-		if oldest == "" || tok < oldestTok || (tok == oldestTok && owner < oldest) {
-			oldest, oldestTok = owner, tok
-		}
+		out = append(out, info)
 	}
-	if oldest != "" {
-		return b.holderInfo(key, oldest, byReader[oldest], int(waiters), true, r.errs)
-	}
-	if best+failed >= b.quorum {
-		return driver.Info{}, &QuorumError{Op: "inspect", Key: key, OK: len(b.nodes) - failed, Need: b.quorum, Nodes: len(b.nodes),
+	if len(out) == 0 && best+failed >= b.quorum {
+		return nil, &QuorumError{Op: op, Key: key, OK: len(b.nodes) - failed, Need: b.quorum, Nodes: len(b.nodes),
 			Note: "too many nodes failed to tell who holds it", Err: b.nodeErrors(r.errs)}
 	}
-	return driver.Info{}, fmt.Errorf("redlock: inspect %q: %w", key, driver.ErrNotHeld)
+	slices.SortFunc(out, func(a, c driver.Info) int {
+		return cmp.Or(cmp.Compare(a.Token, c.Token), strings.Compare(a.Owner, c.Owner))
+	})
+	return out, nil
 }
 
-// holderInfo makes Inspect's answer for an owner that holds the key on the nodes of
-// vs, a majority: the largest token they report, the time for which a majority
-// still holds it (the quorum-th largest TTL), and the value a majority holds, or a
-// QuorumError when no value does.
-func (b *Backend) holderInfo(key, owner string, vs []view, waiters int, shared bool, errs []error) (driver.Info, error) {
+// holderInfo describes an owner that holds the key on the nodes of vs, a majority:
+// the largest token they report, the time for which a majority still holds it (the
+// quorum-th largest TTL), and the value a majority holds, or a QuorumError (for
+// operation op) when no value does.
+func (b *Backend) holderInfo(op, key, owner string, vs []view, waiters int, shared bool, errs []error) (driver.Info, error) {
 	slices.SortFunc(vs, func(a, c view) int { return int(c.pttl - a.pttl) })
 	var tok uint64
 	votes := make(map[string]int, 1)
@@ -200,6 +224,6 @@ func (b *Backend) holderInfo(key, owner string, vs []view, waiters int, shared b
 			return info, nil
 		}
 	}
-	return driver.Info{}, &QuorumError{Op: "inspect", Key: key, OK: len(vs), Need: b.quorum, Nodes: len(b.nodes),
+	return driver.Info{}, &QuorumError{Op: op, Key: key, OK: len(vs), Need: b.quorum, Nodes: len(b.nodes),
 		Note: "no majority of nodes agrees on the value", Err: b.nodeErrors(errs)}
 }

@@ -159,10 +159,10 @@
 // writer that gives up where no writer holds wakes the run of readers behind it.
 // Order is not strict FIFO, as for the mutex. The mutex pays for this with one
 // EXISTS per node in an attempt that finds the key free (the readers' set).
-// Redlock is not a driver.Semaphorer (below), so dlock.Client.Holders and dlock
-// inspect show one holder: the writer, or the reader with the smallest token.
-// Clients of versions before read-write locks do not know readers and grant a
-// writer beside them: stop them before any client takes a read lock.
+// ListHolders (driver.HolderLister, for dlock.Client.Holders and dlock inspect)
+// lists the readers that hold on a majority, the smallest token first; Inspect
+// tells the first. Clients of versions before read-write locks do not know readers
+// and grant a writer beside them: stop them before any client takes a read lock.
 //
 // Tokens: readers that start together would reject each other's proposals round
 // after round, so a node that rejects a reader's proposal draws a token for it (its
@@ -280,6 +280,7 @@ var (
 	_ driver.Valuer        = (*Backend)(nil)
 	_ driver.HolderWatcher = (*Backend)(nil)
 	_ driver.Sharer        = (*Backend)(nil)
+	_ driver.HolderLister  = (*Backend)(nil)
 )
 
 func (b *Backend) isClosed() bool {

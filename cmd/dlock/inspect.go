@@ -132,9 +132,6 @@ func (s snapshot) print(w io.Writer, asJSON, watching bool) error {
 		out := map[string]any{"key": s.key, "held": s.held}
 		if s.held {
 			out["owner"], out["token"], out["ttl_ms"], out["waiters"] = info.Owner, info.Token, info.TTL.Milliseconds(), info.Waiters
-			if info.Shared {
-				out["shared"] = true
-			}
 			addValue(out, info.Value)
 		}
 		addQueue(out, s.queue)
@@ -146,10 +143,6 @@ func (s snapshot) print(w io.Writer, asJSON, watching bool) error {
 	}
 	fmt.Fprintf(w, "key:     %s\nowner:   %s\ntoken:   %d\nttl:     %v\n",
 		s.key, info.Owner, info.Token, info.TTL.Round(time.Millisecond))
-	if info.Shared {
-		// A backend that lists no holders (Redlock) tells one reader.
-		fmt.Fprintln(w, "shared:  yes (a reader; others may hold the key beside it)")
-	}
 	if len(info.Value) > 0 {
 		fmt.Fprintf(w, "value:   %s\n", showValue(info.Value))
 	}
