@@ -268,7 +268,14 @@ func (a *attempt) settle(ctx context.Context) (uint64, string, []error) {
 	var cerrs []error
 	var note string
 	if a.req.Shared {
-		t, cerrs, note = a.b.raise(ctx, a.req, a.granted, a.maxSeen, a.start)
+		t = a.maxSeen // above every counter a granting node had, unless one re-entered
+		for _, i := range a.granted {
+			if a.r.vals[i].status == statusReentry {
+				t = a.maxSeen + 1 // it drew nothing: its counter may be a later grant's token
+				break
+			}
+		}
+		t, cerrs, note = a.b.raise(ctx, a.req, a.granted, t, a.start)
 	} else {
 		t, cerrs, note = a.b.commit(ctx, a.req, a.b.grantKeys(a.req.Key), a.granted, a.maxSeen+1, a.start)
 	}
@@ -307,7 +314,11 @@ func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driv
 		b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner, a.undoWakes(false) == "1")
 	}
 	he := &driver.HeldError{RetryAfter: b.retryAfter(a.held)}
-	if req.Wait && len(a.held) > 0 {
+	if req.Wait && (len(a.held) > 0 || len(a.unknown) > 0) {
+		// A node whose reply was lost (the call cut short, say) may have recorded
+		// the waiter too: marked queued, it is withdrawn when it gives up, and its
+		// next attempt removes the place if granted. Left behind, a writer's place
+		// would keep every new reader out until it lapsed.
 		he.Ahead, he.Queued = int(max(a.ahead, 0)), a.ahead >= 0
 		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0)
 	}
@@ -381,9 +392,9 @@ func (b *Backend) commit(ctx context.Context, req driver.Request, keys []string,
 }
 
 // raise settles a reader's token when phase one did not: t, the largest token the
-// granting nodes drew or accepted (a.maxSeen covers them all), is recorded on them
-// and their counters raised to it (commit.lua, raise), in one round that never
-// rejects. Once a majority holds a counter of at least t, every grant that starts
+// granting nodes drew or accepted (a.maxSeen covers them all; one above it when a
+// node re-entered, drawing nothing), is recorded on them and their counters raised
+// to it (commit.lua, raise), in one round that never rejects. Once a majority holds a counter of at least t, every grant that starts
 // later gets a larger token, as with the register's rule; readers that overlap may
 // share one. It returns t, or 0 with the node errors (indexed like b.nodes) and a
 // note.

@@ -157,7 +157,9 @@
 // the Algorithm section. A writer's release and the last reader's release wake the
 // run of readers at the front of a node's queue, or its first writer; a queued
 // writer that gives up where no writer holds wakes the run of readers behind it.
-// Order is not strict FIFO, as for the mutex. The mutex pays for this with one
+// Order is not strict FIFO, as for the mutex, and comes from the waiters' client
+// clocks (see Waiting): a reader whose client's clock runs d behind may pass a
+// writer that queued less than d before it. The mutex pays for this with one
 // EXISTS per node in an attempt that finds the key free (the readers' set).
 // ListHolders (driver.HolderLister, for dlock.Client.Holders and dlock inspect)
 // lists the readers that hold on a majority, the smallest token first; Inspect
@@ -167,12 +169,14 @@
 // Tokens: readers that start together would reject each other's proposals round
 // after round, so a node that rejects a reader's proposal draws a token for it (its
 // counter plus one) instead. Unless a majority accepted the proposal, the reader then
-// raises the largest token its granting nodes hold (phase one saw every one of them)
-// on those nodes, in one round that records the token and lifts each counter to it,
-// and holds once a majority did. The register's argument carries over: a grant B
-// that starts after grant A completed shares a node k with A's majority, whose
-// counter was at least A's token a, so every token k gives or accepts for B is above
-// a. Readers that overlap may share a token; a later grant always has a larger one.
+// raises the largest token its granting nodes hold (phase one saw every one of them;
+// one above the largest counter if a node re-entered the reader's earlier grant and
+// drew none) on those nodes, in one round that records the token and lifts each
+// counter to it, and holds once a majority did. The register's argument carries
+// over: a grant B that starts after grant A completed shares a node k with A's
+// majority, whose counter was at least A's token a, so every token k gives or
+// accepts for B, and one above its counter, is above a. Readers that overlap may
+// share a token; a later grant always has a larger one.
 //
 // Redlock is not a driver.Semaphorer: a lock call with dlock.WithLimit(n > 1) fails
 // with an error matching ErrUnsupported. Majorities count one holder correctly

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -263,6 +264,73 @@ func TestReadersMajority(t *testing.T) {
 	_ = r.Release(ctx, "k", "reader") // on node 2 alone: not a majority any more
 	l := mustLock(t, ctx, w, "k")
 	mustRelease(t, ctx, l)
+}
+
+// A reader that re-enters its grant (Reenter) after another reader's grant completed
+// gets a larger token than that reader's: a re-entering node draws no token, and
+// its counter may be that later grant's. (Found by review: it got the same token.)
+func TestReaderReentryToken(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 5)
+	u := testserver.RedlockURL(nodes, testQuery)
+	ctx := ctxT(t)
+	a, b := open(t, u), open(t, u)
+	defer a.Close()
+	defer b.Close()
+	req := func(owner string) driver.Request {
+		return driver.Request{Key: "reentry", Owner: owner, TTL: 10 * time.Second, Shared: true, Reenter: true}
+	}
+	if _, err := a.Acquire(ctx, req("r1")); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := b.Acquire(ctx, req("r2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "reentry", "r2"); err != nil {
+		t.Fatal(err)
+	}
+	g3, err := a.Acquire(ctx, req("r1"))
+	if err != nil || g3.Token <= g2.Token {
+		t.Fatalf("re-entered reader: token %d, %v; want above %d, the token of a grant that completed before", g3.Token, err, g2.Token)
+	}
+	if err := a.Release(ctx, "reentry", "r1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A writer whose Lock is cut short during its first attempt (its context ends after
+// the nodes recorded its place, before the replies came) withdraws that place when
+// it gives up: left behind, it kept every new reader out for its patience plus 15 s.
+// (Found by review.)
+func TestCutShortWriterWithdraws(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 5)
+	const oneWay = 40 * time.Millisecond
+	proxied := make([]string, len(nodes))
+	for i, n := range nodes {
+		proxied[i] = testserver.StartDelayProxy(t, n.Addr(), oneWay)
+	}
+	slow := "redlock://" + strings.Join(proxied, ",") + "/0?node_timeout=1s&dial_timeout=5s"
+	u := testserver.RedlockURL(nodes, testQuery)
+	ctx := ctxT(t)
+	r1 := mustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "cut", shared)
+	w := client(t, slow)
+	// Warm up the writer's connections, so that its attempt is one round trip.
+	if err := w.Do(ctx, "warm", func(context.Context, *dlock.Lease) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*oneWay/2) // after the request arrives, before the reply
+	_, err := w.Lock(wctx, "cut")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("writer cut short: %v, want DeadlineExceeded", err)
+	}
+	// Only a reader holds and the writer gave up: a new reader is granted (within
+	// 10 s; a writer's place left behind kept readers out for about 22 s).
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	r2 := mustLock(t, rctx, client(t, u), "cut", shared)
+	mustRelease(t, ctx, r2)
+	mustRelease(t, ctx, r1)
 }
 
 func mustLock(t *testing.T, ctx context.Context, c *dlock.Client, key string, opts ...dlock.Option) *dlock.Lease {
