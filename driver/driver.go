@@ -176,8 +176,10 @@ type Request struct {
 // Grant is a successful acquire.
 type Grant struct {
 	// Token is the fencing token: strictly larger than the token of every earlier
-	// grant of the same key, as far as the backend can promise. Zero means the
-	// backend cannot fence.
+	// grant of the same key (one that completed before this one's attempt began),
+	// as far as the backend can promise. Grants do not share a token, except that a
+	// backend may give two shared grants (readers) whose attempts overlapped the
+	// same one (Redlock does). Zero means the backend cannot fence.
 	Token uint64
 	// Lost, optional, is closed by the backend the moment it knows the grant is
 	// gone without waiting for the next Refresh (an etcd lease or a ZooKeeper

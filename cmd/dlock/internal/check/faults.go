@@ -302,7 +302,16 @@ func injectDrop(ctx context.Context, r *run) error {
 		}
 		r.event(history.Heal, FaultDrop, workerName(p), "links to every node restored")
 	}()
-	_, op := r.freshHolder(ctx, []*proc{p}, since, 8*r.ttl)
+	// A writer's grant (with --rw, three grants in four are readers'): once a node
+	// drops it, anyone's grant may come beside it, where beside a reader's only a
+	// writer's could.
+	var op history.Op
+	for deadline := time.Now().Add(8 * r.ttl); ctx.Err() == nil; since = op.Attempt + 1 {
+		_, op = r.freshHolder(ctx, []*proc{p}, since, time.Until(deadline))
+		if op.Lease == 0 || !op.Shared {
+			break
+		}
+	}
 	if op.Lease == 0 {
 		r.event(history.Note, FaultDrop, workerName(p), "no grant with a bare majority came")
 		return nil

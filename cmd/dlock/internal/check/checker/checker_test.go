@@ -520,3 +520,27 @@ func TestP4ReadWrite(t *testing.T) {
 		t.Errorf("porcupine %q on a read-write history", r.P4.Porcupine)
 	}
 }
+
+// In a read-write lock, readers whose acquires overlapped may share a token
+// (Redlock's readers draw theirs together); a reader that began after the other
+// ended, or a writer, may not.
+func TestP4ReadersShareToken(t *testing.T) {
+	b := newHistory(hold, ttl, 1000)
+	b.h.Meta.RW = true
+	b.grant(1, 1, "k", 7, 0, 0, 10)
+	b.grant(2, 1, "k", 7, 0, 5, 15) // overlapping the first
+	for i := range b.h.Ops {
+		b.h.Ops[i].Shared = true
+	}
+	wantCount(t, "P4 of overlapping readers with one token", b.check(Options{}).P4.Result, 0)
+	b.grant(3, 1, "k", 9, 20, 20, 30)
+	b.grant(4, 1, "k", 9, 20, 35, 40) // began after the third ended
+	b.h.Ops[len(b.h.Ops)-1].Shared, b.h.Ops[len(b.h.Ops)-2].Shared = true, true
+	b.grant(5, 1, "k", 11, 45, 45, 50)
+	b.grant(6, 1, "k", 11, 45, 46, 55) // a writer beside a reader's token
+	b.h.Ops[len(b.h.Ops)-2].Shared = true
+	r := b.check(Options{})
+	wantCount(t, "P4 of a later reader and of a writer sharing a token", r.P4.Result, 2)
+	b.h.Meta.RW = false
+	wantCount(t, "P4 of shared tokens in a mutex history", b.check(Options{}).P4.Result, 3)
+}

@@ -11,7 +11,9 @@ import (
 
 // p4 is the token order check. Per key, a grant whose acquire ended before
 // another's attempt began must have the smaller token, and no two grants share a
-// token (a fencing token that two holders carry tells them apart from nobody).
+// token (a fencing token that two holders carry tells them apart from nobody),
+// except two readers of a read-write lock whose acquires overlapped, which hold
+// together anyway (Redlock's readers may: see driver.Grant).
 // Token 0 means the backend cannot fence; such grants are not checked.
 //
 // It runs twice: a sweep in O(n log n) counts the offending grants (each grant
@@ -88,15 +90,25 @@ func (c *run) p4() {
 		}
 		byToken := slices.Clone(gs)
 		slices.SortStableFunc(byToken, func(x, y *Lease) int { return cmp.Or(cmp.Compare(x.Token, y.Token), byCall(x, y)) })
-		for i := 1; i < len(byToken); i++ {
-			first := byToken[i-1]
-			for i < len(byToken) && byToken[i].Token == first.Token {
-				if b := byToken[i]; !flagged[b] {
-					flags = append(flags, flag{b: b, a: first, dup: true})
-					flagged[b] = true
-				}
-				i++
+		// Grants sharing a token: each after the first is flagged, unless it and
+		// every earlier one of them are readers whose acquires overlapped.
+		for i := 0; i < len(byToken); {
+			j := i + 1
+			for j < len(byToken) && byToken[j].Token == byToken[i].Token {
+				j++
 			}
+			for _, b := range byToken[i+1 : j] {
+				for _, a := range byToken[i:j] {
+					if a == b {
+						break
+					}
+					if !flagged[b] && !(rw && overlappingReaders(a, b)) {
+						flags = append(flags, flag{b: b, a: a, dup: true})
+						flagged[b] = true
+					}
+				}
+			}
+			i = j
 		}
 	}
 	slices.SortStableFunc(flags, func(x, y flag) int { return cmp.Compare(x.b.Acquire.End, y.b.Acquire.End) })
@@ -163,6 +175,13 @@ func (c *run) p4() {
 			p.PorcupineHTML = c.opts.PorcupineHTML
 		}
 	}
+}
+
+// overlappingReaders reports whether two shared grants' acquires overlapped in time
+// (neither ended before the other began): such readers may share a token (Redlock's
+// readers draw theirs together, see driver.Grant), since neither is earlier.
+func overlappingReaders(a, b *Lease) bool {
+	return a.Acquire.Shared && b.Acquire.Shared && a.Attempt() <= b.Acquire.End && b.Attempt() <= a.Acquire.End
 }
 
 func byCall(x, y *Lease) int {
