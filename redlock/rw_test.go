@@ -118,11 +118,12 @@ func TestReadWrite(t *testing.T) {
 					// is not FIFO: its client's first subscription wakes it once),
 					// so it lets go at once; its release wakes the readers then.
 					l, err := c.Lock(waitCtx, "run")
+					if err == nil {
+						err = l.Release(ctx)
+					}
 					if err != nil {
 						t.Errorf("writer: %v", err)
-						return
 					}
-					mustRelease(t, ctx, l)
 					return
 				}
 				l, err := c.Lock(waitCtx, "run", shared)
@@ -147,10 +148,11 @@ func TestReadWrite(t *testing.T) {
 		ctx := ctxT(t)
 		r1 := mustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "withdraw", shared)
 		inspector := client(t, u)
+		wc, rc := client(t, u), client(t, u)
 		wCtx, cancelW := context.WithCancel(ctx)
 		wDone := make(chan error, 1)
 		go func() {
-			_, err := client(t, u).Lock(wCtx, "withdraw")
+			_, err := wc.Lock(wCtx, "withdraw")
 			wDone <- err
 		}()
 		waitWaiters(t, ctx, inspector, "withdraw", 1)
@@ -158,7 +160,7 @@ func TestReadWrite(t *testing.T) {
 		defer cancel()
 		got := make(chan *dlock.Lease, 1)
 		go func() {
-			l, err := client(t, u).Lock(r2Ctx, "withdraw", shared)
+			l, err := rc.Lock(r2Ctx, "withdraw", shared)
 			if err != nil {
 				t.Errorf("reader behind the writer: %v", err)
 			}
