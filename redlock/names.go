@@ -9,7 +9,9 @@ package redlock
 //	                          grant's value (driver.Valuer; any bytes, the rest of
 //	                          the string) if it has one; TTL = the lease TTL. The
 //	                          value goes wherever the grant goes: expiry, release,
-//	                          force release.
+//	                          force release. While readers hold, it is 0x1f
+//	                          "readers" instead, with a TTL no shorter than the
+//	                          last reader's (lib.lua's READERS).
 //	P:fence 0x1f K    string  this node's fencing counter: the largest token it
 //	                          accepted; no TTL, it must outlive every lock (see the
 //	                          package documentation)

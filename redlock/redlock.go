@@ -159,12 +159,14 @@
 // writer that gives up where no writer holds wakes the run of readers behind it.
 // Order is not strict FIFO, as for the mutex, and comes from the waiters' client
 // clocks (see Waiting): a reader whose client's clock runs d behind may pass a
-// writer that queued less than d before it. The mutex pays for this with one
-// EXISTS per node in an attempt that finds the key free (the readers' set).
-// ListHolders (driver.HolderLister, for dlock.Client.Holders and dlock inspect)
-// lists the readers that hold on a majority, the smallest token first; Inspect
-// tells the first. Clients of versions before read-write locks do not know readers
-// and grant a writer beside them: stop them before any client takes a read lock.
+// writer that queued less than d before it. ListHolders (driver.HolderLister, for
+// dlock.Client.Holders and dlock inspect) lists the readers that hold on a
+// majority, the smallest token first; Inspect tells the first. While readers hold,
+// each node's lock key holds a marker (see the key layout), so a writer's attempt
+// sees them in the read it makes anyway: the mutex's acquire and release scripts
+// run no extra command for them. Clients of versions before read-write locks see
+// that marker as a holder named "\x1freaders" and refuse every attempt while
+// readers hold.
 //
 // Tokens: readers that start together would reject each other's proposals round
 // after round, so a node that rejects a reader's proposal draws a token for it (its

@@ -17,7 +17,8 @@
 -- ARGV[10] shared: 1 a reader's attempt, 0 a writer's (or a mutex's)
 -- ARGV[11] the grant's value (any bytes, not empty); absent for none
 --
--- A writer is granted when the node has neither a lock value nor a live reader. A
+-- A writer is granted when the node has neither a lock value nor a live reader (the
+-- lock key then holds lib.lua's READERS). A
 -- reader is granted when the node has no lock value and no live writer waits ahead
 -- of it (every live writer in the wait set when the reader is not in it), so a
 -- stream of readers cannot pass a queued writer. A waiter's key holds its channel,
@@ -109,7 +110,7 @@ local function grant()
     p = 0
   end
   if shared then
-    putReader(readKey, readData, owner, ttl, readerData(t, val))
+    putReader(lockKey, readKey, readData, owner, ttl, readerData(t, val))
   else
     redis.call('SET', lockKey, join(owner, t, val), 'PX', ttl)
   end
@@ -119,20 +120,24 @@ local function grant()
   return {FRESH, c, p}
 end
 
-local v = redis.call('GET', lockKey)
+local v, marked = lockValue(lockKey)
 if not v then
-  local n = readers(readKey, readData)
+  local n = 0
+  if marked then n = readers(lockKey, readKey, readData) end
   if not shared then
     if n > 0 then return held(readerTTL(readKey)) end
     return grant()
   end
-  local t, old = readerTok(readData, owner)
+  local t, old
+  if n > 0 then t, old = readerTok(readData, owner) end
   if not t then
     if writerAhead() then return held(-1) end
+    -- The first reader: entries left without the marker (deleted by hand) are gone.
+    if n == 0 then redis.call('DEL', readKey, readData) end
     return grant()
   end
   if reenter ~= '1' then return {HELD, counter(), readerTTL(readKey), NOT_QUEUED} end
-  putReader(readKey, readData, owner, ttl, readerData(t, val))
+  putReader(lockKey, readKey, readData, owner, ttl, readerData(t, val))
   if old ~= val then redis.call('PUBLISH', lockKey .. HOLDER, '') end
   leave()
   return {REENTRY, fence(fenceKey), tonumber(t)}

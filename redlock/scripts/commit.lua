@@ -14,14 +14,14 @@ local lockKey, fenceKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, t, raise = ARGV[1], ARGV[2], ARGV[3] == '1'
 local ACCEPTED, LOST = 0, -1
 
-local v = redis.call('GET', lockKey)
+local v, marked = lockValue(lockKey)
 local val
 if v then
   local h, old
   h, old, val = parts(v)
   if h ~= owner then return LOST end
 else
-  readers(readKey, readData)
+  if not marked or readers(lockKey, readKey, readData) == 0 then return LOST end
   local rt
   rt, val = readerTok(readData, owner)
   if not rt then return LOST end

@@ -12,9 +12,11 @@ local lockKey, waitKey, fenceKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3],
 local waiterPrefix, nonce, name = ARGV[1], ARGV[2], ARGV[3]
 local NONE, DELETED = 0, 1
 
-local n = readers(readKey, readData)
-if redis.call('DEL', lockKey) == 0 and n == 0 then return NONE end
-redis.call('DEL', readKey, readData)
+local v, marked = lockValue(lockKey)
+local n = 0
+if marked then n = readers(lockKey, readKey, readData) end
+if not v and n == 0 then return NONE end
+redis.call('DEL', lockKey, readKey, readData)
 redis.call('PUBLISH', lockKey .. HOLDER, '')
 if redis.call('EXISTS', waitKey) == 1 then wake(waitKey, waiterPrefix, nonce, name, fenceKey) end
 return DELETED

@@ -16,8 +16,9 @@ local live = 0
 for _, w in ipairs(redis.call('ZRANGE', waitKey, 0, -1)) do
   if redis.call('EXISTS', waiterPrefix .. w) == 1 then live = live + 1 end
 end
+local v, marked = lockValue(lockKey)
 local rs = {}
-if redis.call('EXISTS', readKey) == 1 then
+if marked then
   local now = nowMs()
   local all = redis.call('ZRANGEBYSCORE', readKey, '(' .. now, '+inf', 'WITHSCORES')
   for i = 1, #all, 2 do
@@ -29,5 +30,6 @@ if redis.call('EXISTS', readKey) == 1 then
     end
   end
 end
-return {redis.call('GET', lockKey), redis.call('PTTL', lockKey),
-  redis.call('GET', fenceKey) or '0', live, rs}
+local pttl = -2
+if v then pttl = redis.call('PTTL', lockKey) end
+return {v or false, pttl, redis.call('GET', fenceKey) or '0', live, rs}

@@ -13,8 +13,22 @@
 -- parts(v) splits a lock value into its owner, its token as written ('0' when it
 -- has none) and its value (nil when it has none); holder(v) returns the owner and
 -- the token as a number; join(owner, t, val) makes a lock value of them.
+--
+-- Readers (shared grants) live beside the lock key: a sorted set of owner ids scored
+-- by the server time (ms) at which each reader's grant lapses, and a hash from owner
+-- id to "TOKEN" or "TOKEN VALUE". While a node has live readers, the lock key holds
+-- READERS (no owner id can: they hold no control byte) with a TTL no shorter than
+-- any reader's, so a writer's attempt sees them in the GET it makes anyway, and a
+-- node never holds a lock value and a live reader at once. lockValue(lk) returns
+-- the lock value (nil if none) and whether the marker is there; readers(lk, rk, dk)
+-- drops the readers whose grant lapsed, and the marker with the last, and returns
+-- how many are left; readerTTL(rk) is the ms left of the last to lapse (-1 when
+-- none); putReader(lk, rk, dk, owner, ttl, data) records or extends a reader and the
+-- marker; readerTok(dk, owner) returns a live reader's token as written and its
+-- value (nil when it is not a reader here; call readers first).
 local SEP = ' '
 local HOLDER = '\31holder'
+local READERS = '\31readers'
 local MICROS_PER_SECOND = 1000000
 
 local function fence(fenceKey)
@@ -50,15 +64,22 @@ local function nowMs()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function readers(rk, dk)
-  if redis.call('EXISTS', rk) == 0 then return 0 end
+local function lockValue(lk)
+  local v = redis.call('GET', lk)
+  if v == READERS then return nil, true end
+  return v, false
+end
+
+local function readers(lk, rk, dk)
   local now = nowMs()
   local gone = redis.call('ZRANGEBYSCORE', rk, '-inf', now)
   if #gone > 0 then
     redis.call('ZREMRANGEBYSCORE', rk, '-inf', now)
     for _, o in ipairs(gone) do redis.call('HDEL', dk, o) end
   end
-  return redis.call('ZCARD', rk)
+  local n = redis.call('ZCARD', rk)
+  if n == 0 then redis.call('DEL', lk, dk) end
+  return n
 end
 
 local function readerTTL(rk)
@@ -67,11 +88,12 @@ local function readerTTL(rk)
   return math.max(tonumber(last[2]) - nowMs(), 0)
 end
 
-local function putReader(rk, dk, owner, ttl, data)
+local function putReader(lk, rk, dk, owner, ttl, data)
   local ms = tonumber(ttl)
   redis.call('ZADD', rk, nowMs() + ms, owner)
   if data then redis.call('HSET', dk, owner, data) end
-  local keep = math.max(redis.call('PTTL', rk), ms)
+  local keep = math.max(redis.call('PTTL', lk), ms)
+  redis.call('SET', lk, READERS, 'PX', keep)
   redis.call('PEXPIRE', rk, keep)
   redis.call('PEXPIRE', dk, keep)
 end

@@ -25,16 +25,17 @@ local function repair()
   if tok > 0 and fence(fenceKey) < tok then redis.call('SET', fenceKey, token) end
 end
 
-local v = redis.call('GET', lockKey)
+local v, marked = lockValue(lockKey)
 if v then
   if holder(v) ~= owner then return OTHER end
   redis.call('PEXPIRE', lockKey, ttl)
   repair()
   return EXTENDED
 end
-local n = readers(readKey, readData)
+local n = 0
+if marked then n = readers(lockKey, readKey, readData) end
 if n > 0 and readerTok(readData, owner) then
-  putReader(readKey, readData, owner, ttl, nil)
+  putReader(lockKey, readKey, readData, owner, ttl, nil)
   repair()
   return EXTENDED
 end
@@ -42,7 +43,8 @@ if restore ~= '1' then return ABSENT end
 local t = '0'
 if tok > 0 then t = token end
 if shared then
-  putReader(readKey, readData, owner, ttl, readerData(t, ARGV[6]))
+  if n == 0 then redis.call('DEL', readKey, readData) end
+  putReader(lockKey, readKey, readData, owner, ttl, readerData(t, ARGV[6]))
 else
   if n > 0 then return OTHER end
   redis.call('SET', lockKey, join(owner, t, ARGV[6]), 'PX', ttl)

@@ -16,16 +16,19 @@ local lockKey, waitKey, fenceKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3],
 local owner, waiterPrefix, nonce, name, wakeOne = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local NOT_HELD, RELEASED = 0, 1
 
-local v = redis.call('GET', lockKey)
+local v, marked = lockValue(lockKey)
 local last = true -- no reader left (a node with a lock value has none)
 if v then
   if holder(v) ~= owner then return NOT_HELD end
   redis.call('DEL', lockKey)
 else
-  if readers(readKey, readData) == 0 or not readerTok(readData, owner) then return NOT_HELD end
+  if not marked or readers(lockKey, readKey, readData) == 0 or not readerTok(readData, owner) then
+    return NOT_HELD
+  end
   redis.call('ZREM', readKey, owner)
   redis.call('HDEL', readData, owner)
   last = redis.call('EXISTS', readKey) == 0
+  if last then redis.call('DEL', lockKey, readData) end
 end
 redis.call('PUBLISH', lockKey .. HOLDER, '')
 if wakeOne == '1' and last and redis.call('EXISTS', waitKey) == 1 then

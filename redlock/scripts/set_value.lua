@@ -10,13 +10,13 @@ local lockKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3]
 local owner, val = ARGV[1], ARGV[2]
 local NOT_HELD, SET = 0, 1
 
-local v = redis.call('GET', lockKey)
+local v, marked = lockValue(lockKey)
 if v then
   local h, t = parts(v)
   if h ~= owner then return NOT_HELD end
   redis.call('SET', lockKey, join(owner, t, val), 'KEEPTTL')
 else
-  readers(readKey, readData)
+  if not marked or readers(lockKey, readKey, readData) == 0 then return NOT_HELD end
   local t = readerTok(readData, owner)
   if not t then return NOT_HELD end
   redis.call('HSET', readData, owner, readerData(t, val))

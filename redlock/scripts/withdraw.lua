@@ -17,6 +17,6 @@ local owner, waiterPrefix, nonce, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 redis.call('ZREM', waitKey, owner)
 local ch = redis.call('GETDEL', waiterPrefix .. owner)
 if not ch or string.sub(ch, -2) == ' r' then return 1 end
-if redis.call('EXISTS', lockKey) == 1 or redis.call('EXISTS', waitKey) == 0 then return 1 end
+if lockValue(lockKey) or redis.call('EXISTS', waitKey) == 0 then return 1 end
 wake(waitKey, waiterPrefix, nonce, name, fenceKey, true)
 return 1
