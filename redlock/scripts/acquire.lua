@@ -17,12 +17,12 @@
 -- ARGV[10] shared: 1 a reader's attempt, 0 a writer's (or a mutex's)
 -- ARGV[11] the grant's value (any bytes, not empty); absent for none
 --
--- A writer is granted when the node has neither a lock value nor a live reader (the
--- lock key then holds lib.lua's READERS). A
--- reader is granted when the node has no lock value and no live writer waits ahead
--- of it (every live writer in the wait set when the reader is not in it), so a
--- stream of readers cannot pass a queued writer. A waiter's key holds its channel,
--- followed by " r" for a reader (see wake.lua).
+-- A writer is granted when the node has neither a lock value nor a live reader
+-- (while readers hold, the lock key holds lib.lua's READERS). A reader is granted
+-- when the node has no lock value and no live writer waits ahead of it (every live
+-- writer in the wait set when the reader is not in it), so a stream of readers
+-- cannot pass a queued writer. A waiter's key holds its channel, followed by " r"
+-- for a reader (see wake.lua).
 --
 -- Returns {status, counter, x[, rank]}:
 --   {FRESH, c, p}      the lock was free and is now the owner's; c is the counter
