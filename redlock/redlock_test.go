@@ -177,6 +177,16 @@ func TestMinorityFailure(t *testing.T) {
 	cycle()
 }
 
+// restartEmpty kills a node (SIGKILL) and starts it again; the test nodes run
+// without persistence, so it comes back empty.
+func restartEmpty(t *testing.T, n *testserver.Redis) {
+	t.Helper()
+	n.Kill()
+	if err := n.Restart(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A node that restarts empty while a client holds the lock does not let a second
 // client in, because the holder still has a majority; the holder's next renewal
 // closes the restarted nodes again, so restarts of other nodes are survived too.
@@ -195,10 +205,7 @@ func TestRestartedEmptyNode(t *testing.T) {
 	}
 	restart := func(i int) {
 		t.Helper()
-		nodes[i].Kill()
-		if err := nodes[i].Restart(); err != nil {
-			t.Fatal(err)
-		}
+		restartEmpty(t, nodes[i])
 		if n, err := raw[i].Exists(ctx, a.LockKey("k")).Result(); err != nil || n != 0 {
 			t.Fatalf("node %d after a restart without persistence: key exists %d, %v", i, n, err)
 		}

@@ -192,13 +192,6 @@ func TestReadersMajority(t *testing.T) {
 	r := open(t, u) // driven by hand: no background renewal
 	defer r.Close()
 	const ttl = 10 * time.Second
-	restart := func(i int) {
-		t.Helper()
-		nodes[i].Kill()
-		if err := nodes[i].Restart(); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	// A reader's token drawn by the nodes is raised on a majority before it is
 	// granted: node 0 alone had a high counter, so the reader's token comes from
@@ -236,7 +229,7 @@ func TestReadersMajority(t *testing.T) {
 	if _, err := r.Acquire(ctx, driver.Request{Key: "restore", Owner: "reader", TTL: ttl, Shared: true}); err != nil {
 		t.Fatal(err)
 	}
-	restart(0)
+	restartEmpty(t, nodes[0])
 	if err := r.Refresh(ctx, "restore", "reader", ttl); err != nil {
 		t.Fatalf("reader's renewal with 4 of 5 nodes holding: %v", err)
 	}
