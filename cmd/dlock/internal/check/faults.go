@@ -476,16 +476,16 @@ func (r *run) cut(p *proc, on bool) error {
 	return nil
 }
 
-// setToxic adds (on) or removes a toxiproxy timeout toxic with timeout 0 on one
-// direction of a proxy: it drops every byte sent that way until it is removed, and
-// closes nothing, so the peers see silence, as behind a cut cable. The bytes are
-// lost: a connection that carried data meanwhile is broken for good (clients time
-// out and reconnect).
+// setToxic adds (on) or removes a cutToxic on one direction of a proxy: it drops
+// every byte sent that way until it is removed, and closes nothing, so the peers
+// see silence, as behind a cut cable. The bytes are lost, so removing it closes
+// that direction of each connection it covered (clients reconnect).
 func setToxic(px *toxiproxy.Proxy, name, stream string, on bool) error {
 	if !on {
 		return px.Toxics.RemoveToxic(context.Background(), name)
 	}
-	js := fmt.Sprintf(`{"name":%q,"type":"timeout","stream":%q,"attributes":{"timeout":0}}`, name, stream)
+	registerCutToxic()
+	js := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q}`, name, cutToxicType, stream)
 	_, err := px.Toxics.AddToxicJson(strings.NewReader(js))
 	return err
 }
