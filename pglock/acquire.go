@@ -147,7 +147,8 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, seq int64) (d
 		var newPlace string
 		err := retry(ctx, func() error {
 			br := b.pool.SendBatch(ctx, b.stamped(req, sql, req.Key, req.Owner, micros(req.TTL), req.Wait, b.channel, micros(patience), place, renew, req.Reenter, value, seq))
-			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead, &newPlace, &limit)
+			var async *string // asyncUnless's NULL
+			err := br.QueryRow().Scan(&granted, &mustWrite, &wrote, &token, &left, &ahead, &newPlace, &limit, &async)
 			if err == nil && granted && wrote && token != nil && *token == 0 {
 				err = br.QueryRow().Scan(token) // the row was inserted: its token
 			}

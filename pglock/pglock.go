@@ -409,7 +409,13 @@
 // Fencing tokens come from a sequence: strictly larger for every new grant of any key,
 // never reused after a crash or restart, as long as commits are durable. Open refuses
 // a session with synchronous_commit=off, where a crash could forget a grant and its
-// token after the client was told about them.
+// token after the client was told about them. Only a waiting attempt that was
+// refused commits asynchronously (set for its own transaction): it writes nothing
+// but its place in the queue and the row's queued mark, which a crash may lose (the
+// waiter queues again at its next attempt), and its commit then does not wait for a
+// WAL flush while it holds the key's row lock, which the next handoff needs. Every
+// grant's commit waits for the flush, which makes everything written before it
+// durable too.
 //
 // What is NOT promised: with fsync=off, an operating-system crash can lose grants and
 // tokens; with asynchronous replication, a failover to a standby that had not received

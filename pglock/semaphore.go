@@ -72,7 +72,8 @@ func (b *Backend) semAcquire(ctx context.Context, req driver.Request) (driver.Gr
 		br := b.pool.SendBatch(ctx, batch)
 		_, err := br.Exec()
 		if err == nil {
-			err = br.QueryRow().Scan(&granted, &have, &token, &left, &ahead, &newPlace)
+			var async *string // asyncUnless's NULL
+			err = br.QueryRow().Scan(&granted, &have, &token, &left, &ahead, &newPlace, &async)
 		}
 		return driver.Join(err, br.Close())
 	})

@@ -35,7 +35,8 @@ stamp does).
 Returns (granted, must write, wrote, token, µs left on the holder's grant, live
 places ahead of the caller's (at most 8 counted; all of them for a caller not yet
 queued, who goes at the end), the caller's place or '', the semaphore's limit when
-a semaphore refused it (else NULL)).
+a semaphore refused it (else NULL), NULL (asyncUnless: a refused attempt commits
+asynchronously)).
 */ -}}
 WITH cur AS (
 	SELECT r.xmin AS ver, r.owner, r.token, r.expires_at, r.reserved, r.queue_owner, r.queue_channel
@@ -101,5 +102,6 @@ SELECT t.granted, t.absent OR t.granted OR ($4::boolean AND t.unmarked AND NOT t
 	CASE WHEN t.live THEN (extract(epoch FROM t.expires_at - now()) * 1000000)::bigint END,
 	t.other_reserved::int + (SELECT count(*) FROM (SELECT FROM {{.Table}} p, bound WHERE {{template "placeRange"}} AND p.key < bound.k AND p.owner <> $2::text LIMIT 8) a),
 	CASE WHEN t.granted THEN '' ELSE coalesce((SELECT key FROM place), (SELECT pk FROM me), '') END,
-	CASE WHEN t.mismatch THEN t.cur_token END
+	CASE WHEN t.mismatch THEN t.cur_token END,
+	{{template "asyncUnless" "t.granted"}}
 FROM t

@@ -39,7 +39,18 @@ transaction that locks a key's row to decide for writers, handoffs or permits
 (lock_row, sem_lock; not a mutex's release, lock_row .NoBarrier, which changes
 no state row) holds it exclusively first, so those and readers wait for
 each other in the lock manager, with no row lock of readers.
+asyncUnless (called with a boolean expression, true when the attempt granted
+something): NULL, and on the way, when the expression is false, the transaction
+commits asynchronously (synchronous_commit=off, local to it). A waiting attempt
+that was refused writes only queue bookkeeping (its place, the row's queued
+mark), which a crash may lose without harm: the waiter's client queues again at
+its next attempt. Its commit then does not wait for a WAL flush while it holds
+the key's row lock, which the next handoff needs. A grant is committed
+synchronously, and so is everything written before it in the WAL (a lost
+asynchronous commit is always a suffix), the sequence's too: a token reported is
+never reissued.
 */}}
+{{- define "asyncUnless"}}CASE WHEN NOT ({{.}}) THEN set_config('synchronous_commit', 'off', true) END{{end -}}
 {{- define "us"}} * interval '1 microsecond'{{end -}}
 {{- define "placeRange"}}{{$k := or . "$1::text"}}p.key > {{$k}} || chr(2) AND p.key < {{$k}} || chr(3){{end -}}
 {{- define "placeLive"}}(p.expires_at > now() OR NOT pg_try_advisory_xact_lock(('x' || substr(p.queue_channel[1], 7, 16))::bit(64)::bigint)){{end -}}

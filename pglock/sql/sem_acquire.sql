@@ -35,7 +35,8 @@ cover their permits) without writing the state row.
 
 Returns (granted, the key's limit when it differs from $11 (else NULL), token, µs
 left on the earliest-expiring other holder's permit when all are taken, live
-places ahead of the caller (at most 8 counted), the caller's place or '').
+places ahead of the caller (at most 8 counted), the caller's place or '', NULL
+(asyncUnless: a refused attempt commits asynchronously)).
 */ -}}
 WITH cur AS (
 	SELECT r.owner, r.token, r.expires_at, r.reserved, r.queue_channel, r.value FROM {{.Table}} r WHERE r.key = $1::text
@@ -118,5 +119,6 @@ SELECT t.granted AND (EXISTS (SELECT FROM grant_) AND EXISTS (SELECT FROM st)),
 	t.new_token,
 	CASE WHEN t.used >= $11::bigint THEN (extract(epoch FROM t.first_out - now()) * 1000000)::bigint END,
 	least(t.ahead, 8),
-	CASE WHEN t.granted THEN '' ELSE coalesce((SELECT key FROM place), (SELECT pk FROM me), '') END
+	CASE WHEN t.granted THEN '' ELSE coalesce((SELECT key FROM place), (SELECT pk FROM me), '') END,
+	{{template "asyncUnless" "t.granted"}}
 FROM t
