@@ -17,7 +17,7 @@ func (h Harness) testTryLockHeld(t *testing.T) {
 	ctx := ctxT(t)
 	a, b := h.Client(t), h.Client(t)
 	key := Key(t, "k")
-	l := mustLock(t, ctx, a, key)
+	l := MustLock(t, ctx, a, key)
 	h.checkToken(t, l.Token())
 	if _, err := b.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
 		t.Fatalf("TryLock on a held key: got %v, want ErrLocked", err)
@@ -26,7 +26,7 @@ func (h Harness) testTryLockHeld(t *testing.T) {
 	if _, err := a.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
 		t.Fatalf("TryLock from the same client with a new owner: got %v, want ErrLocked", err)
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 	if l.Err() == nil || !errors.Is(l.Err(), dlock.ErrReleased) {
 		t.Fatalf("Err after Release = %v, want ErrReleased", l.Err())
 	}
@@ -40,7 +40,7 @@ func (h Harness) testTryLockHeld(t *testing.T) {
 	if h.Fencing && l2.Token() <= l.Token() {
 		t.Fatalf("token did not rise: %d then %d", l.Token(), l2.Token())
 	}
-	mustRelease(t, ctx, l2)
+	MustRelease(t, ctx, l2)
 }
 
 // N clients on separate connections increment an unguarded counter under the lock;
@@ -109,7 +109,7 @@ func (h Harness) testKeys(t *testing.T) {
 		if _, err := h.Client(t).TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
 			t.Fatalf("key %q not exclusive: %v", key, err)
 		}
-		mustRelease(t, ctx, l)
+		MustRelease(t, ctx, l)
 	}
 	bad := []string{"", strings.Repeat("x", driver.MaxKeyLen+1), "nul\x00byte", "new\nline", "\xff\xfe"}
 	for _, key := range bad {
@@ -136,7 +136,7 @@ func (h Harness) testDo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Do did not release: %v", err)
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 }
 
 func (h Harness) testCloseReleases(t *testing.T) {
@@ -146,7 +146,7 @@ func (h Harness) testCloseReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := Key(t, "k")
-	l := mustLock(t, ctx, c, key)
+	l := MustLock(t, ctx, c, key)
 	if err := c.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -160,7 +160,7 @@ func (h Harness) testCloseReleases(t *testing.T) {
 	if err != nil {
 		t.Fatalf("key still held after the holder's client closed: %v", err)
 	}
-	mustRelease(t, ctx, l2)
+	MustRelease(t, ctx, l2)
 }
 
 func (h Harness) testInspect(t *testing.T) {
@@ -174,7 +174,7 @@ func (h Harness) testInspect(t *testing.T) {
 	if _, err := in.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("Inspect of a free key = %v, want ErrNotHeld", err)
 	}
-	l := mustLock(t, ctx, c, key)
+	l := MustLock(t, ctx, c, key)
 	info, err := in.Inspect(ctx, key)
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
@@ -182,7 +182,7 @@ func (h Harness) testInspect(t *testing.T) {
 	if info.Owner != l.Owner() || dlock.Token(info.Token) != l.Token() || info.TTL <= 0 || info.TTL > l.TTL() {
 		t.Fatalf("Inspect = %+v; lease owner %s token %d ttl %v", info, l.Owner(), l.Token(), l.TTL())
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 }
 
 func (h Harness) testForceRelease(t *testing.T) {
@@ -196,11 +196,11 @@ func (h Harness) testForceRelease(t *testing.T) {
 	if err := fr.ForceRelease(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("ForceRelease of a free key = %v, want ErrNotHeld", err)
 	}
-	l := mustLock(t, ctx, c, key)
+	l := MustLock(t, ctx, c, key)
 	if err := fr.ForceRelease(ctx, key); err != nil {
 		t.Fatalf("ForceRelease: %v", err)
 	}
-	l2 := mustLock(t, ctx, h.Client(t), key)
+	l2 := MustLock(t, ctx, h.Client(t), key)
 	if h.Fencing && l2.Token() <= l.Token() {
 		t.Fatalf("token after force release %d not above %d", l2.Token(), l.Token())
 	}
@@ -209,5 +209,5 @@ func (h Harness) testForceRelease(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatalf("old holder's Done did not close after a force release")
 	}
-	mustRelease(t, ctx, l2)
+	MustRelease(t, ctx, l2)
 }

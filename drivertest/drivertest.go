@@ -81,7 +81,9 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-func mustLock(t testing.TB, ctx context.Context, c *dlock.Client, key string, opts ...dlock.Option) *dlock.Lease {
+// MustLock locks key with c, failing the test if it cannot: a helper for backend
+// tests of their own.
+func MustLock(t testing.TB, ctx context.Context, c *dlock.Client, key string, opts ...dlock.Option) *dlock.Lease {
 	t.Helper()
 	l, err := c.Lock(ctx, key, opts...)
 	if err != nil {
@@ -90,7 +92,8 @@ func mustLock(t testing.TB, ctx context.Context, c *dlock.Client, key string, op
 	return l
 }
 
-func mustRelease(t testing.TB, ctx context.Context, l *dlock.Lease) {
+// MustRelease releases l, failing the test if the release fails.
+func MustRelease(t testing.TB, ctx context.Context, l *dlock.Lease) {
 	t.Helper()
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("Release(%q): %v", l.Key(), err)

@@ -73,7 +73,7 @@ func (h Harness) testValues(t *testing.T) {
 		t.Fatalf("Leader after the last Resign = %v, want ErrNoLeader", err)
 	}
 	// A plain lock of the name has no value, not the last leader's.
-	l := mustLock(t, ctx, b, key)
+	l := MustLock(t, ctx, b, key)
 	h.wantLeader(t, a, key, l.Owner(), l.Token(), "")
 	h.Expire(t, key)
 	if _, err := a.Leader(ctx, key); !errors.Is(err, dlock.ErrNoLeader) {
@@ -281,5 +281,5 @@ func (h Harness) testResignRetry(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryLock after Resign: %v", err)
 	}
-	mustRelease(t, ctx, lb)
+	MustRelease(t, ctx, lb)
 }

@@ -33,7 +33,7 @@ func (h Harness) testCrashedHolderExpires(t *testing.T) {
 	if h.Fencing && uint64(l.Token()) <= g.Token {
 		t.Fatalf("token after expiry %d is not above the crashed holder's %d", l.Token(), g.Token)
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 }
 
 // The server itself expires a grant that is not renewed, and a waiting Lock gets it.
@@ -46,8 +46,8 @@ func (h Harness) testTTLExpiresOnServer(t *testing.T) {
 		t.Fatalf("Acquire: %v", err)
 	}
 	c := h.Client(t, dlock.WithRetry(10*time.Millisecond, 200*time.Millisecond))
-	l := mustLock(t, ctx, c, key)
-	mustRelease(t, ctx, l)
+	l := MustLock(t, ctx, c, key)
+	MustRelease(t, ctx, l)
 }
 
 func (h Harness) testTokensIncrease(t *testing.T) {
@@ -56,13 +56,13 @@ func (h Harness) testTokensIncrease(t *testing.T) {
 	key := Key(t, "k")
 	var last dlock.Token
 	for i := range 20 {
-		l := mustLock(t, ctx, cs[i%2], key)
+		l := MustLock(t, ctx, cs[i%2], key)
 		h.checkToken(t, l.Token())
 		if h.Fencing && l.Token() <= last {
 			t.Fatalf("grant %d: token %d not above %d", i, l.Token(), last)
 		}
 		last = l.Token()
-		mustRelease(t, ctx, l)
+		MustRelease(t, ctx, l)
 	}
 }
 
@@ -72,7 +72,7 @@ func (h Harness) testDoneOnServerDrop(t *testing.T) {
 	ctx := ctxT(t)
 	c := h.Client(t, dlock.WithTTL(3*time.Second), dlock.WithRenewInterval(50*time.Millisecond))
 	key := Key(t, "k")
-	l := mustLock(t, ctx, c, key)
+	l := MustLock(t, ctx, c, key)
 	h.Expire(t, key)
 	select {
 	case <-l.Done():
@@ -82,14 +82,14 @@ func (h Harness) testDoneOnServerDrop(t *testing.T) {
 	if !errors.Is(l.Err(), dlock.ErrLeaseLost) || !errors.Is(context.Cause(l.Context()), dlock.ErrLeaseLost) {
 		t.Fatalf("Err = %v, cause = %v; want ErrLeaseLost", l.Err(), context.Cause(l.Context()))
 	}
-	l2 := mustLock(t, ctx, h.Client(t), key)
+	l2 := MustLock(t, ctx, h.Client(t), key)
 	if h.Fencing && l2.Token() <= l.Token() {
 		t.Fatalf("token after loss %d not above %d", l2.Token(), l.Token())
 	}
 	if err := l.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
 		t.Fatalf("Release of a lost lease = %v, want ErrLeaseLost", err)
 	}
-	mustRelease(t, ctx, l2)
+	MustRelease(t, ctx, l2)
 }
 
 // testBound checks a driver.Bounder: a grant is bounded while held, the lease's
@@ -110,7 +110,7 @@ func (h Harness) testBound(t *testing.T) {
 	defer c.Close()
 	ctx := ctxT(t)
 	key := Key(t, "k")
-	l := mustLock(t, ctx, c, key)
+	l := MustLock(t, ctx, c, key)
 	left := time.Until(l.Expiry())
 	d, ok := bd.Bound(key, l.Owner())
 	if !ok || d <= 0 {
@@ -123,7 +123,7 @@ func (h Harness) testBound(t *testing.T) {
 	if _, ok := bd.Bound(key, "someone-else"); ok {
 		t.Fatalf("Bound for an owner that holds nothing reports a grant")
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 	if d, ok := bd.Bound(key, l.Owner()); ok {
 		t.Fatalf("Bound after release = %v, want no grant", d)
 	}

@@ -28,20 +28,20 @@ func (h Harness) testList(t *testing.T) {
 	if values {
 		opts = append(opts, dlock.WithValue([]byte("v")))
 	}
-	a := mustLock(t, ctx, h.Client(t), p+"a", opts...)
+	a := MustLock(t, ctx, h.Client(t), p+"a", opts...)
 	var bs []*dlock.Lease
 	limit := 1
 	if _, ok := c.Backend().(driver.Semaphorer); ok {
 		limit = 2
 	}
 	for range limit {
-		bs = append(bs, mustLock(t, ctx, h.Client(t), p+"b", dlock.WithLimit(limit)))
+		bs = append(bs, MustLock(t, ctx, h.Client(t), p+"b", dlock.WithLimit(limit)))
 	}
-	gone := mustLock(t, ctx, h.Client(t), p+"c")
+	gone := MustLock(t, ctx, h.Client(t), p+"c")
 	h.Expire(t, p+"c")
-	freed := mustLock(t, ctx, h.Client(t), p+"d")
-	mustRelease(t, ctx, freed)
-	outside := mustLock(t, ctx, h.Client(t), Key(t, "q"))
+	freed := MustLock(t, ctx, h.Client(t), p+"d")
+	MustRelease(t, ctx, freed)
+	outside := MustLock(t, ctx, h.Client(t), Key(t, "q"))
 
 	got, err := c.List(ctx, p)
 	if err != nil {
@@ -78,7 +78,7 @@ func (h Harness) testList(t *testing.T) {
 		t.Fatalf("List(\"\") lists %d of the two keys it must (%d entries)", n, len(all))
 	}
 	for _, l := range append(bs, a, outside) {
-		mustRelease(t, ctx, l)
+		MustRelease(t, ctx, l)
 	}
 	_ = gone.Release(ctx)
 	if got, err := c.List(ctx, p); err != nil || len(got) != 0 {

@@ -33,7 +33,7 @@ func (h Harness) testMultiKey(t *testing.T) {
 	ctx := ctxT(t)
 	c, other := h.Client(t), h.Client(t)
 	a, b, z := setKey(t, "a"), setKey(t, "b"), setKey(t, "c")
-	hb := mustLock(t, ctx, other, b)
+	hb := MustLock(t, ctx, other, b)
 	_, err := c.TryLockAll(ctx, []string{z, b, a})
 	if !errors.Is(err, dlock.ErrLocked) || !strings.Contains(err.Error(), b) {
 		t.Fatalf("TryLockAll with %q held: %v, want ErrLocked naming it", b, err)
@@ -43,9 +43,9 @@ func (h Harness) testMultiKey(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q after a refused TryLockAll: %v (left held)", k, err)
 		}
-		mustRelease(t, ctx, l)
+		MustRelease(t, ctx, l)
 	}
-	mustRelease(t, ctx, hb)
+	MustRelease(t, ctx, hb)
 	m, err := c.TryLockAll(ctx, []string{z, b, a, b})
 	if err != nil {
 		t.Fatalf("TryLockAll of a free set: %v", err)
@@ -146,7 +146,7 @@ func (h Harness) testMultiKeyCancel(t *testing.T) {
 	ctx := ctxT(t)
 	c, holder, third := h.Client(t), h.Client(t), h.Client(t)
 	a, b := setKey(t, "a"), setKey(t, "b")
-	hb := mustLock(t, ctx, holder, b)
+	hb := MustLock(t, ctx, holder, b)
 	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	_, err := c.LockAll(wctx, []string{b, a})
 	cancel()
@@ -157,13 +157,13 @@ func (h Harness) testMultiKeyCancel(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryLock(%q) after the cancelled LockAll: %v", a, err)
 	}
-	mustRelease(t, ctx, hb)
+	MustRelease(t, ctx, hb)
 	lb, err := third.TryLock(ctx, b)
 	if err != nil {
 		t.Fatalf("TryLock(%q) after its release, a cancelled LockAll having waited: %v", b, err)
 	}
-	mustRelease(t, ctx, la)
-	mustRelease(t, ctx, lb)
+	MustRelease(t, ctx, la)
+	MustRelease(t, ctx, lb)
 }
 
 // MultiKeyLoss: when the server drops one key's grant, the set's context ends
@@ -192,7 +192,7 @@ func (h Harness) testMultiKeyLoss(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryLock(%q) after the set's Release: %v", a, err)
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 }
 
 // BenchMultiKey compares taking n keys as one set (LockAll, then Release) with

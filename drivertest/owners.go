@@ -57,8 +57,8 @@ func (h Harness) testReentrancy(t *testing.T) {
 	ctx := ctxT(t)
 	a, b := h.Client(t), h.Client(t)
 	key := Key(t, "k")
-	l1 := mustLock(t, ctx, a, key)
-	l2 := mustLock(t, ctx, a, key, dlock.WithOwner(l1.Owner()))
+	l1 := MustLock(t, ctx, a, key)
+	l2 := MustLock(t, ctx, a, key, dlock.WithOwner(l1.Owner()))
 	l3, err := a.TryLock(ctx, key, dlock.WithOwner(l1.Owner()))
 	if err != nil {
 		t.Fatalf("TryLock re-entry: %v", err)
@@ -67,7 +67,7 @@ func (h Harness) testReentrancy(t *testing.T) {
 		t.Fatalf("re-entry tokens %d %d differ from %d", l2.Token(), l3.Token(), l1.Token())
 	}
 	for i, l := range []*dlock.Lease{l1, l2} {
-		mustRelease(t, ctx, l)
+		MustRelease(t, ctx, l)
 		if _, err := b.TryLock(ctx, key); !errors.Is(err, dlock.ErrLocked) {
 			t.Fatalf("after %d of 3 releases: TryLock = %v, want ErrLocked", i+1, err)
 		}
@@ -75,12 +75,12 @@ func (h Harness) testReentrancy(t *testing.T) {
 			t.Fatalf("remaining lease ended early: %v", l3.Err())
 		}
 	}
-	mustRelease(t, ctx, l3)
+	MustRelease(t, ctx, l3)
 	l4, err := b.TryLock(ctx, key)
 	if err != nil {
 		t.Fatalf("TryLock after the last release: %v", err)
 	}
-	mustRelease(t, ctx, l4)
+	MustRelease(t, ctx, l4)
 }
 
 // A process restarted with a stable owner id resumes its grant explicitly
@@ -89,7 +89,7 @@ func (h Harness) testResume(t *testing.T) {
 	ctx := ctxT(t)
 	before := h.Client(t, dlock.WithOwner("stable-owner-1"))
 	key := Key(t, "k")
-	l := mustLock(t, ctx, before, key)
+	l := MustLock(t, ctx, before, key)
 	// "Crash": stop renewing without releasing, by resuming from another client.
 	after := h.Client(t, dlock.WithOwner("stable-owner-1"))
 	l2, err := after.TryLock(ctx, key, dlock.WithResume())
@@ -99,13 +99,13 @@ func (h Harness) testResume(t *testing.T) {
 	if l2.Token() != l.Token() {
 		t.Fatalf("resumed token %d, want %d", l2.Token(), l.Token())
 	}
-	mustRelease(t, ctx, l2)
+	MustRelease(t, ctx, l2)
 	other := h.Client(t)
 	l3, err := other.TryLock(ctx, key)
 	if err != nil {
 		t.Fatalf("TryLock after the resumed release: %v", err)
 	}
-	mustRelease(t, ctx, l3)
+	MustRelease(t, ctx, l3)
 	// The first client's lease learns on its next renewal (or at release) that it
 	// is gone; it must not report success.
 	if err := l.Release(ctx); err == nil {
@@ -125,7 +125,7 @@ func (h Harness) testSameOwnerElsewhere(t *testing.T) {
 	opts := []dlock.Option{dlock.WithOwner(owner), dlock.WithTTL(time.Minute)}
 	a, b, third := h.Client(t, opts...), h.Client(t, opts...), h.Client(t)
 	key := Key(t, "k")
-	l := mustLock(t, ctx, a, key)
+	l := MustLock(t, ctx, a, key)
 	in, inspect := a.Backend().(driver.Inspector)
 	var before driver.Info
 	if inspect {
@@ -181,7 +181,7 @@ func (h Harness) testSameOwnerElsewhere(t *testing.T) {
 // sameOwnerWaiters: two waiters of one owner id (clients a and b) while a third
 // client holds key; when it is released, the key goes to one of them at most.
 func sameOwnerWaiters(t *testing.T, ctx context.Context, a, b, third *dlock.Client, key, owner string) {
-	holder := mustLock(t, ctx, third, key)
+	holder := MustLock(t, ctx, third, key)
 	type result struct {
 		l   *dlock.Lease
 		err error
@@ -202,7 +202,7 @@ func sameOwnerWaiters(t *testing.T, ctx context.Context, a, b, third *dlock.Clie
 		}
 	}()
 	// Whether they queued yet or not, the key goes to one of them at most.
-	mustRelease(t, ctx, holder)
+	MustRelease(t, ctx, holder)
 	first := <-results
 	if first.err != nil {
 		t.Fatalf("waiter: %v", first.err)
@@ -231,7 +231,7 @@ func sameOwnerWaiters(t *testing.T, ctx context.Context, a, b, third *dlock.Clie
 	if r.Token() < first.l.Token() {
 		t.Fatalf("resumed token %d, below the grant's %d", r.Token(), first.l.Token())
 	}
-	mustRelease(t, ctx, r)
+	MustRelease(t, ctx, r)
 	if err := first.l.Release(ctx); err == nil {
 		t.Fatalf("releasing the taken-over lease succeeded")
 	}

@@ -27,7 +27,7 @@ func (h Harness) testQueue(t *testing.T) {
 	if places, err := c.Waiters(ctx, key); err != nil || len(places) != 0 {
 		t.Fatalf("Waiters of a free key = %+v, %v; want none", places, err)
 	}
-	holder := mustLock(t, ctx, h.Client(t), key)
+	holder := MustLock(t, ctx, h.Client(t), key)
 	s, ok := c.Backend().(driver.Sharer)
 	readers := ok && s.Shares()
 	type waiter struct {
@@ -78,7 +78,7 @@ func (h Harness) testQueue(t *testing.T) {
 	if err != nil || len(places) != 2 || places[0].Owner == places[1].Owner {
 		t.Fatalf("Waiters after one gave up = %+v, %v; want the other two", places, err)
 	}
-	mustRelease(t, ctx, holder)
+	MustRelease(t, ctx, holder)
 	for _, i := range []int{0, 2} {
 		if err := <-ws[i].done; err != nil {
 			t.Fatalf("waiter %d: %v", i, err)

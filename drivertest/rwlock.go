@@ -53,23 +53,23 @@ func (h Harness) testRWLock(t *testing.T) {
 			t.Fatalf("Holders = %+v, %v; want the two readers, shared", holders, err)
 		}
 	}
-	mustRelease(t, ctx, r1)
-	mustRelease(t, ctx, r2)
-	w := mustLock(t, ctx, c, key)
+	MustRelease(t, ctx, r1)
+	MustRelease(t, ctx, r2)
+	w := MustLock(t, ctx, c, key)
 	if h.Fencing && (w.Token() <= r1.Token() || w.Token() <= r2.Token()) {
 		t.Fatalf("writer's token %d not above the readers' %d and %d", w.Token(), r1.Token(), r2.Token())
 	}
 	if _, err := h.Client(t).TryLock(ctx, key, shared); !errors.Is(err, dlock.ErrLocked) {
 		t.Fatalf("reader while a writer holds: %v, want ErrLocked", err)
 	}
-	mustRelease(t, ctx, w)
+	MustRelease(t, ctx, w)
 	if _, ok := c.Backend().(driver.Semaphorer); ok {
 		sem := Key(t, "sem")
-		l := mustLock(t, ctx, c, sem, dlock.WithLimit(2))
+		l := MustLock(t, ctx, c, sem, dlock.WithLimit(2))
 		if _, err := h.Client(t).TryLock(ctx, sem, shared); !errors.Is(err, dlock.ErrLimitMismatch) {
 			t.Fatalf("a semaphore's key taken shared: %v, want ErrLimitMismatch", err)
 		}
-		mustRelease(t, ctx, l)
+		MustRelease(t, ctx, l)
 	}
 }
 
@@ -80,7 +80,7 @@ func (h Harness) testRWNoStarvation(t *testing.T) {
 	c := h.Client(t)
 	h.sharerBackend(t, c)
 	key := Key(t, "k")
-	r1 := mustLock(t, ctx, h.Client(t), key, shared)
+	r1 := MustLock(t, ctx, h.Client(t), key, shared)
 	got := make(chan *dlock.Lease, 1)
 	go func() {
 		l, err := c.Lock(ctx, key)
@@ -96,7 +96,7 @@ func (h Harness) testRWNoStarvation(t *testing.T) {
 		}
 		t.Fatalf("a reader passed a queued writer: %v", err)
 	}
-	mustRelease(t, ctx, r1)
+	MustRelease(t, ctx, r1)
 	w := <-got
 	if w == nil {
 		t.FailNow()
@@ -104,7 +104,7 @@ func (h Harness) testRWNoStarvation(t *testing.T) {
 	if h.Fencing && w.Token() <= r1.Token() {
 		t.Fatalf("writer's token %d not above the reader's %d", w.Token(), r1.Token())
 	}
-	mustRelease(t, ctx, w)
+	MustRelease(t, ctx, w)
 }
 
 // RWExclusion: readers and writers on separate connections: a writer is never

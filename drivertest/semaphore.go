@@ -60,7 +60,7 @@ func (h Harness) testSemaphoreLimit(t *testing.T) {
 			t.Fatalf("holder %d = %+v, want owner %s token %d (oldest first)", i, hi, leases[i].Owner(), leases[i].Token())
 		}
 	}
-	mustRelease(t, ctx, leases[1])
+	MustRelease(t, ctx, leases[1])
 	l, err := c.TryLock(ctx, key, dlock.WithLimit(3))
 	if err != nil {
 		t.Fatalf("TryLock after a permit was released: %v", err)
@@ -69,13 +69,13 @@ func (h Harness) testSemaphoreLimit(t *testing.T) {
 		t.Fatalf("token %d after release not above %d", l.Token(), last)
 	}
 	for _, x := range []*dlock.Lease{leases[0], leases[2], l} {
-		mustRelease(t, ctx, x)
+		MustRelease(t, ctx, x)
 	}
 	if limit, holders, err := c.Holders(ctx, key); err != nil || limit != 0 || len(holders) != 0 {
 		t.Fatalf("Holders of a free key = %d, %v, %v", limit, holders, err)
 	}
-	l = mustLock(t, ctx, c, key, dlock.WithLimit(2)) // free: a new limit applies
-	mustRelease(t, ctx, l)
+	l = MustLock(t, ctx, c, key, dlock.WithLimit(2)) // free: a new limit applies
+	MustRelease(t, ctx, l)
 }
 
 // SemaphoreExclusion: many clients on separate connections never have more than N
@@ -129,7 +129,7 @@ func (h Harness) testSemaphoreCrash(t *testing.T) {
 	if _, err := crashed.Acquire(ctx, driver.Request{Key: key, Owner: "crashed", TTL: time.Second, Limit: 2}); err != nil {
 		t.Fatalf("raw Acquire: %v", err)
 	}
-	live := mustLock(t, ctx, h.Client(t), key, dlock.WithLimit(2))
+	live := MustLock(t, ctx, h.Client(t), key, dlock.WithLimit(2))
 	// A waiter that gives up while both permits are held.
 	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	_, err := c.Lock(wctx, key, dlock.WithLimit(2))
@@ -138,21 +138,21 @@ func (h Harness) testSemaphoreCrash(t *testing.T) {
 		t.Fatalf("Lock past its deadline: %v, want ErrLocked", err)
 	}
 	start := time.Now()
-	l := mustLock(t, ctx, c, key, dlock.WithLimit(2)) // the crashed holder's permit
+	l := MustLock(t, ctx, c, key, dlock.WithLimit(2)) // the crashed holder's permit
 	if d := time.Since(start); d > Wait/2 {
 		t.Fatalf("the crashed holder's permit came back only after %v", d)
 	}
 	if h.Fencing && l.Token() <= live.Token() {
 		t.Fatalf("token %d not above %d", l.Token(), live.Token())
 	}
-	mustRelease(t, ctx, live)
+	MustRelease(t, ctx, live)
 	// The cancelled waiter left nothing: the freed permit goes to a newcomer.
 	l2, err := h.Client(t).TryLock(ctx, key, dlock.WithLimit(2))
 	if err != nil {
 		t.Fatalf("TryLock after a release, with a cancelled waiter behind: %v", err)
 	}
-	mustRelease(t, ctx, l)
-	mustRelease(t, ctx, l2)
+	MustRelease(t, ctx, l)
+	MustRelease(t, ctx, l2)
 }
 
 // BenchSemaphore runs W workers, each with its own client, looping Lock+Release

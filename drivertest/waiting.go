@@ -18,7 +18,7 @@ func (h Harness) testWaiterDeadlines(t *testing.T) {
 	ctx := ctxT(t)
 	holder, c := h.Client(t), h.Client(t)
 	key := Key(t, "k")
-	l := mustLock(t, ctx, holder, key)
+	l := MustLock(t, ctx, holder, key)
 	const n = 60
 	errs := make(chan error, n)
 	for i := 0; i < n; i++ {
@@ -40,7 +40,7 @@ func (h Harness) testWaiterDeadlines(t *testing.T) {
 	if _, err := c.TryLock(tctx, key); !errors.Is(err, context.Canceled) {
 		t.Errorf("TryLock with a cancelled ctx = %v, want context.Canceled", err)
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 }
 
 // A waiter that gives up leaves nothing behind: no queued place blocks the next taker.
@@ -48,14 +48,14 @@ func (h Harness) testCancelledWaiter(t *testing.T) {
 	ctx := ctxT(t)
 	a, b, c := h.Client(t), h.Client(t), h.Client(t)
 	key := Key(t, "k")
-	l := mustLock(t, ctx, a, key)
+	l := MustLock(t, ctx, a, key)
 	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	_, err := b.Lock(wctx, key)
 	cancel()
 	if !errors.Is(err, dlock.ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("cancelled Lock = %v, want ErrLocked and DeadlineExceeded", err)
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 	l2, err := c.TryLock(ctx, key)
 	if err != nil {
 		t.Fatalf("TryLock after the waiter gave up and the holder released: %v", err)
@@ -69,7 +69,7 @@ func (h Harness) testCancelledWaiter(t *testing.T) {
 			t.Fatalf("Inspect shows %d waiters after the only waiter gave up", info.Waiters)
 		}
 	}
-	mustRelease(t, ctx, l2)
+	MustRelease(t, ctx, l2)
 }
 
 // A waiter that gives up just as the holder releases passes the key on, whether the
@@ -134,7 +134,7 @@ func (h Harness) testCancelDuringHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryLock after both waiters: %v", err)
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 }
 
 // Waiters whose Lock is cancelled at about the moment the holder releases leave
@@ -145,7 +145,7 @@ func (h Harness) testCancelRace(t *testing.T) {
 	const ttl = time.Minute
 	a, b, c := h.Client(t, dlock.WithTTL(ttl)), h.Client(t, dlock.WithTTL(ttl)), h.Client(t, dlock.WithTTL(ttl))
 	for i := range 10 {
-		l := mustLock(t, ctx, a, key)
+		l := MustLock(t, ctx, a, key)
 		wctx, cancel := context.WithCancel(ctx)
 		got := make(chan *dlock.Lease, 1)
 		go func() {
@@ -156,13 +156,13 @@ func (h Harness) testCancelRace(t *testing.T) {
 		// Release and cancel at once, in either order.
 		if i%2 == 0 {
 			go cancel()
-			mustRelease(t, ctx, l)
+			MustRelease(t, ctx, l)
 		} else {
 			go func() { _ = l.Release(ctx) }()
 			cancel()
 		}
 		if l2 := <-got; l2 != nil {
-			mustRelease(t, ctx, l2)
+			MustRelease(t, ctx, l2)
 		}
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 		l3, err := c.Lock(cctx, key)
@@ -170,7 +170,7 @@ func (h Harness) testCancelRace(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: the key stayed held after the cancelled waiter returned: %v", i, err)
 		}
-		mustRelease(t, ctx, l3)
+		MustRelease(t, ctx, l3)
 	}
 }
 
@@ -179,7 +179,7 @@ func (h Harness) testHandoff(t *testing.T) {
 	ctx := ctxT(t)
 	a, b := h.Client(t), h.Client(t)
 	key := Key(t, "k")
-	l := mustLock(t, ctx, a, key)
+	l := MustLock(t, ctx, a, key)
 	got := make(chan *dlock.Lease, 1)
 	errc := make(chan error, 1)
 	go func() {
@@ -197,13 +197,13 @@ func (h Harness) testHandoff(t *testing.T) {
 		t.Fatalf("waiter: %v", err)
 	case <-time.After(200 * time.Millisecond):
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 	select {
 	case l2 := <-got:
 		if h.Fencing && l2.Token() <= l.Token() {
 			t.Fatalf("handoff token %d not above %d", l2.Token(), l.Token())
 		}
-		mustRelease(t, ctx, l2)
+		MustRelease(t, ctx, l2)
 	case err := <-errc:
 		t.Fatalf("waiter: %v", err)
 	}
@@ -215,7 +215,7 @@ func (h Harness) testFIFO(t *testing.T) {
 	ctx := ctxT(t)
 	key := Key(t, "k")
 	holder := h.Client(t)
-	l := mustLock(t, ctx, holder, key)
+	l := MustLock(t, ctx, holder, key)
 	const n = 4
 	order := make(chan int, n)
 	var wg sync.WaitGroup
@@ -237,10 +237,10 @@ func (h Harness) testFIFO(t *testing.T) {
 		<-started
 		waitQueued(t, ctx, c, key, i+1)
 	}
-	mustRelease(t, ctx, l)
+	MustRelease(t, ctx, l)
 	// The releaser asks again at once; it must queue behind the waiters.
-	l2 := mustLock(t, ctx, holder, key)
-	mustRelease(t, ctx, l2)
+	l2 := MustLock(t, ctx, holder, key)
+	MustRelease(t, ctx, l2)
 	wg.Wait()
 	close(order)
 	i := 0

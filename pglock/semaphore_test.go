@@ -122,7 +122,7 @@ func testHandOffSeveral(t *testing.T, srv *testserver.Postgres) {
 	key := drivertest.Key(t, "k")
 	var leases []*dlock.Lease
 	for range 3 {
-		leases = append(leases, mustLock(t, ctx, h.Client(t), key, dlock.WithLimit(3)))
+		leases = append(leases, drivertest.MustLock(t, ctx, h.Client(t), key, dlock.WithLimit(3)))
 	}
 	b := h.Open(t).(*pglock.Backend)
 	defer b.Close()
@@ -199,8 +199,8 @@ func testFirstFreedPermit(t *testing.T, srv *testserver.Postgres) {
 	defer cancel()
 	h := harness(t, srv)
 	key := drivertest.Key(t, "k")
-	a := mustLock(t, ctx, h.Client(t), key, dlock.WithLimit(2))
-	bl := mustLock(t, ctx, h.Client(t), key, dlock.WithLimit(2))
+	a := drivertest.MustLock(t, ctx, h.Client(t), key, dlock.WithLimit(2))
+	bl := drivertest.MustLock(t, ctx, h.Client(t), key, dlock.WithLimit(2))
 	b := h.Open(t).(*pglock.Backend)
 	defer b.Close()
 	got := make(chan *dlock.Lease, 1)
@@ -400,15 +400,6 @@ func testNoPermitTable(t *testing.T, srv *testserver.Postgres) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = '`+table+`_permits'`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("permit table created (%d, %v)", n, err)
 	}
-}
-
-func mustLock(t *testing.T, ctx context.Context, c *dlock.Client, key string, opts ...dlock.Option) *dlock.Lease {
-	t.Helper()
-	l, err := c.Lock(ctx, key, opts...)
-	if err != nil {
-		t.Fatalf("Lock %s: %v", key, err)
-	}
-	return l
 }
 
 // A waiter a freed permit was reserved for that gives up passes it on to the next

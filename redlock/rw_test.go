@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -54,7 +55,7 @@ func TestReadWrite(t *testing.T) {
 		slices.Sort(toks)
 		// Readers that overlap may share a token; one that starts after they were
 		// granted gets a larger one.
-		late := mustLock(t, ctx, client(t, u), "tokens", shared)
+		late := drivertest.MustLock(t, ctx, client(t, u), "tokens", shared)
 		if uint64(late.Token()) <= toks[readers-1] {
 			t.Fatalf("a later reader's token %d not above the earlier readers' %v", late.Token(), toks)
 		}
@@ -68,13 +69,13 @@ func TestReadWrite(t *testing.T) {
 			t.Fatalf("Inspect = %+v, %v; want the reader with token %d, shared", info, err, toks[0])
 		}
 		for _, l := range leases {
-			mustRelease(t, ctx, l)
+			drivertest.MustRelease(t, ctx, l)
 		}
-		l := mustLock(t, ctx, w, "tokens")
+		l := drivertest.MustLock(t, ctx, w, "tokens")
 		if uint64(l.Token()) <= toks[readers-1] {
 			t.Fatalf("writer's token %d not above the readers' %v", l.Token(), toks)
 		}
-		mustRelease(t, ctx, l)
+		drivertest.MustRelease(t, ctx, l)
 	})
 
 	t.Run("ReaderLapses", func(t *testing.T) {
@@ -89,14 +90,14 @@ func TestReadWrite(t *testing.T) {
 		if _, err := w.TryLock(ctx, "lapse"); !errors.Is(err, dlock.ErrLocked) {
 			t.Fatalf("writer beside a reader: %v, want ErrLocked", err)
 		}
-		l := mustLock(t, ctx, w, "lapse") // once the reader's grant lapses on the nodes
+		l := drivertest.MustLock(t, ctx, w, "lapse") // once the reader's grant lapses on the nodes
 		if uint64(l.Token()) <= g.Token {
 			t.Fatalf("writer's token %d not above the lapsed reader's %d", l.Token(), g.Token)
 		}
 		if err := b.Release(ctx, "lapse", "r"); !errors.Is(err, driver.ErrNotHeld) {
 			t.Fatalf("release of the lapsed reader: %v, want ErrNotHeld", err)
 		}
-		mustRelease(t, ctx, l)
+		drivertest.MustRelease(t, ctx, l)
 	})
 
 	t.Run("WakeRun", func(t *testing.T) {
@@ -104,7 +105,7 @@ func TestReadWrite(t *testing.T) {
 		// A long TTL: readers queued behind others answer their fallback attempts
 		// locally for 15 s, so only a release's wake-ups grant them within the
 		// 10 s below.
-		w1 := mustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "run")
+		w1 := drivertest.MustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "run")
 		waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		readers := make(chan *dlock.Lease, 2)
@@ -134,19 +135,19 @@ func TestReadWrite(t *testing.T) {
 			})
 			waitWaiters(t, ctx, inspector, "run", i+1)
 		}
-		mustRelease(t, ctx, w1)
+		drivertest.MustRelease(t, ctx, w1)
 		r1, r2 := <-readers, <-readers
 		if r1 == nil || r2 == nil {
 			t.FailNow()
 		}
-		mustRelease(t, ctx, r1)
-		mustRelease(t, ctx, r2)
+		drivertest.MustRelease(t, ctx, r1)
+		drivertest.MustRelease(t, ctx, r2)
 		wg.Wait()
 	})
 
 	t.Run("WithdrawWakes", func(t *testing.T) {
 		ctx := ctxT(t)
-		r1 := mustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "withdraw", shared)
+		r1 := drivertest.MustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "withdraw", shared)
 		inspector := client(t, u)
 		wc, rc := client(t, u), client(t, u)
 		wCtx, cancelW := context.WithCancel(ctx)
@@ -175,8 +176,8 @@ func TestReadWrite(t *testing.T) {
 		if r2 == nil {
 			t.FailNow()
 		}
-		mustRelease(t, ctx, r2)
-		mustRelease(t, ctx, r1)
+		drivertest.MustRelease(t, ctx, r2)
+		drivertest.MustRelease(t, ctx, r1)
 	})
 }
 
@@ -257,8 +258,8 @@ func TestReadersMajority(t *testing.T) {
 		t.Fatalf("writer on nodes 2-4 beside a reader on nodes 0-2: %v, want ErrLocked", err)
 	}
 	_ = r.Release(ctx, "k", "reader") // on node 2 alone: not a majority any more
-	l := mustLock(t, ctx, w, "k")
-	mustRelease(t, ctx, l)
+	l := drivertest.MustLock(t, ctx, w, "k")
+	drivertest.MustRelease(t, ctx, l)
 }
 
 // A reader that re-enters its grant (Reenter) after another reader's grant completed
@@ -307,7 +308,7 @@ func TestCutShortWriterWithdraws(t *testing.T) {
 	slow := "redlock://" + strings.Join(proxied, ",") + "/0?node_timeout=1s&dial_timeout=5s"
 	u := testserver.RedlockURL(nodes, testQuery)
 	ctx := ctxT(t)
-	r1 := mustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "cut", shared)
+	r1 := drivertest.MustLock(t, ctx, client(t, u, dlock.WithTTL(time.Minute)), "cut", shared)
 	w := client(t, slow)
 	// Warm up the writer's connections, so that its attempt is one round trip.
 	if err := w.Do(ctx, "warm", func(context.Context, *dlock.Lease) error { return nil }); err != nil {
@@ -323,23 +324,7 @@ func TestCutShortWriterWithdraws(t *testing.T) {
 	// 10 s; a writer's place left behind kept readers out for about 22 s).
 	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer rcancel()
-	r2 := mustLock(t, rctx, client(t, u), "cut", shared)
-	mustRelease(t, ctx, r2)
-	mustRelease(t, ctx, r1)
-}
-
-func mustLock(t *testing.T, ctx context.Context, c *dlock.Client, key string, opts ...dlock.Option) *dlock.Lease {
-	t.Helper()
-	l, err := c.Lock(ctx, key, opts...)
-	if err != nil {
-		t.Fatalf("Lock %q: %v", key, err)
-	}
-	return l
-}
-
-func mustRelease(t *testing.T, ctx context.Context, l *dlock.Lease) {
-	t.Helper()
-	if err := l.Release(ctx); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
+	r2 := drivertest.MustLock(t, rctx, client(t, u), "cut", shared)
+	drivertest.MustRelease(t, ctx, r2)
+	drivertest.MustRelease(t, ctx, r1)
 }
