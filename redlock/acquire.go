@@ -394,10 +394,10 @@ func (b *Backend) commit(ctx context.Context, req driver.Request, keys []string,
 // raise settles a reader's token when phase one did not: t, the largest token the
 // granting nodes drew or accepted (a.maxSeen covers them all; one above it when a
 // node re-entered, drawing nothing), is recorded on them and their counters raised
-// to it (commit.lua, raise), in one round that never rejects. Once a majority holds a counter of at least t, every grant that starts
-// later gets a larger token, as with the register's rule; readers that overlap may
-// share one. It returns t, or 0 with the node errors (indexed like b.nodes) and a
-// note.
+// to it (commit.lua, raise), in one round that never rejects. Once a majority holds
+// a counter of at least t, every grant that starts later gets a larger token, as
+// with the register's rule; readers that overlap may share one. It returns t, or 0
+// with the node errors (indexed like b.nodes) and a note.
 func (b *Backend) raise(ctx context.Context, req driver.Request, nodes []int, t uint64, start time.Time) (uint64, []error, string) {
 	keys := b.grantKeys(req.Key)
 	r := fanoutFor(ctx, b, driver.Holder{Key: req.Key, Owner: req.Owner}, nodes, func(ctx context.Context, n *node) (int64, error) {
