@@ -291,6 +291,14 @@
 // kind: a reader's re-entry as a writer is granted only while it is the key's one
 // holder.
 //
+// The attempt's read of permits and places is a plain SELECT, made under the row's
+// lock. That matters on MariaDB, whose read view is not an atomic snapshot: it copies
+// the set of active transactions while they commit, so it may show one transaction's
+// writes without those of another that committed before it. Every grant holds the
+// row's lock until it commits, so none commits while the attempt's view is taken;
+// only a release can, and a release the view misses counts as still held, which
+// refuses rather than over-grants. The shorter path below decides with locking reads.
+//
 // A release that finds places queued (and a ForceRelease, which frees every permit,
 // and a waiter giving up) locks the row the same way and deletes the permit (or
 // place); it does not hand the permit over, and leaves the row's expiry bound as it
@@ -369,6 +377,15 @@
 // grants on an operating-system or server crash, and a lost grant's token could be
 // issued again). A row deleted by hand is inserted again with the server time in
 // microseconds, above its earlier tokens unless the server clock went back.
+//
+// The statements assume REPEATABLE READ, InnoDB's default. Under READ COMMITTED
+// (a common server setting) InnoDB reads the subqueries of an UPDATE or INSERT ...
+// SELECT without locks, so a grant may count a key's permits as they were before
+// another grant committed: 16 clients of a semaphore of 3 were measured holding up
+// to 7 permits at once. So Open's connections set their session's isolation level
+// (SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ) whatever the server's
+// default, and New refuses a pool whose sessions run READ COMMITTED or READ
+// UNCOMMITTED (it accepts SERIALIZABLE, which only adds locks).
 //
 // What is NOT promised: with asynchronous replication, a failover to a replica that
 // had not received a grant lets a second holder in and may reissue tokens. A server

@@ -146,7 +146,7 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if conns < 3 {
 		return nil, fmt.Errorf("%w: mysqllock: max_conns=%d: at least 3 (two wait for wake-ups)", driver.ErrInvalid, conns)
 	}
-	pool := sql.OpenDB(conn)
+	pool := sql.OpenDB(repeatableRead{conn})
 	pool.SetMaxOpenConns(conns)
 	pool.SetMaxIdleConns(conns)
 	pool.SetConnMaxIdleTime(5 * time.Minute)
@@ -169,7 +169,7 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	// The server may read statements in a character set other than the one
 	// asked for: each connection is checked (checkedConnector).
 	if bconn, err := mysql.NewConnector(bcfg); err == nil && escapeSafe(charset) {
-		b.batch = sql.OpenDB(checkedConnector{bconn})
+		b.batch = sql.OpenDB(checkedConnector{repeatableRead{bconn}})
 		b.batch.SetMaxOpenConns(batchConns(conns))
 		b.batch.SetMaxIdleConns(batchConns(conns))
 		b.batch.SetConnMaxIdleTime(5 * time.Minute)
@@ -179,13 +179,18 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 
 // New returns a backend on an existing pool (made with the go-sql-driver/mysql
 // driver), which the caller keeps owning (Close does not close it). Like Open, it
-// creates the table if needed. The pool's sessions keep their own
-// innodb_lock_wait_timeout; Open's set one second (see "Cancelled calls" in the
-// package documentation), which a pool made for dlock should set too
-// (mysql.Config.Params).
+// creates the table if needed. The pool's sessions keep their own settings. Their
+// isolation level must be REPEATABLE READ (or SERIALIZABLE; see Safety model in
+// the package documentation): New reads a session's and refuses a pool at READ
+// COMMITTED. Open's sessions also wait at most a second for a row lock
+// (innodb_lock_wait_timeout; see "Cancelled calls" in the package documentation),
+// which a pool made for dlock should set too (mysql.Config.Params).
 func New(ctx context.Context, pool *sql.DB, opts ...Option) (*Backend, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: mysqllock: nil *sql.DB", driver.ErrInvalid)
+	}
+	if err := checkIsolation(ctx, pool); err != nil {
+		return nil, fmt.Errorf("mysqllock: %w", authErr(err))
 	}
 	b, err := newBackend(ctx, pool, opts)
 	if err != nil {

@@ -238,7 +238,9 @@ func (b *Backend) txQuery(ctx context.Context, tx *sql.Tx, query string, args ..
 	return tx.QueryContext(ctx, query, args...)
 }
 
-// readState locks key's row and reads its live permits and places.
+// readState locks key's row and reads its live permits and places. The second
+// read is a plain one: under the row's lock no grant can commit while its view is
+// taken (see the package documentation, Semaphores and read-write locks).
 func (b *Backend) readState(ctx context.Context, tx *sql.Tx, key, owner string) (semState, error) {
 	var s semState
 	var lim []byte
