@@ -73,6 +73,9 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "dlock"
 	}
+	// The statements need read committed, whatever the server's or role's
+	// default_transaction_isolation (see "Safety model" in the package documentation).
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
 	// Plain index scans only (see "Dead rows" in the package documentation).
 	cfg.ConnConfig.RuntimeParams["enable_bitmapscan"] = "off"
 	if cfg.ConnConfig.ConnectTimeout == 0 {
@@ -135,9 +138,9 @@ func sortedKeys(m map[string]bool) []string {
 }
 
 // New returns a backend on an existing pool, which the caller keeps owning (Close does
-// not close it). Like Open, it checks the session's settings and creates the table and
-// sequence if needed. Waiters listen on a dedicated connection made with the pool's
-// connection configuration.
+// not close it). Like Open, it checks the session's settings (durable commits, read
+// committed isolation) and creates the table and sequence if needed. Waiters listen
+// on a dedicated connection made with the pool's connection configuration.
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Backend, error) {
 	b, err := newBackend(ctx, pool, opts)
 	if err != nil {

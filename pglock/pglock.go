@@ -417,6 +417,13 @@
 // grant's commit waits for the flush, which makes everything written before it
 // durable too.
 //
+// The statements are written for read committed, PostgreSQL's default isolation:
+// a statement that waited for a key's row lock reads the row as the holder
+// committed it. Under repeatable read or serializable they fail with serialization
+// errors (SQLSTATE 40001) whenever two clients meet on a key. Open's connections
+// set default_transaction_isolation to read committed whatever the server's or
+// role's default, and New refuses a pool whose sessions use another level.
+//
 // What is NOT promised: with fsync=off, an operating-system crash can lose grants and
 // tokens; with asynchronous replication, a failover to a standby that had not received
 // a grant lets a second holder in and may reissue tokens. A server whose clock jumps

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dlockio/dlock/driver"
 )
 
 // hasValueColumn is true when table $1 exists and has the value column, which
@@ -20,15 +22,18 @@ const hasValueColumn = `EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_reg
 // and the role may. It returns the table's oid.
 func (b *Backend) ensureSchema(ctx context.Context) (uint32, error) {
 	t, seq, permits := b.table.Sanitize(), b.seq.Sanitize(), b.permits.Sanitize()
-	var syncCommit string
+	var syncCommit, isolation string
 	var haveTable, haveSeq, haveValue, havePermits bool
-	err := b.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, `+hasValueColumn+`, to_regclass($3) IS NOT NULL`,
-		t, seq, permits).Scan(&syncCommit, &haveTable, &haveSeq, &haveValue, &havePermits)
+	err := b.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('transaction_isolation'), to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, `+hasValueColumn+`, to_regclass($3) IS NOT NULL`,
+		t, seq, permits).Scan(&syncCommit, &isolation, &haveTable, &haveSeq, &haveValue, &havePermits)
 	if err != nil {
 		return 0, b.ctxErr(ctx, fmt.Errorf("connect: %w", err))
 	}
 	if !durableCommit(syncCommit) {
 		return 0, fmt.Errorf("the session's synchronous_commit is %q: a crash could lose grants and reissue fencing tokens; add synchronous_commit=on to the URL or fix the role's or server's setting", syncCommit)
+	}
+	if isolation != "read committed" {
+		return 0, fmt.Errorf("%w: the session's transaction isolation is %q: dlock's statements need read committed (under repeatable read or serializable they fail with serialization errors); set default_transaction_isolation to read committed on the pool's connections, as Open does", driver.ErrInvalid, isolation)
 	}
 	if !haveTable || !haveSeq || !haveValue {
 		if err := b.createSchema(ctx); err != nil {
