@@ -276,10 +276,16 @@ func (b *Backend) refused(ctx context.Context, req driver.Request) (driver.Grant
 			return g, ws, nil
 		}
 	}
-	if ws.consumed {
+	switch {
+	case ws.consumed && ws.own:
 		if err := b.dropPlace(ctx, req.Key, req.Owner); err != nil {
 			return driver.Grant{}, ws, b.ctxErr(ctx, err)
 		}
+	case ws.consumed:
+		// The place is one a waiter of the same owner on another client made,
+		// and the key may be handed to it: that waiter claims it and deletes the
+		// place. This client forgets its own (its next attempt queues again).
+		b.places.Delete(placeKey{req.Key, req.Owner})
 	}
 	return driver.Grant{}, ws, &driver.HeldError{RetryAfter: time.Duration(ws.us) * time.Microsecond}
 }
@@ -294,20 +300,22 @@ func (b *Backend) waitState(ctx context.Context, key, owner string) (ws waitStat
 	if errors.Is(err, sql.ErrNoRows) {
 		return waitState{}, nil
 	}
-	ws.claim = handed && b.ownPlace(key, owner, nonce)
+	ws.own = b.ownPlace(key, owner, nonce)
+	ws.claim = handed && ws.own
 	return ws, err
 }
 
 // waitState is what a waiter reads of its key: the holder's TTL left in
 // microseconds (0: free), whether the key is handed to its place (claim, tok),
-// whether the place had its turn otherwise, whether the row is marked queued, and
-// whether the caller's owner holds the key (mine).
+// whether the place had its turn otherwise, whether the row is marked queued,
+// whether the caller's owner holds the key (mine), and whether the caller's
+// owner's place is the one this client made (own; its nonce).
 type waitState struct {
-	us                     int64
-	claim                  bool
-	tok                    uint64
-	consumed, queued, mine bool
-	state                  bool // the row is a state row (see semaphore.go)
+	us                          int64
+	claim                       bool
+	tok                         uint64
+	consumed, queued, mine, own bool
+	state                       bool // the row is a state row (see semaphore.go)
 }
 
 // contendedFor is how long after this client handed a key on to a waiter its

@@ -139,9 +139,12 @@ func newStatements(table string) statements {
 		inspect: "SELECT owner, value, token, TIMESTAMPDIFF(MICROSECOND, " + now + ", expires_at), " +
 			"(SELECT COUNT(*) FROM " + qt + " q WHERE q.lock_key = l.lock_key AND q.expires_at > " + now + " AND q.id > l.handed) FROM " + t + " l WHERE lock_key = ? AND expires_at > " + now,
 		// A place's nonce is written by the insert alone: a grant handed to the
-		// place is claimed only by the waiter whose insert made it.
+		// place is claimed only by the waiter whose insert made it. So is its
+		// connection, but by that waiter's renewals (a new listener): another
+		// client's waiter of the same owner renewing the place must not take
+		// the wake-up of a grant it cannot claim.
 		enqueue: "INSERT INTO " + qt + " (lock_key, owner, value, conn, ttl, nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?, " + now + " + INTERVAL ? MICROSECOND) " +
-			"ON DUPLICATE KEY UPDATE conn = VALUES(conn), value = VALUES(value), ttl = VALUES(ttl), expires_at = VALUES(expires_at)",
+			"ON DUPLICATE KEY UPDATE conn = IF(nonce = VALUES(nonce), VALUES(conn), conn), value = VALUES(value), ttl = VALUES(ttl), expires_at = VALUES(expires_at)",
 		// requeue makes a new place where the owner's last place, which had its
 		// turn, may still be: REPLACE deletes that one and inserts the new one
 		// with a new id (at the end of the line).
