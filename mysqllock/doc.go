@@ -385,7 +385,11 @@
 // to 7 permits at once. So Open's connections set their session's isolation level
 // (SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ) whatever the server's
 // default, and New refuses a pool whose sessions run READ COMMITTED or READ
-// UNCOMMITTED (it accepts SERIALIZABLE, which only adds locks).
+// UNCOMMITTED (it accepts SERIALIZABLE, which only adds locks). Likewise every
+// statement outside a transaction must commit on its own: on a server whose
+// default is autocommit=0 a grant would stay uncommitted, its row locked, on a
+// pooled connection (the conformance suite hung). Open's connections set
+// autocommit=1, and New refuses a pool whose sessions have it off.
 //
 // What is NOT promised: with asynchronous replication, a failover to a replica that
 // had not received a grant lets a second holder in and may reissue tokens. A server

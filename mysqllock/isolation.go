@@ -43,10 +43,18 @@ func (c repeatableRead) Connect(ctx context.Context) (sqldriver.Conn, error) {
 	return conn, nil
 }
 
-// checkIsolation reads the isolation level of a session of pool (New's: Open's
-// set theirs) and refuses READ COMMITTED and READ UNCOMMITTED with an error
+// checkSession reads the settings of a session of pool (New's: Open's set theirs)
+// and refuses autocommit off, READ COMMITTED and READ UNCOMMITTED with an error
 // matching driver.ErrInvalid.
-func checkIsolation(ctx context.Context, pool *sql.DB) error {
+func checkSession(ctx context.Context, pool *sql.DB) error {
+	var autocommit int
+	if err := pool.QueryRowContext(ctx, "SELECT @@SESSION.autocommit").Scan(&autocommit); err != nil {
+		return err
+	}
+	if autocommit != 1 {
+		return fmt.Errorf("%w: the pool's sessions run with autocommit off, which would leave grants "+
+			"uncommitted: set autocommit=1 on each connection, as Open does (mysql.Config.Params)", driver.ErrInvalid)
+	}
 	var level string
 	err := pool.QueryRowContext(ctx, "SELECT @@SESSION.transaction_isolation").Scan(&level)
 	if isErr(err, errUnknownVariable) {

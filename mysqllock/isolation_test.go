@@ -15,43 +15,57 @@ import (
 	"github.com/dlockio/dlock/mysqllock"
 )
 
-// TestReadCommittedServer: on a server whose default isolation level is READ
-// COMMITTED, Open's sessions run REPEATABLE READ and pass the conformance suite
-// (without it, SemaphoreExclusion saw 4 holders of a semaphore of 3, and 8 in
-// TestQuickReviewLimit's workload); New refuses a pool left at READ COMMITTED and
-// takes one that sets REPEATABLE READ.
-func TestReadCommittedServer(t *testing.T) {
-	srv := testserver.StartMariaDB(t, "--transaction-isolation=READ-COMMITTED")
+// TestHostileServerDefaults: on a server whose sessions default to READ COMMITTED
+// and autocommit off, Open's sessions run REPEATABLE READ with autocommit on and
+// pass the conformance suite and the limit workload. Without the isolation level,
+// 16 clients of a semaphore of 3 held up to 7 permits at once; without autocommit,
+// the suite's first test hung. New refuses a pool left with either setting and
+// takes one that sets both.
+func TestHostileServerDefaults(t *testing.T) {
+	srv := testserver.StartMariaDB(t, "--transaction-isolation=READ-COMMITTED", "--autocommit=0")
 	ctx := context.Background()
 	var level string
-	if err := admin(t, srv).QueryRow("SELECT @@SESSION.tx_isolation").Scan(&level); err != nil || level != "READ-COMMITTED" {
-		t.Fatalf("the server's sessions run %q, %v; want READ-COMMITTED", level, err)
+	var autocommit int
+	if err := admin(t, srv).QueryRow("SELECT @@GLOBAL.tx_isolation, @@GLOBAL.autocommit").Scan(&level, &autocommit); err != nil || level != "READ-COMMITTED" || autocommit != 0 {
+		t.Fatalf("the server's defaults: %q, autocommit %d, %v; want READ-COMMITTED, 0", level, autocommit, err)
 	}
 	t.Run("Conformance", func(t *testing.T) { drivertest.Run(t, harness(t, srv)) })
 	t.Run("Limit", func(t *testing.T) { testLimit(t, srv) })
-	t.Run("NewRefuses", func(t *testing.T) {
-		b, err := mysqllock.New(ctx, admin(t, srv))
-		if !errors.Is(err, driver.ErrInvalid) || !strings.Contains(err.Error(), "READ-COMMITTED") {
-			t.Fatalf("New on a READ COMMITTED pool: %v, want ErrInvalid naming the level", err)
-		}
-		if b != nil {
-			b.Close()
-		}
-	})
-	t.Run("NewWithRepeatableRead", func(t *testing.T) {
+	pool := func(t *testing.T, params map[string]string) *sql.DB {
 		cfg := mysql.NewConfig()
 		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = srv.User, srv.Password, "tcp", srv.Addr(), srv.Database
-		cfg.Params = map[string]string{"tx_isolation": "'REPEATABLE-READ'"}
+		cfg.Params = params
 		c, err := mysql.NewConnector(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		db := sql.OpenDB(c)
-		defer db.Close()
-		b, err := mysqllock.New(ctx, db)
-		if err != nil {
-			t.Fatalf("New on a REPEATABLE READ pool: %v", err)
-		}
-		b.Close()
-	})
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	for _, tc := range []struct {
+		name   string
+		params map[string]string
+		want   string // in the error; "" for none
+	}{
+		{"ReadCommitted", map[string]string{"autocommit": "1"}, "READ-COMMITTED"},
+		{"AutocommitOff", map[string]string{"tx_isolation": "'REPEATABLE-READ'"}, "autocommit off"},
+		{"Both", map[string]string{"autocommit": "1", "tx_isolation": "'REPEATABLE-READ'"}, ""},
+	} {
+		t.Run("New"+tc.name, func(t *testing.T) {
+			b, err := mysqllock.New(ctx, pool(t, tc.params))
+			if b != nil {
+				defer b.Close()
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, driver.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: %v, want ErrInvalid saying %q", err, tc.want)
+			}
+		})
+	}
 }

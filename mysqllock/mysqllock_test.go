@@ -38,11 +38,13 @@ func open(t testing.TB, rawURL string) *mysqllock.Backend {
 }
 
 // admin returns a pool of the test server's administrator, closed at the end of
-// the test.
+// the test; its statements commit on their own even where the server's default
+// is autocommit off.
 func admin(t testing.TB, srv *testserver.MariaDB) *sql.DB {
 	t.Helper()
 	cfg := mysql.NewConfig()
 	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = srv.User, srv.Password, "tcp", srv.Addr(), srv.Database
+	cfg.Params = map[string]string{"autocommit": "1"}
 	c, err := mysql.NewConnector(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -139,6 +139,10 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 		cfg.Params = map[string]string{}
 	}
 	cfg.Params["innodb_lock_wait_timeout"] = lockWaitTimeout
+	// Each statement outside a transaction commits on its own, whatever the
+	// server's default (a server started with autocommit=0 would leave every
+	// grant uncommitted, its row locked, on a pooled connection).
+	cfg.Params["autocommit"] = "1"
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: mysqllock: URL %s: %v", driver.ErrInvalid, driver.Redact(u), err)
@@ -179,17 +183,18 @@ func Open(ctx context.Context, u *url.URL, opts ...Option) (*Backend, error) {
 
 // New returns a backend on an existing pool (made with the go-sql-driver/mysql
 // driver), which the caller keeps owning (Close does not close it). Like Open, it
-// creates the table if needed. The pool's sessions keep their own settings. Their
-// isolation level must be REPEATABLE READ (or SERIALIZABLE; see Safety model in
-// the package documentation): New reads a session's and refuses a pool at READ
-// COMMITTED. Open's sessions also wait at most a second for a row lock
+// creates the table if needed. The pool's sessions keep their own settings. They
+// must commit each statement on its own (autocommit=1) and run REPEATABLE READ (or
+// SERIALIZABLE; see Safety model in the package documentation): New reads a
+// session's settings and refuses a pool with autocommit off or at READ COMMITTED.
+// Open's sessions also wait at most a second for a row lock
 // (innodb_lock_wait_timeout; see "Cancelled calls" in the package documentation),
 // which a pool made for dlock should set too (mysql.Config.Params).
 func New(ctx context.Context, pool *sql.DB, opts ...Option) (*Backend, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: mysqllock: nil *sql.DB", driver.ErrInvalid)
 	}
-	if err := checkIsolation(ctx, pool); err != nil {
+	if err := checkSession(ctx, pool); err != nil {
 		return nil, fmt.Errorf("mysqllock: %w", authErr(err))
 	}
 	b, err := newBackend(ctx, pool, opts)

@@ -42,7 +42,8 @@ type store struct {
 
 // DSN turns a mysql:// dlock URL into a go-sql-driver/mysql DSN: its user, password,
 // host (port 3306 by default) and database, and its query parameters but dlock's own
-// (the driver reads tls, timeout and the others under their names).
+// (the driver reads tls, timeout and the others under their names), with autocommit
+// on.
 func DSN(u *url.URL) (string, error) {
 	q := u.Query()
 	for _, p := range dlockParams {
@@ -67,6 +68,12 @@ func DSN(u *url.URL) (string, error) {
 		cfg.User = u.User.Username()
 		cfg.Passwd, _ = u.User.Password()
 	}
+	// The floor and the peers commit each statement on its own, as mysqllock's
+	// do, whatever the server's default.
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["autocommit"] = "1"
 	return cfg.FormatDSN(), nil
 }
 
