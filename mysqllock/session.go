@@ -11,10 +11,12 @@ import (
 	"github.com/dlockio/dlock/driver"
 )
 
-// The backend's statements need REPEATABLE READ (see the package documentation,
-// Safety model): under READ COMMITTED, InnoDB reads the subqueries of an UPDATE or
-// INSERT ... SELECT without locks, so a grant may count a key's permits as they were
-// before another grant committed, and a semaphore grants more permits than its limit.
+// The backend's statements need sessions that commit each statement on its own
+// (autocommit, which Open sets with the driver's parameters) and run REPEATABLE
+// READ (see the package documentation, Safety model): under READ COMMITTED, InnoDB
+// reads the subqueries of an UPDATE or INSERT ... SELECT without locks, so a grant
+// may count a key's permits as they were before another grant committed, and a
+// semaphore grants more permits than its limit.
 
 // setRepeatableRead is the statement that gives a session the isolation the
 // backend needs, in the syntax MySQL 8 and MariaDB share (their variables'
