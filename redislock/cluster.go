@@ -216,7 +216,8 @@ func clusterOptions(u *url.URL, p *driver.Params) (*redis.ClusterOptions, string
 
 // persistence reads the persistence settings of the server or, in a cluster, of
 // every master, and returns the least durable (with the lowest version, so that
-// WAITAOF is used only if every master has it).
+// WAITAOF is used only if every master has it, and the eviction settings of a
+// master that may evict keys, if any).
 func (b *Backend) readPersistence(ctx context.Context) (Persistence, error) {
 	cc, ok := b.rdb.(*redis.ClusterClient)
 	if !ok {
@@ -244,6 +245,13 @@ func (b *Backend) readPersistence(ctx context.Context) (Persistence, error) {
 			}
 		} else if versionLess(p.Version, w.Version) {
 			w.Version = p.Version
+		}
+	}
+	// and a master that may evict keys, if any.
+	for _, p := range all {
+		if p.Evicts() {
+			w.MaxMemory, w.EvictionPolicy = p.MaxMemory, p.EvictionPolicy
+			break
 		}
 	}
 	return w, nil

@@ -447,6 +447,22 @@ func TestClusterURL(t *testing.T) {
 	if _, err := openURL(cl.URL("strict=true")); !errors.Is(err, redislock.ErrNotDurable) {
 		t.Errorf("strict=true on a cluster without AOF: %v, want ErrNotDurable", err)
 	}
+	// So does the eviction check: one master of three that may evict is enough.
+	last := redis.NewClient(&redis.Options{Addr: cl.Nodes[2].Addr()})
+	defer last.Close()
+	ctx := context.Background()
+	if err := last.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := last.ConfigSet(ctx, "maxmemory", "64mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openURL(cl.URL("")); !errors.Is(err, redislock.ErrEvicts) {
+		t.Errorf("a cluster with an evicting master: %v, want ErrEvicts", err)
+	}
+	if err := last.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := openURL("rediss+cluster://" + seeds + "/?tls=false"); !errors.Is(err, driver.ErrInvalid) {
 		t.Errorf("rediss+cluster with tls=false: %v", err)
 	}

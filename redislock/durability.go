@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -19,7 +20,15 @@ var ErrNotReplicated = errors.New("redislock: write not acknowledged by enough r
 // (appendonly yes, appendfsync always).
 var ErrNotDurable = errors.New("redislock: server does not persist every write (needs appendonly yes and appendfsync always)")
 
-// Persistence describes how the server keeps data across a restart.
+// ErrEvicts is returned by Verify for a server that may evict keys under memory
+// pressure (maxmemory set, maxmemory-policy other than noeviction), unless
+// WithAllowEviction: the lock keys carry a TTL, so even volatile-* policies may drop
+// a held lock and let a second holder in, and a token counter evicted within the
+// millisecond of its last grants may let a token repeat.
+var ErrEvicts = errors.New("redislock: server may evict lock keys (needs maxmemory 0 or maxmemory-policy noeviction)")
+
+// Persistence describes how the server keeps data across a restart, and whether
+// it may drop keys before they expire.
 type Persistence struct {
 	// Known is false when the server refused to tell (CONFIG and INFO disabled).
 	Known bool
@@ -29,6 +38,16 @@ type Persistence struct {
 	AppendFsync string
 	// Version is the server's redis_version.
 	Version string
+	// MaxMemory is the maxmemory setting in bytes (0: no limit), and
+	// EvictionPolicy the maxmemory-policy ("" when INFO did not tell).
+	MaxMemory      int64
+	EvictionPolicy string
+}
+
+// Evicts reports whether the server may evict keys before they expire: a memory
+// limit with a policy other than noeviction.
+func (p Persistence) Evicts() bool {
+	return p.MaxMemory > 0 && p.EvictionPolicy != "" && p.EvictionPolicy != "noeviction"
 }
 
 // Durable reports whether every acknowledged write survives a crash of the server
@@ -42,7 +61,11 @@ func (p Persistence) String() string {
 	if !p.Known {
 		return "unknown (CONFIG and INFO refused)"
 	}
-	return fmt.Sprintf("appendonly=%v appendfsync=%s", p.AppendOnly, p.AppendFsync)
+	s := fmt.Sprintf("appendonly=%v appendfsync=%s", p.AppendOnly, p.AppendFsync)
+	if p.EvictionPolicy != "" {
+		s += fmt.Sprintf(" maxmemory=%d maxmemory-policy=%s", p.MaxMemory, p.EvictionPolicy)
+	}
+	return s
 }
 
 // Persistence returns what Verify found (zero until Verify ran).
@@ -52,10 +75,11 @@ func (b *Backend) Persistence() Persistence {
 	return b.persistence
 }
 
-// Verify reads the server's version and persistence settings, logs them, returns
-// an error matching driver.ErrUnsupported for a server older than Redis 7.0, and in
-// strict mode returns ErrNotDurable if the server could lose a grant in a crash. Open calls it;
-// call it yourself after New.
+// Verify reads the server's version, persistence and eviction settings, logs
+// them, returns an error matching driver.ErrUnsupported for a server older than
+// Redis 7.0, ErrEvicts for a server that may evict keys (unless WithAllowEviction),
+// and in strict mode ErrNotDurable if the server could lose a grant in a crash.
+// Open calls it; call it yourself after New.
 func (b *Backend) Verify(ctx context.Context) error {
 	p, err := b.readPersistence(ctx)
 	if err != nil {
@@ -68,6 +92,13 @@ func (b *Backend) Verify(ctx context.Context) error {
 	b.persistence = p
 	b.mu.Unlock()
 	b.logger.Info("redislock: server persistence", "settings", p.String(), "durable", p.Durable(), "version", p.Version)
+	if p.Evicts() {
+		if !b.allowEviction {
+			return fmt.Errorf("%w: server has maxmemory %d with maxmemory-policy %s; set maxmemory-policy noeviction, or accept the risk with allow_eviction=true (WithAllowEviction)",
+				ErrEvicts, p.MaxMemory, p.EvictionPolicy)
+		}
+		b.logger.Warn("redislock: the server may evict lock keys under memory pressure; only fencing tokens protect against a second holder then", "settings", p.String())
+	}
 	if !p.Durable() {
 		b.logger.Warn("redislock: a crash of this server can lose grants; only fencing tokens protect against a second holder then", "settings", p.String())
 		if b.strict {
@@ -78,7 +109,7 @@ func (b *Backend) Verify(ctx context.Context) error {
 }
 
 func readPersistence(ctx context.Context, rdb redis.UniversalClient) (Persistence, error) {
-	info, err := rdb.Info(ctx, "server", "persistence").Result()
+	info, err := rdb.Info(ctx, "server", "persistence", "memory").Result()
 	if err != nil {
 		if ctx.Err() != nil {
 			return Persistence{}, err
@@ -91,7 +122,8 @@ func readPersistence(ctx context.Context, rdb redis.UniversalClient) (Persistenc
 			fields[k] = v
 		}
 	}
-	p := Persistence{Version: fields["redis_version"]}
+	p := Persistence{Version: fields["redis_version"], EvictionPolicy: fields["maxmemory_policy"]}
+	p.MaxMemory, _ = strconv.ParseInt(fields["maxmemory"], 10, 64)
 	if cfg, err := rdb.ConfigGet(ctx, "append*").Result(); err == nil && cfg["appendonly"] != "" {
 		p.Known = true
 		p.AppendOnly = cfg["appendonly"] == "yes"

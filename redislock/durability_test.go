@@ -202,6 +202,36 @@ func TestPersistenceReport(t *testing.T) {
 	}
 }
 
+// A server that may evict keys (maxmemory with an evicting policy; volatile-* too,
+// since lock keys carry a TTL) is refused unless allow_eviction=true; a memory
+// limit with noeviction, or an evicting policy without a limit, is accepted.
+func TestEvictingServer(t *testing.T) {
+	ctx := context.Background()
+	evicting := testserver.StartRedis(t, "--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru")
+	if _, err := dlock.Open(ctx, evicting.URL()); !errors.Is(err, redislock.ErrEvicts) || !strings.Contains(err.Error(), "volatile-lru") {
+		t.Fatalf("Open on an evicting server = %v, want ErrEvicts naming the policy", err)
+	}
+	c, err := dlock.Open(ctx, evicting.URL()+"?allow_eviction=true")
+	if err != nil {
+		t.Fatalf("Open with allow_eviction=true: %v", err)
+	}
+	p := c.Backend().(*redislock.Backend).Persistence()
+	c.Close()
+	if !p.Evicts() || p.MaxMemory != 64<<20 || p.EvictionPolicy != "volatile-lru" {
+		t.Fatalf("evicting server reported as %+v", p)
+	}
+	for _, args := range [][]string{
+		{"--maxmemory", "64mb", "--maxmemory-policy", "noeviction"},
+		{"--maxmemory", "0", "--maxmemory-policy", "allkeys-lru"},
+	} {
+		c, err := dlock.Open(ctx, testserver.StartRedis(t, args...).URL())
+		if err != nil {
+			t.Fatalf("Open on a server with %v: %v", args, err)
+		}
+		c.Close()
+	}
+}
+
 // With appendfsync always, a grant survives kill -9 of the server: the restarted
 // server refuses a second holder.
 func TestDurableServerKeepsGrantAcrossCrash(t *testing.T) {

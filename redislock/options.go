@@ -22,6 +22,7 @@ type config struct {
 	replicas       int
 	replicaTimeout time.Duration
 	strict         bool
+	allowEviction  bool
 	logger         *slog.Logger
 	cluster        bool // Redis Cluster key layout (cluster.go): set by New for a *redis.ClusterClient
 }
@@ -81,6 +82,16 @@ func WithStrict() Option {
 	}
 }
 
+// WithAllowEviction makes Verify accept a server that may evict keys under memory
+// pressure (see ErrEvicts): a held lock may then vanish, and only fencing tokens
+// protect the resource. For a shared cache whose policy cannot change.
+func WithAllowEviction() Option {
+	return func(c *config) error {
+		c.allowEviction = true
+		return nil
+	}
+}
+
 // WithLogger sets where the backend reports the server's persistence settings and
 // replication trouble (default: discard). go-redis itself logs connection trouble
 // (failed dials, pool errors) through its own process-wide logger, which a library
@@ -97,7 +108,7 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // urlOptions reads the URL parameters that are options: prefix, replicas,
-// replica_timeout and strict.
+// replica_timeout, strict and allow_eviction.
 func urlOptions(p *driver.Params) ([]Option, error) {
 	prefix, err := p.String("prefix", DefaultPrefix)
 	if err != nil {
@@ -121,6 +132,13 @@ func urlOptions(p *driver.Params) ([]Option, error) {
 	}
 	if strict {
 		opts = append(opts, WithStrict())
+	}
+	evict, err := p.Bool("allow_eviction", false)
+	if err != nil {
+		return nil, err
+	}
+	if evict {
+		opts = append(opts, WithAllowEviction())
 	}
 	return opts, nil
 }

@@ -10,7 +10,8 @@
 //	redis+cluster://[[user]:password@]host1:7000,host2:7001,host3:7002/?replicas=1
 //
 // Parameters: prefix (key namespace, default "dlock"); replicas and replica_timeout
-// (see WithReplicas; default timeout 50ms); strict (see WithStrict); tls, tls_ca,
+// (see WithReplicas; default timeout 50ms); strict (see WithStrict);
+// allow_eviction (see WithAllowEviction); tls, tls_ca,
 // tls_cert, tls_key, tls_server_name (driver.ReadTLS: any of them turns TLS on;
 // rediss:// has it on, and tls=false is an error there; not on unix://) and
 // skip_verify (with TLS on: no certificate check); the go-redis URL options db,
@@ -283,6 +284,15 @@
 // a server that does not fsync every write (appendonly yes, appendfsync always), since
 // only such a server keeps its grants across its own crash; Persistence reports what
 // the server does in any case.
+//
+// A server that may evict keys under memory pressure (maxmemory set, and a
+// maxmemory-policy other than noeviction: volatile-* too, since every lock key has a
+// TTL) may drop a held lock, letting a second holder in, and a token counter within
+// the millisecond of its last grants, letting a token repeat. Open (Verify) refuses
+// such a server with ErrEvicts, on any master of a cluster, unless WithAllowEviction
+// (?allow_eviction=true) accepts the risk, for a shared cache whose policy cannot
+// change: then only fencing protects the resource. A policy changed after Open is not
+// seen.
 package redislock
 
 import (
