@@ -154,8 +154,8 @@ func parseURL(u *url.URL) (nodesURL, []Option, error) {
 	return dest, opts, nil
 }
 
-// paramOptions turns the URL parameters prefix, node_timeout, dial_timeout and
-// allow_few_nodes into options.
+// paramOptions turns the URL parameters prefix, node_timeout, dial_timeout,
+// allow_few_nodes and allow_eviction into options.
 func paramOptions(p *driver.Params) ([]Option, error) {
 	prefix, err := p.String("prefix", DefaultPrefix)
 	if err != nil {
@@ -173,9 +173,16 @@ func paramOptions(p *driver.Params) ([]Option, error) {
 	if err != nil {
 		return nil, err
 	}
+	allowEviction, err := p.Bool("allow_eviction", false)
+	if err != nil {
+		return nil, err
+	}
 	opts := []Option{WithPrefix(prefix), WithNodeTimeout(nodeTimeout), WithDialTimeout(dialTimeout)}
 	if allowFew {
 		opts = append(opts, WithAllowFewNodes())
+	}
+	if allowEviction {
+		opts = append(opts, WithAllowEviction())
 	}
 	return opts, nil
 }
@@ -236,7 +243,17 @@ func parseHosts(hosts string) ([]string, error) {
 }
 
 // serverInfo is what check reads from a node's INFO.
-type serverInfo struct{ runID, role string }
+type serverInfo struct {
+	runID, role string
+	maxMemory   int64
+	policy      string // maxmemory_policy
+}
+
+// evicts reports whether the node may evict keys before they expire (see
+// redislock.ErrEvicts): a memory limit with a policy other than noeviction.
+func (s serverInfo) evicts() bool {
+	return s.maxMemory > 0 && s.policy != "" && s.policy != "noeviction"
+}
 
 // check is Open's look at the nodes: see Open.
 func (b *Backend) check(ctx context.Context) error {
@@ -266,6 +283,9 @@ func (b *Backend) check(ctx context.Context) error {
 			}
 			continue
 		}
+		if infos[i].evicts() && !b.cfg.allowEviction {
+			fatal = append(fatal, &NodeError{n.addr, fmt.Errorf("%w: the server may evict keys (maxmemory %d, maxmemory-policy %s) and drop held locks; set maxmemory-policy noeviction, or accept the risk with allow_eviction=true", driver.ErrInvalid, infos[i].maxMemory, infos[i].policy)})
+		}
 		if infos[i].role != "" && infos[i].role != "master" {
 			fatal = append(fatal, &NodeError{n.addr, fmt.Errorf("%w: the server is a %s; redlock needs independent masters", driver.ErrInvalid, infos[i].role)})
 		}
@@ -285,10 +305,10 @@ func (b *Backend) check(ctx context.Context) error {
 	return nil
 }
 
-// readServerInfo reads a node's run id and replication role.
+// readServerInfo reads a node's run id, replication role and eviction settings.
 func readServerInfo(ctx context.Context, rdb *redis.Client) (serverInfo, error) {
 	var info serverInfo
-	s, err := rdb.Info(ctx, "server", "replication").Result()
+	s, err := rdb.Info(ctx, "server", "replication", "memory").Result()
 	if err != nil {
 		return info, err
 	}
@@ -299,6 +319,10 @@ func readServerInfo(ctx context.Context, rdb *redis.Client) (serverInfo, error) 
 			info.runID = v
 		case "role":
 			info.role = v
+		case "maxmemory":
+			info.maxMemory, _ = strconv.ParseInt(v, 10, 64)
+		case "maxmemory_policy":
+			info.policy = v
 		}
 	}
 	return info, nil

@@ -21,12 +21,13 @@ const (
 type Option func(*config) error
 
 type config struct {
-	prefix      string
-	nodeTimeout time.Duration
-	dialTimeout time.Duration
-	drift       float64
-	driftFixed  time.Duration
-	allowFew    bool
+	prefix        string
+	nodeTimeout   time.Duration
+	dialTimeout   time.Duration
+	drift         float64
+	driftFixed    time.Duration
+	allowFew      bool
+	allowEviction bool
 }
 
 // newConfig applies opts, in order, to the defaults.
@@ -96,6 +97,17 @@ func WithDrift(factor float64, fixed time.Duration) Option {
 			return fmt.Errorf("%w: drift needs a factor in [0, 0.5) and a non-negative fixed part, got %v and %v", driver.ErrInvalid, factor, fixed)
 		}
 		c.drift, c.driftFixed = factor, fixed
+		return nil
+	}
+}
+
+// WithAllowEviction makes Open accept nodes that may evict keys under memory
+// pressure (maxmemory set, maxmemory-policy other than noeviction), which Open
+// otherwise refuses: such nodes may drop held locks together, a majority at once
+// under the same load, and only fencing tokens protect the resource then.
+func WithAllowEviction() Option {
+	return func(c *config) error {
+		c.allowEviction = true
 		return nil
 	}
 }

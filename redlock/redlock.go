@@ -15,7 +15,8 @@
 // one call to one node, default 10ms); dial_timeout (connecting and the checks made
 // by Open, default 2s); tls (true: TLS with the system roots), tls_ca, tls_cert,
 // tls_key, tls_server_name (any of them turns TLS on; see driver.ReadTLS);
-// allow_few_nodes=true to accept 1 or 2 nodes; and the core's ttl, renew, drift,
+// allow_few_nodes=true to accept 1 or 2 nodes; allow_eviction=true to accept nodes
+// that may evict keys (see WithAllowEviction); and the core's ttl, renew, drift,
 // owner. Unknown, repeated or malformed parameters are an error. A node refusing
 // the credentials is an error matching driver.ErrAuth.
 //
@@ -27,9 +28,12 @@
 // nodes, which is strictly worse than one. An even N costs a node more than N-1 and
 // tolerates no more failures. The same address listed twice is refused, and Open
 // compares the servers' run ids, so two addresses of one server are refused too, as
-// are replicas. Open fails unless a majority of nodes answer; it also fails if any
-// node refuses the credentials (a configuration error that waiting cannot fix); the
-// unreachable minority is tolerated and reported by Ping.
+// are replicas, and (unless allow_eviction=true) nodes that may evict keys under
+// memory pressure (maxmemory with a maxmemory-policy other than noeviction:
+// volatile-* too, since lock keys carry a TTL). Open fails unless a majority of
+// nodes answer; it also fails if any node refuses the credentials (a configuration
+// error that waiting cannot fix); the unreachable minority is tolerated and
+// reported by Ping.
 //
 // # Algorithm
 //

@@ -326,6 +326,16 @@ func TestBadInput(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A node that may evict keys, only when asked for.
+	evicting := testserver.StartRedis(t, "--maxmemory", "64mb", "--maxmemory-policy", "volatile-ttl")
+	withEvicting := "redlock://" + a0 + "," + a1 + "," + evicting.Addr()
+	if c, err := dlock.Open(ctx, withEvicting); err == nil {
+		c.Close()
+		t.Errorf("Open with a node that may evict keys succeeded")
+	} else if !errors.Is(err, dlock.ErrInvalid) || !strings.Contains(err.Error(), "volatile-ttl") {
+		t.Errorf("Open with a node that may evict keys = %v, want ErrInvalid naming the policy", err)
+	}
+	client(t, withEvicting+"?allow_eviction=true")
 	// A replica is not an independent master.
 	replica := testserver.StartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(nodes[0].Port))
 	u := "redlock://" + replica.Addr() + "," + a1 + "," + a2
