@@ -42,9 +42,16 @@ func open(t testing.TB, rawURL string) *mysqllock.Backend {
 // is autocommit off.
 func admin(t testing.TB, srv *testserver.MariaDB) *sql.DB {
 	t.Helper()
+	return adminWith(t, srv, map[string]string{"autocommit": "1"})
+}
+
+// adminWith returns a pool of the test server's administrator whose sessions set
+// the variables of params, closed at the end of the test.
+func adminWith(t testing.TB, srv *testserver.MariaDB, params map[string]string) *sql.DB {
+	t.Helper()
 	cfg := mysql.NewConfig()
 	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = srv.User, srv.Password, "tcp", srv.Addr(), srv.Database
-	cfg.Params = map[string]string{"autocommit": "1"}
+	cfg.Params = params
 	c, err := mysql.NewConnector(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -2,12 +2,9 @@ package mysqllock_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"strings"
 	"testing"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
@@ -31,18 +28,6 @@ func TestHostileServerDefaults(t *testing.T) {
 	}
 	t.Run("Conformance", func(t *testing.T) { drivertest.Run(t, harness(t, srv)) })
 	t.Run("Limit", func(t *testing.T) { testLimit(t, srv) })
-	pool := func(t *testing.T, params map[string]string) *sql.DB {
-		cfg := mysql.NewConfig()
-		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = srv.User, srv.Password, "tcp", srv.Addr(), srv.Database
-		cfg.Params = params
-		c, err := mysql.NewConnector(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := sql.OpenDB(c)
-		t.Cleanup(func() { db.Close() })
-		return db
-	}
 	for _, tc := range []struct {
 		name   string
 		params map[string]string
@@ -53,7 +38,7 @@ func TestHostileServerDefaults(t *testing.T) {
 		{"Both", map[string]string{"autocommit": "1", "tx_isolation": "'REPEATABLE-READ'"}, ""},
 	} {
 		t.Run("New"+tc.name, func(t *testing.T) {
-			b, err := mysqllock.New(ctx, pool(t, tc.params))
+			b, err := mysqllock.New(ctx, adminWith(t, srv, tc.params))
 			if b != nil {
 				defer b.Close()
 			}
