@@ -47,7 +47,12 @@ type attempt struct {
 	keys     []string // lock, fence, wait set
 	start    time.Time
 	proposal uint64 // the token proposed in phase one, 0 for none
-	r        results[acqReply]
+	// requeue, for a waiting writer's attempt that may be handed the lock, is
+	// release.lua's optional arguments: a grant the attempt gives back keeps the
+	// waiter's place (and is handed to the oldest waiter) on that node.
+	requeue []any
+	woken   uint64 // the wait's wake-ups when phase one was sent (see queued)
+	r       results[acqReply]
 	// outcome, when phase one returned early (see race), carries whether the
 	// attempt succeeded to the handling of the late replies.
 	outcome  chan bool
@@ -65,6 +70,9 @@ type attempt struct {
 func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
 	if b.isClosed() {
 		return driver.Grant{}, driver.ErrClosed
+	}
+	if g, ok := b.takeHanded(req); ok {
+		return g, nil
 	}
 	if err := b.answerLocally(req); err != nil {
 		return driver.Grant{}, err
@@ -115,7 +123,9 @@ func (b *Backend) answerLocally(req driver.Request) error {
 // phaseOne runs acquire.lua on every node.
 func (a *attempt) phaseOne(ctx context.Context) {
 	b, req := a.b, a.req
-	wait, since := b.waitArgs(req)
+	wa := b.waitArgs(req)
+	a.woken = wa.woken
+	wait, since, wid, seq := wa.wait, wa.since, wa.wid, wa.seq
 	ttl, patience, prefix := ms(req.TTL), ms(req.Patience), b.waiterPrefix(req.Key)
 	if req.Wait {
 		// The place must outlive the attempts answered locally (see recheck).
@@ -130,11 +140,18 @@ func (a *attempt) phaseOne(ctx context.Context) {
 		shared = "1"
 	}
 	keys := a.keys // not a: the closure would move it to the heap
-	args := make([]any, 10, 11)
+	args := make([]any, 12, 13)
 	args[0], args[1], args[2], args[3], args[4] = req.Owner, ttl, a.proposal, wait, patience
 	args[5], args[6], args[7], args[8], args[9] = prefix, b.wakeCh, since, reenter, shared
+	args[10], args[11] = wid, seq
 	if len(req.Value) > 0 {
 		args = append(args, req.Value)
+	}
+	if wid > 0 {
+		a.requeue = []any{since, patience, b.wakeCh, wid, seq, ttl}
+		if len(req.Value) > 0 {
+			a.requeue = append(a.requeue, req.Value)
+		}
 	}
 	h := driver.Holder{Key: req.Key, Owner: req.Owner}
 	call := func(ctx context.Context, n *node) (acqReply, error) {
@@ -170,12 +187,14 @@ func (a *attempt) decided(r *results[acqReply]) bool {
 // on a node, given its outcome: no wake-up when the attempt succeeded (its own
 // release will wake) or when another owner holds a majority (whose release will);
 // otherwise the node's waiters may have queued behind this attempt's grant alone,
-// and one is woken, as by any release.
+// and one is woken, as by any release, but not handed the lock: a node handed to a
+// writer while others go to readers woken by the same release would keep both
+// from a majority.
 func (a *attempt) undoWakes(ok bool) string {
 	if ok || len(a.held) >= a.b.quorum {
-		return "0"
+		return wakeNone
 	}
-	return "1"
+	return wakeOnly
 }
 
 // decide passes the attempt's outcome to the handling of phase one's late replies,
@@ -214,7 +233,7 @@ func (a *attempt) late(i int, v acqReply, err error) {
 		fallthrough
 	default:
 		if ok && req.Wait {
-			_ = b.withdrawOn(ctx, n, req.Key, req.Owner, b.newNonce())
+			_ = b.withdrawOn(ctx, n, req.Key, req.Owner, b.newNonce(), "")
 		}
 	}
 }
@@ -311,7 +330,7 @@ func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driv
 		undo = append(undo, a.unknown...)
 	}
 	if len(undo) > 0 {
-		b.releaseOn(context.WithoutCancel(ctx), undo, req.Key, req.Owner, a.undoWakes(false) == "1")
+		a.giveBack(context.WithoutCancel(ctx), undo)
 	}
 	he := &driver.HeldError{RetryAfter: b.retryAfter(a.held)}
 	if req.Wait && (len(a.held) > 0 || len(a.unknown) > 0) {
@@ -320,7 +339,7 @@ func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driv
 		// next attempt removes the place if granted. Left behind, a writer's place
 		// would keep every new reader out until it lapsed.
 		he.Ahead, he.Queued = int(max(a.ahead, 0)), a.ahead >= 0
-		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0)
+		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0, a.woken)
 	}
 	return driver.Grant{}, &QuorumError{Op: "acquire", Key: req.Key, OK: len(a.granted), Need: b.quorum,
 		Nodes: len(b.nodes), Held: len(a.held), Note: note, Err: b.nodeErrors(nodeErrs), held: he}

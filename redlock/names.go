@@ -19,8 +19,14 @@ package redlock
 //	                          waiting (their client's clock, ms), oldest first
 //	P:waiter 0x1f K 0x1f OWNER
 //	                  string  the waiter's client wake-up channel, followed by
-//	                          " r" for a reader; its TTL is the waiter's
-//	                          patience, renewed by each of its attempts
+//	                          " r" for a reader, or for a writer by its wait's
+//	                          and attempt's numbers and the TTL and value of the
+//	                          grant it asks for (lib.lua's waiterEntry); its TTL
+//	                          is the waiter's patience, renewed by each of its
+//	                          attempts
+//	P:lock 0x1f K 0x1f handed
+//	                  string  "CHANNEL WID" of the wait a release handed the lock
+//	                          to (lib.lua's HANDED); the TTL of the handed grant
 //	P:readers 0x1f K  zset    the owner ids of the readers (shared grants) on
 //	                          this node, scored by the server time (ms) at which
 //	                          each grant lapses; TTL = the longest of them
@@ -31,7 +37,8 @@ package redlock
 //
 // A client's wake-up channel is P:wake:ID; a release publishes "NONCE OWNER
 // COUNTER K" on the channel of the waiter it wakes (COUNTER: the node's fencing
-// counter). A lock's holder channel is its lock key, the
+// counter), or "+NONCE OWNER TOKEN SEQ TTL K" on the channel of the writer it
+// hands the lock to (see handoff.go). A lock's holder channel is its lock key, the
 // byte 0x1f and "holder" (lib.lua's HOLDER; Redis keeps channels apart from keys):
 // every script that changes the lock on a node (grant with its token, token
 // commit, restore, value change, release, force release) publishes an empty

@@ -35,7 +35,11 @@ import (
 // wakeDelay after the first copy if they do not; so a release wakes each waiter it
 // names at most once, and one more when nodes disagree. If the named waiter vanished
 // without withdrawing (its process died), others wait for their fallback timer until
-// its place lapses.
+// its place lapses. A release that hands the lock to a writer (see handoff.go) sends
+// its copies the same way, counted the same way, except that the first waiter named
+// is woken handoffDelay after the first copy: the nodes that did not hand it the
+// lock either freed it or handed it to another waiter, and its attempt claims what
+// it was handed either way.
 
 const (
 	subscribeTimeout = time.Second
@@ -51,12 +55,17 @@ type waiter struct {
 	key, owner string
 	since      int64 // ms, when the wait started, on this client's clock
 	c          chan struct{}
+	id         uint64 // the wait's number (WID, see handoff.go)
 
 	// Guarded by Backend.mu.
-	queued  bool      // recorded as a waiter on some node
-	local   bool      // attempts may be answered without a request (see stillQueued)
-	checked time.Time // when an attempt last found the waiter queued behind others
-	ahead   int       // the places ahead of it then
+	attempts                     // numbers and send times of its latest attempts
+	handed   map[int]handedGrant // by node index: grants handed to this wait
+	gaveBack string              // the nonce of its latest attempt's give-back
+	queued   bool                // recorded as a waiter on some node
+	local    bool                // attempts may be answered without a request (see stillQueued)
+	checked  time.Time           // when an attempt last found the waiter queued behind others
+	ahead    int                 // the places ahead of it then
+	woken    uint64              // how often signal was called
 }
 
 // recheck bounds how long the attempts of a waiter that is queued behind others on
@@ -116,32 +125,49 @@ func (b *Backend) Watch(ctx context.Context, key, owner string) (driver.Waiter, 
 	if b.closed {
 		return nil, driver.ErrClosed
 	}
-	w := &waiter{b: b, key: key, owner: owner, since: time.Now().UnixMilli(), c: make(chan struct{}, 1)}
+	w := &waiter{b: b, key: key, owner: owner, id: b.seq.Add(1), since: time.Now().UnixMilli(), c: make(chan struct{}, 1)}
 	b.waiters[driver.Holder{Key: key, Owner: owner}] = w
 	return w, nil
 }
 
-// waitArgs returns the acquire script's wait flag and waiting-since time.
-func (b *Backend) waitArgs(req driver.Request) (wait string, since int64) {
+// waitArgs is what an attempt about to be sent needs of its wait.
+type waitArgs struct {
+	wait  string // the acquire script's wait flag
+	since int64  // the waiting-since time
+	// wid and seq are, for a writer's registered wait, its number and the number
+	// of this attempt, noted now (see handoff.go); 0 and 0 otherwise.
+	wid, seq uint64
+	woken    uint64 // the wait's wake-ups so far (see queued)
+}
+
+// waitArgs returns req's waitArgs.
+func (b *Backend) waitArgs(req driver.Request) waitArgs {
 	if !req.Wait {
-		return waitNo, 0
+		return waitArgs{wait: waitNo}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]; w != nil {
-		if w.queued {
-			return waitRecorded, w.since
-		}
-		return waitRecord, w.since
+	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
+	if w == nil {
+		return waitArgs{wait: waitRecord, since: time.Now().UnixMilli()}
 	}
-	return waitRecord, time.Now().UnixMilli()
+	wa := waitArgs{wait: waitRecord, since: w.since, woken: w.woken}
+	if w.queued {
+		wa.wait = waitRecorded
+	}
+	if !req.Shared {
+		wa.wid, wa.seq = w.id, w.attempt()
+	}
+	return wa
 }
 
 // queued is called when an attempt with Wait found the key held: the waiter is now
 // recorded on the nodes, ahead places before it, and the client must be subscribed.
 // local says the attempt found it recorded on a majority, which lets the next
-// attempts be answered locally (see stillQueued).
-func (b *Backend) queued(key, owner string, ahead int, local bool) {
+// attempts be answered locally (see stillQueued), unless the wait was woken since
+// the attempt was sent (woken is its count of wake-ups then): that wake-up came
+// after the attempt's replies were made, and the next attempt must ask the nodes.
+func (b *Backend) queued(key, owner string, ahead int, local bool, woken uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -149,7 +175,7 @@ func (b *Backend) queued(key, owner string, ahead int, local bool) {
 	}
 	if w := b.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
 		w.queued = true
-		w.local, w.checked, w.ahead = local, time.Now(), ahead
+		w.local, w.checked, w.ahead = local && w.woken == woken, time.Now(), ahead
 	}
 	b.startListening()
 }
@@ -205,7 +231,7 @@ func (b *Backend) listen(n *node) {
 			}
 		case *redis.Message:
 			if m.Channel == b.wakeCh {
-				b.wake(m.Payload)
+				b.wake(n, m.Payload)
 			} else {
 				b.holderChanged(m.Channel)
 			}
@@ -256,7 +282,15 @@ func (b *Backend) subscriptionDown(n *node) {
 // different waiters, or some are slow), it is woken anyway. The counter (the node's
 // fencing counter) is recorded, so that the waiter's attempt proposes a token above
 // the holder's and settles it in its one round.
-func (b *Backend) wake(payload string) {
+//
+// A handoff's copy ("+NONCE OWNER TOKEN SEQ TTL KEY") is counted the same way, once
+// recorded with the waiter (see handed), so that its next attempt can return the
+// grant without a request.
+func (b *Backend) wake(n *node, payload string) {
+	if p, ok := strings.CutPrefix(payload, "+"); ok {
+		b.handedCopy(n, p)
+		return
+	}
 	nonce, rest, ok := strings.Cut(payload, " ")
 	if !ok {
 		return
@@ -278,6 +312,12 @@ func (b *Backend) wake(payload string) {
 	if w == nil {
 		return
 	}
+	b.countCopy(w, nonce, wakeDelay)
+}
+
+// countCopy counts one copy of release nonce's message that named local waiter w, and
+// wakes w when the copies settle it (see wake). Called with Backend.mu held.
+func (b *Backend) countCopy(w *waiter, nonce string, delay time.Duration) {
 	var r *release
 	for _, x := range b.recent {
 		if x.nonce == nonce {
@@ -305,7 +345,7 @@ func (b *Backend) wake(payload string) {
 		if len(r.named) == 1 {
 			// The first waiter named is woken after wakeDelay even without
 			// copies from a majority.
-			time.AfterFunc(wakeDelay, func() {
+			time.AfterFunc(delay, func() {
 				b.mu.Lock()
 				defer b.mu.Unlock()
 				if !t.woken {
@@ -326,6 +366,7 @@ func (b *Backend) wake(payload string) {
 // Backend.mu held.
 func (w *waiter) signal() {
 	w.local = false
+	w.woken++
 	select {
 	case w.c <- struct{}{}:
 	default:
@@ -357,7 +398,9 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	if acquired || !queued {
 		return nil
 	}
-	if err := b.withdraw(ctx, w.key, w.owner, b.all()); err != nil {
+	// With the wait's mark, so that a grant handed to it is given back and
+	// handed on.
+	if err := b.withdraw(ctx, w.key, w.owner, b.all(), w.mark()); err != nil {
 		return fmt.Errorf("redlock: withdraw waiter %q: %w", w.key, err)
 	}
 	return nil
@@ -365,26 +408,29 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 
 // withdraw removes owner's place from the wait sets of the given nodes. A place
 // given up on a node where no writer holds the key wakes the waiters it held back
-// (see withdraw.lua), with one nonce for every node.
-func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int) error {
+// (see withdraw.lua), with one nonce for every node. mark, when not empty, names
+// the wait ("CHANNEL WID") whose handed grants are given back too; a waiter that got
+// the lock passes none: a grant handed to it on another node is its own (its
+// release frees it).
+func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int, mark string) error {
 	nonce := b.newNonce()
 	r := fanoutFor(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (int64, error) {
-		return 0, b.withdrawOn(ctx, n, key, owner, nonce)
+		return 0, b.withdrawOn(ctx, n, key, owner, nonce, mark)
 	})
 	return b.nodeErrors(r.errs)
 }
 
-// withdrawOn removes owner's place from the wait set of node n.
-func (b *Backend) withdrawOn(ctx context.Context, n *node, key, owner, nonce string) error {
-	return withdrawScript.Run(ctx, n.rdb, b.withdrawKeys(key), owner, b.waiterPrefix(key), nonce, key).Err()
+// withdrawOn removes owner's place from the wait set of node n (see withdraw).
+func (b *Backend) withdrawOn(ctx context.Context, n *node, key, owner, nonce, mark string) error {
+	return withdrawScript.Run(ctx, n.rdb, b.withdrawKeys(key), owner, b.waiterPrefix(key), nonce, key, mark).Err()
 }
 
-// withdrawAsync is withdraw in the background; Close waits for it.
+// withdrawAsync is withdraw in the background, without a mark; Close waits for it.
 func (b *Backend) withdrawAsync(key, owner string, idx []int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return
 	}
-	b.bg.Go(func() { _ = b.withdraw(context.Background(), key, owner, idx) })
+	b.bg.Go(func() { _ = b.withdraw(context.Background(), key, owner, idx, "") })
 }

@@ -57,7 +57,7 @@ func newBackend(clients []*redis.Client, cfg config) (*Backend, error) {
 			return nil, fmt.Errorf("%w: redlock node %s listed twice; the nodes must be distinct, independent masters", driver.ErrInvalid, addr)
 		}
 		seen[addr] = true
-		b.nodes = append(b.nodes, &node{addr: addr, rdb: c})
+		b.nodes = append(b.nodes, &node{idx: len(b.nodes), addr: addr, rdb: c})
 	}
 	b.id = driver.RandomHex(8)
 	b.wakeCh = wakeChannel(cfg.prefix, b.id)

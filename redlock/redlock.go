@@ -71,7 +71,10 @@
 // waiter, so an uncontended cycle or a handoff to a waiter costs one round), or
 // else in a second round sent to the nodes that granted the lock, repeated with a
 // larger t if a node rejects it. The lock is granted only after a majority accepted
-// the token within the validity.
+// the token within the validity. A lock handed to a queued writer by a release (see
+// Waiting) gets a token each node draws itself, one above its counter: it is used
+// as it is only when a majority drew the same one, which the register's argument
+// covers as it does readers' tokens (see Read-write locks, no semaphores).
 //
 // Why a grant that completes before another starts always has the smaller token:
 // let grant A's token a be accepted by a majority MA, and grant B, which starts after
@@ -122,13 +125,29 @@
 // the client of that node's oldest live waiter only. Each client subscribes once to
 // its own channel on every node (one subscriber connection per node, opened on first
 // contention). So one release wakes one waiter whatever the number of waiting
-// clients, and the nodes agree on which one. A waiter that is woken but beaten to
-// the key by a newcomer stays first in line; a client that just handed the key over
-// makes its own next waiting Lock step back for about two round trips, so a tight
+// clients, and the nodes agree on which one.
+//
+// When that oldest waiter is a writer (a mutex waiter included), the release does
+// not wake it to try again: it hands it the lock, on that node, in the same script
+// (with the TTL and value the waiter asked for, and a token the node draws), and
+// publishes the grant. Once grants with one token came from a majority of nodes, the
+// waiter's Lock returns without another request: a handoff costs one round, the
+// release's (handoff.go has the details and the token's argument). A waiter that
+// gives up gives back a grant handed to it, even one still on its way, and it goes
+// to the next waiter; a waiter that got grants on too few nodes claims them with an
+// attempt, which gives them back if it fails; a failed attempt of a queued writer
+// keeps its place on the nodes it gives back, which are then handed to the oldest
+// waiter there, perhaps itself. A waiter whose process dies after a release handed
+// it the lock holds that lock until its TTL lapses, as a holder that dies does.
+//
+// A waiter that is woken (a reader, or a waiter of an older client) but beaten to
+// the key by a newcomer stays first in line; a client that just woke a waiter makes
+// its own next waiting Lock step back for about two round trips, so a tight
 // Lock/Release loop does not keep the key to itself. The order is not strict FIFO
-// (a newcomer can still take a key that happens to be free). An attempt that loses
-// to a majority held by another owner gives back what it took without waking a
-// waiter (the holder's release will). Lost wake-ups are
+// (a newcomer can still take a key that happens to be free on a node where no
+// writer waits). An attempt that loses to a majority held by another owner gives
+// back what it took without waking a waiter (the holder's release will). Lost
+// wake-ups are
 // covered by the core's fallback timer, bounded by the holder's remaining TTL. A
 // waiter that its last attempt found behind others on a majority of nodes, with
 // every node's subscription up, answers those fallback attempts itself, without a
@@ -241,7 +260,7 @@ import (
 // Files: options.go (options), open.go (New, Open, the checks of the nodes),
 // errors.go (NodeError, QuorumError), fanout.go (one call to every node), acquire.go
 // (phase one and commit rounds), tokens.go (the client side of the majority register,
-// the handoff), release.go (refresh, release), inspect.go (inspect, set value,
+// the releaser's step back), handoff.go (locks handed to queued writers), release.go (refresh, release), inspect.go (inspect, set value,
 // force release), notify.go (waiting by notification), holder.go (watching
 // holders), names.go (key layout), scripts.go and scripts/*.lua (the Lua scripts).
 
@@ -255,6 +274,7 @@ type Backend struct {
 	own    bool // close the clients in Close
 	id     string
 	nonce  atomic.Uint64
+	seq    atomic.Uint64 // numbers the waits and their attempts (see handoff.go)
 
 	mu      sync.Mutex
 	closed  bool
@@ -277,6 +297,7 @@ type Backend struct {
 }
 
 type node struct {
+	idx  int // in Backend.nodes
 	addr string
 	rdb  *redis.Client
 	ps   *redis.PubSub // the client's wake-up subscription, from first contention

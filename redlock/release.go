@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dlockio/dlock/driver"
@@ -60,7 +61,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		// wait for its TTL.
 		qe.notHeld = true
 		b.forget(key, owner)
-		b.releaseOn(context.WithoutCancel(ctx), b.all(), key, owner, true)
+		b.releaseOn(context.WithoutCancel(ctx), b.all(), key, owner, wakeHandOff)
 	}
 	return qe
 }
@@ -75,28 +76,32 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	// nodes finish in the background, and a waiter one of them names is yielded to
 	// as well. A release that woke a waiter waits for every node, as the
 	// releaser's step back (see yieldTo) is measured on the whole round: ended
-	// sooner, its next Lock competed with the woken waiter more often.
+	// sooner, its next Lock competed with the woken waiter more often. A release
+	// that handed the lock over (see handoff.go) counts as one that released, and
+	// is not stepped back for: the waiter holds the key already, and the
+	// releaser's next Lock had better queue behind it at once.
 	decided := func(r *results[any]) bool {
 		n := 0
 		for i, v := range r.vals {
 			if r.errs[i] != nil {
 				continue
 			}
-			if _, woke := v.(string); woke {
+			w, ok := v.(string)
+			if ok && !strings.HasPrefix(w, "+") {
 				return false
 			}
-			if v == any(int64(released)) {
+			if ok || v == any(int64(released)) {
 				n++
 			}
 		}
 		return n >= b.quorum
 	}
 	late := func(_ int, v any, err error) {
-		if w, ok := v.(string); ok && err == nil {
+		if w, ok := v.(string); ok && err == nil && !strings.HasPrefix(w, "+") {
 			b.alsoYieldTo(key, w, min(max(2*time.Since(start), time.Millisecond), maxYield))
 		}
 	}
-	r := b.releaseRace(ctx, b.all(), key, owner, true, decided, late)
+	r := b.releaseRace(ctx, b.all(), key, owner, "", wakeHandOff, decided, late)
 	releasedOn, failed := 0, 0
 	var woken []string
 	for i := range b.nodes {
@@ -109,9 +114,9 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 			if v == released {
 				releasedOn++
 			}
-		case string: // the waiter woken
+		case string: // the waiter woken, or "+" and the one handed the lock
 			releasedOn++
-			if !slices.Contains(woken, v) {
+			if !strings.HasPrefix(v, "+") && !slices.Contains(woken, v) {
 				woken = append(woken, v)
 			}
 		}
@@ -129,22 +134,25 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	return qe
 }
 
-// releaseRace runs release.lua on the given nodes, with one nonce for them all,
-// through race (decided and late may be nil); wake false wakes no waiter.
-func (b *Backend) releaseRace(ctx context.Context, idx []int, key, owner string, wake bool, decided func(*results[any]) bool, late func(int, any, error)) results[any] {
-	keys, prefix, nonce, w := b.releaseKeys(key), b.waiterPrefix(key), b.newNonce(), "0"
-	if wake {
-		w = "1"
+// releaseRace runs release.lua on the given nodes, with one nonce for them all (a
+// new one if nonce is empty), through race (decided and late may be nil); wake is
+// the script's wake argument; requeue, if any, is its optional arguments for a
+// waiter that gives back what its attempt took (see attempt.requeue).
+func (b *Backend) releaseRace(ctx context.Context, idx []int, key, owner, nonce, wake string, decided func(*results[any]) bool, late func(int, any, error), requeue ...any) results[any] {
+	keys, prefix := b.releaseKeys(key), b.waiterPrefix(key)
+	if nonce == "" {
+		nonce = b.newNonce()
 	}
+	args := append([]any{owner, prefix, nonce, key, wake}, requeue...)
 	return race(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (any, error) {
-		return releaseScript.Run(ctx, n.rdb, keys, owner, prefix, nonce, key, w).Result()
+		return releaseScript.Run(ctx, n.rdb, keys, args...).Result()
 	}, decided, late)
 }
 
 // releaseOn releases the owner's lock on the given nodes, ignoring failures (the
-// lock expires by itself); wake false wakes no waiter.
-func (b *Backend) releaseOn(ctx context.Context, idx []int, key, owner string, wake bool) {
-	b.releaseRace(ctx, idx, key, owner, wake, nil, nil)
+// lock expires by itself); wake is release.lua's wake argument.
+func (b *Backend) releaseOn(ctx context.Context, idx []int, key, owner, wake string) {
+	b.releaseRace(ctx, idx, key, owner, "", wake, nil, nil)
 }
 
 // newNonce returns an id for one release, the same on every node: this client's id

@@ -61,6 +61,11 @@ const (
 	refreshExtended = 1
 	refreshAbsent   = -1
 
+	// release.lua's wake argument.
+	wakeNone    = "0" // neither hand the lock over nor wake a waiter
+	wakeHandOff = "1" // hand the lock to the first writer, or wake the readers
+	wakeOnly    = "2" // wake the first waiter (or readers), hand nothing over
+
 	// release.lua's reply when no waiter was woken, and force_release.lua's.
 	released = 1
 	deleted  = 1

@@ -15,14 +15,21 @@
 --         the key here is refused like another owner, and not recorded as a waiter,
 --         because the same owner id may be in use by another client or process
 -- ARGV[10] shared: 1 a reader's attempt, 0 a writer's (or a mutex's)
--- ARGV[11] the grant's value (any bytes, not empty); absent for none
+-- ARGV[11] the number the client gave the wait, recorded with a writer's place so
+--          that a release can hand it the lock (wake.lua's handOff); 0 for none
+-- ARGV[12] the number the client gave this attempt, recorded with the place
+-- ARGV[13] the grant's value (any bytes, not empty); absent for none
 --
 -- A writer is granted when the node has neither a lock value nor a live reader
 -- (while readers hold, the lock key holds lib.lua's READERS). A reader is granted
 -- when the node has no lock value and no live writer waits ahead of it (every live
 -- writer in the wait set when the reader is not in it), so a stream of readers
--- cannot pass a queued writer. A waiter's key holds its channel, followed by " r"
--- for a reader (see wake.lua).
+-- cannot pass a queued writer. A waiter's key is described in lib.lua.
+--
+-- A writer's waiting attempt of the wait a release handed the lock to (the HANDED
+-- mark names its channel and WID) claims it: the handed grant is taken as a free
+-- lock and granted afresh (with the attempt's proposal, TTL and value), so that an
+-- attempt that fails gives it back like any fresh grant.
 --
 -- Returns {status, counter, x[, rank]}:
 --   {FRESH, c, p}      the lock was free and is now the owner's; c is the counter
@@ -44,7 +51,7 @@
 local lockKey, fenceKey, waitKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, proposal, wait = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local patience, waiterPrefix, channel, since, reenter = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local shared, val = ARGV[10] == '1', ARGV[11]
+local shared, wid, seq, val = ARGV[10] == '1', ARGV[11], ARGV[12], ARGV[13]
 local HELD, FRESH, REENTRY = 0, 1, 2
 local NOT_QUEUED = -1
 
@@ -64,13 +71,9 @@ end
 -- held records the owner as a waiter if it waits, and returns HELD.
 local function held(pttl)
   if wait ~= '0' then
-    local kind = channel
-    if shared then kind = channel .. ' r' end
-    redis.call('SET', waiterPrefix .. owner, kind, 'PX', patience)
-    redis.call('ZADD', waitKey, 'NX', since, owner)
-    if redis.call('PTTL', waitKey) < tonumber(patience) then
-      redis.call('PEXPIRE', waitKey, patience)
-    end
+    local e = channel .. ' r'
+    if not shared then e = writerEntry(channel, wid, seq, ttl, val) end
+    enqueue(waitKey, waiterPrefix .. owner, owner, since, patience, e)
   end
   return {HELD, counter(), pttl, redis.call('ZRANK', waitKey, owner) or NOT_QUEUED}
 end
@@ -82,8 +85,8 @@ local function writerAhead()
   while true do
     local w = redis.call('ZRANGE', waitKey, i, i)[1]
     if not w or w == owner then return false end
-    local ch = redis.call('GET', waiterPrefix .. w)
-    if ch and string.sub(ch, -2) ~= ' r' then return true end
+    local e = redis.call('GET', waiterPrefix .. w)
+    if e and not select(2, waiterEntry(e)) then return true end
     i = i + 1
   end
 end
@@ -143,6 +146,10 @@ if not v then
   return {REENTRY, fence(fenceKey), tonumber(t)}
 end
 local h, t, old = parts(v)
+if h == owner and not shared and wid ~= '0' and redis.call('GET', lockKey .. HANDED) == channel .. ' ' .. wid then
+  redis.call('DEL', lockKey, lockKey .. HANDED)
+  return grant()
+end
 if h == owner and (reenter ~= '1' or shared) then
   return {HELD, counter(), redis.call('PTTL', lockKey), NOT_QUEUED}
 end

@@ -16,7 +16,7 @@ local v, marked = lockValue(lockKey)
 local n = 0
 if marked then n = readers(lockKey, readKey, readData) end
 if not v and n == 0 then return NONE end
-redis.call('DEL', lockKey, readKey, readData)
+redis.call('DEL', lockKey, readKey, readData, lockKey .. HANDED)
 redis.call('PUBLISH', lockKey .. HOLDER, '')
 if redis.call('EXISTS', waitKey) == 1 then wake(waitKey, waiterPrefix, nonce, name, fenceKey) end
 return DELETED

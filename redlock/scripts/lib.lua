@@ -5,7 +5,11 @@
 -- grant's fencing token once it is known ("0" before, when a value follows), and
 -- the grant's value (any bytes, the rest of the string) if it has one. Owner ids
 -- never contain a space, nor tokens, so the split is unambiguous.
--- SEP separates the parts; HOLDER ends the lock key to name the holder channel.
+-- SEP separates the parts; HOLDER ends the lock key to name the holder channel;
+-- HANDED ends it to name the key that marks a grant a release handed to a queued
+-- writer (see wake.lua's handOff): "CHANNEL WID" of the waiter's place, with the
+-- lock's TTL as the handoff set it, so that that wait, and only it, may claim the
+-- grant with an attempt or give it back.
 -- fence(fenceKey) returns this node's counter; a missing counter (a new key, or a
 -- node that restarted without its data) starts from the server clock in
 -- microseconds, so that it is very likely above every token issued before the loss
@@ -26,8 +30,20 @@
 -- none); putReader(lk, rk, dk, owner, ttl, data) records or extends a reader and the
 -- marker; readerTok(dk, owner) returns a live reader's token as written and its
 -- value (nil when it is not a reader here; call readers first).
+--
+-- A waiter key holds "CHANNEL r" for a reader, and "CHANNEL WID SEQ TTL" or
+-- "CHANNEL WID SEQ TTL VALUE" for a writer: its client's wake-up channel, the
+-- number its client gave the wait (unique in the client) and the attempt that wrote
+-- it, the TTL in ms and the value of the grant it asks for (a writer's "CHANNEL"
+-- alone, or WID 0, asks for no handoff: it is woken). waiterEntry(e) returns the
+-- channel, whether it is a reader's, and a writer's WID, SEQ, TTL and value (nil
+-- when absent); writerEntry(ch, wid, seq, ttl, val) makes a writer's.
+-- enqueue(waitKey, waiterKey, owner, since, patience, e) records or renews a place:
+-- the owner in the wait set scored since (kept if there), its waiter key e, both
+-- lasting patience ms at least.
 local SEP = ' '
 local HOLDER = '\31holder'
+local HANDED = '\31handed'
 local READERS = '\31readers'
 local MICROS_PER_SECOND = 1000000
 
@@ -109,4 +125,27 @@ end
 local function readerData(t, val)
   if val then return t .. SEP .. val end
   return t
+end
+
+local function waiterEntry(e)
+  local ch = string.match(e, '^(%S+) r$')
+  if ch then return ch, true end
+  local c, wid, seq, ttl, val = string.match(e, '^(%S+) (%d+) (%d+) (%d+) ?(.*)$')
+  if not c then return e, false end
+  if val == '' then val = nil end
+  return c, false, wid, seq, ttl, val
+end
+
+local function writerEntry(ch, wid, seq, ttl, val)
+  local e = ch .. ' ' .. wid .. ' ' .. seq .. ' ' .. ttl
+  if val then e = e .. ' ' .. val end
+  return e
+end
+
+local function enqueue(waitKey, waiterKey, owner, since, patience, e)
+  redis.call('SET', waiterKey, e, 'PX', patience)
+  redis.call('ZADD', waitKey, 'NX', since, owner)
+  if redis.call('PTTL', waitKey) < tonumber(patience) then
+    redis.call('PEXPIRE', waitKey, patience)
+  end
 end
