@@ -139,6 +139,10 @@
 // keeps its place on the nodes it gives back, which are then handed to the oldest
 // waiter there, perhaps itself. A waiter whose process dies after a release handed
 // it the lock holds that lock until its TTL lapses, as a holder that dies does.
+// Clients of earlier versions and of this one can share nodes during an upgrade:
+// an earlier client's place is woken, not handed the lock; an earlier client's
+// release cannot reach this version's waiters, which then wait for their fallback
+// timer, so upgrade every client of a key before relying on the handoff's speed.
 //
 // A waiter that is woken (a reader, or a waiter of an older client) but beaten to
 // the key by a newcomer stays first in line; a client that just woke a waiter makes
