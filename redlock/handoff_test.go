@@ -1,6 +1,7 @@
 package redlock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -148,6 +149,36 @@ func TestHandoff(t *testing.T) {
 			}
 			return true
 		})
+	})
+
+	t.Run("Value", func(t *testing.T) {
+		// The value travels with the place, whatever its bytes.
+		const key = "value"
+		if _, err := bh.Acquire(ctx, driver.Request{Key: key, Owner: "h", TTL: 30 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+		val := []byte("a b\n 7 8 r\x00\xff ")
+		req := handoffReq(key, "w")
+		req.Value = val
+		w := queue(t, ctx, bw, req)
+		if err := bh.Release(ctx, key, "h"); err != nil {
+			t.Fatal(err)
+		}
+		handed(t, bw, key, "w", 5)
+		got, err := bw.Acquire(ctx, req)
+		if err != nil || got.Age <= 0 {
+			t.Fatalf("handed grant with a value: %+v, %v", got, err)
+		}
+		info, err := bh.Inspect(ctx, key)
+		if err != nil || info.Owner != "w" || info.Token != got.Token || !bytes.Equal(info.Value, val) {
+			t.Fatalf("Inspect = %+v (value %q), %v; want w, token %d, value %q", info, info.Value, err, got.Token, val)
+		}
+		if err := w.Stop(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := bw.Release(ctx, key, "w"); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("StopGivesBack", func(t *testing.T) {
