@@ -233,7 +233,7 @@ func (a *attempt) late(i int, v acqReply, err error) {
 		fallthrough
 	default:
 		if ok && req.Wait {
-			_ = b.withdrawOn(ctx, n, req.Key, req.Owner, b.newNonce(), "")
+			_ = b.withdrawOn(ctx, n, req.Key, req.Owner, b.newNonce(), "", false)
 		}
 	}
 }

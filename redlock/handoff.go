@@ -38,13 +38,25 @@ import (
 // majority's attempts was sent, so the core's lease ends before any of those nodes
 // lets another holder in.
 //
+// What makes a recorded copy trustworthy: a grant handed to a wait leaves its node
+// only by the TTL (Age covers it), by a force release, or by this wait's own calls:
+// an attempt (which claims it as a free lock, or gives back what it claimed), or the
+// withdrawal when the wait stops. An attempt clears the copies before it is sent and
+// drops those of earlier attempts (below), and a stopped wait has no copies to use;
+// so the copies takeHanded finds were all handed after the wait's latest attempt
+// ran on their nodes, and are still there unless the TTL or an operator removed
+// them.
+//
 // Stale copies: a copy of an attempt older than the wait's latest is dropped (the
 // latest attempt may have claimed, and given back, the grant it announces); an
 // attempt clears the copies recorded before it. Dropping a copy is always safe:
 // the grant it announces is claimed by the next attempt, or given back when the
 // wait stops (withdraw.lua, with the wait's mark), so a waiter that gives up leaves
-// nothing behind, even a grant still on its way to it. A waiter whose process dies
-// holds a handed grant until its TTL lapses, as a holder that dies does.
+// nothing behind, even a grant still on its way to it. When the withdrawal cannot
+// reach a node, it is tried again in the background while the place may live there
+// (retryWithdraw), and a copy that reaches a client whose wait is over, and which
+// does not hold the key, is given back at once (handedCopy). A waiter whose process
+// dies holds a handed grant until its TTL lapses, as a holder that dies does.
 
 // handoffDelay is wakeDelay for a release that handed the lock to the waiter on
 // some node: how long it waits for copies from a majority of nodes before its next
@@ -91,26 +103,36 @@ func (w *waiter) mark() string {
 	return w.b.wakeCh + " " + strconv.FormatUint(w.id, 10)
 }
 
-// handedCopy handles node n's copy of a handoff, "NONCE OWNER TOKEN SEQ TTL KEY"
+// handedCopy handles node n's copy of a handoff, "NONCE OWNER TOKEN SEQ TTL WID KEY"
 // (the leading "+" taken off).
 func (b *Backend) handedCopy(n *node, p string) {
-	f := strings.SplitN(p, " ", 6)
-	if len(f) != 6 {
+	f := strings.SplitN(p, " ", 7)
+	if len(f) != 7 {
 		return
 	}
-	nonce, owner, key := f[0], f[1], f[5]
+	nonce, owner, key := f[0], f[1], f[6]
 	token, err1 := strconv.ParseUint(f[2], 10, 64)
 	seq, err2 := strconv.ParseUint(f[3], 10, 64)
 	ttl, err3 := strconv.ParseInt(f[4], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil {
+	wid, err4 := strconv.ParseUint(f[5], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
 		return
 	}
 	b.saw(key, token)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	w := b.waiters[driver.Holder{Key: key, Owner: owner}]
-	if w == nil {
-		return // stopped: its withdrawal gives the grant back, or it holds the key
+	h := driver.Holder{Key: key, Owner: owner}
+	w := b.waiters[h]
+	if w == nil || w.id != wid {
+		// The wait is over. Unless it got the key (then a grant handed to it
+		// here too is the owner's, and its release frees it), the grant goes
+		// back at once: the wait's withdrawal may not have reached this node,
+		// and the lock would stay with a place no one waits on for its TTL.
+		if _, held := b.grants[h]; !held && !b.closed {
+			mark := b.wakeCh + " " + strconv.FormatUint(wid, 10)
+			b.bg.Go(func() { _, _ = b.withdraw(context.Background(), key, owner, []int{n.idx}, mark, true) })
+		}
+		return
 	}
 	if seq < w.last {
 		return // stale (see above); the latest attempt is under way or done

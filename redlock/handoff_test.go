@@ -12,7 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dlockio/dlock"
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
 	"github.com/dlockio/dlock/redlock"
 )
@@ -414,4 +416,47 @@ func scriptCalls(t *testing.T, ctx context.Context, c *redis.Client) int64 {
 		}
 	}
 	return 0
+}
+
+// A waiter that gives up while some nodes cannot be reached leaves nothing there
+// for long: its client withdraws it again once they answer, and gives back a grant
+// a release handed to its place meanwhile. Without that, a release on those nodes
+// handed the lock to a place no one waited on, and the key stayed locked for the
+// place's TTL. (Found by review.)
+func TestHandoffDeadPlace(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 3)
+	u := testserver.RedlockURL(nodes, "node_timeout=200ms")
+	ctx := ctxT(t)
+	hc, wc, zc := client(t, u), client(t, u), client(t, u)
+	const ttl = 30 * time.Second
+	h := drivertest.MustLock(t, ctx, hc, "dead", dlock.WithTTL(ttl))
+	queued := make(chan struct{}, 1)
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := wc.Lock(wctx, "dead", dlock.WithTTL(ttl), dlock.WithQueueReport(func(int) {
+			select {
+			case queued <- struct{}{}:
+			default:
+			}
+		}))
+		done <- err
+	}()
+	<-queued
+	nodes[1].Pause()
+	nodes[2].Pause()
+	wcancel() // its withdrawal cannot reach nodes 1 and 2
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("waiter: %v, want Canceled", err)
+	}
+	nodes[1].Resume()
+	nodes[2].Resume()
+	drivertest.MustRelease(t, ctx, h)
+	zctx, cancel := context.WithTimeout(ctx, 10*time.Second) // a third of the TTL
+	defer cancel()
+	z, err := zc.Lock(zctx, "dead", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("lock after the waiter left and the holder released: %v (the key stayed with the waiter's place)", err)
+	}
+	drivertest.MustRelease(t, ctx, z)
 }

@@ -37,7 +37,7 @@ package redlock
 //
 // A client's wake-up channel is P:wake:ID; a release publishes "NONCE OWNER
 // COUNTER K" on the channel of the waiter it wakes (COUNTER: the node's fencing
-// counter), or "+NONCE OWNER TOKEN SEQ TTL K" on the channel of the writer it
+// counter), or "+NONCE OWNER TOKEN SEQ TTL WID K" on the channel of the writer it
 // hands the lock to (see handoff.go). A lock's holder channel is its lock key, the
 // byte 0x1f and "holder" (lib.lua's HOLDER; Redis keeps channels apart from keys):
 // every script that changes the lock on a node (grant with its token, token

@@ -66,6 +66,7 @@ type waiter struct {
 	checked  time.Time           // when an attempt last found the waiter queued behind others
 	ahead    int                 // the places ahead of it then
 	woken    uint64              // how often signal was called
+	keep     time.Duration       // how long its places and handed grants may last
 }
 
 // recheck bounds how long the attempts of a waiter that is queued behind others on
@@ -158,6 +159,9 @@ func (b *Backend) waitArgs(req driver.Request) waitArgs {
 	if !req.Shared {
 		wa.wid, wa.seq = w.id, w.attempt()
 	}
+	// A place lasts its patience and recheck from this attempt (see phaseOne);
+	// a grant handed to it, its TTL from the handoff.
+	w.keep = max(w.keep, req.Patience+recheck+req.TTL)
 	return wa
 }
 
@@ -399,8 +403,15 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		return nil
 	}
 	// With the wait's mark, so that a grant handed to it is given back and
-	// handed on.
-	if err := b.withdraw(ctx, w.key, w.owner, b.all(), w.mark()); err != nil {
+	// handed on. Nodes that could not be reached are tried again in the
+	// background while the place or a grant handed to it may live there: a
+	// release there would hand the lock to a place no one waits on, for the
+	// place's TTL.
+	failed, err := b.withdraw(ctx, w.key, w.owner, b.all(), w.mark(), false)
+	if len(failed) > 0 {
+		b.retryWithdraw(w.key, w.owner, failed, w.mark(), w.keep)
+	}
+	if err != nil {
 		return fmt.Errorf("redlock: withdraw waiter %q: %w", w.key, err)
 	}
 	return nil
@@ -411,18 +422,29 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 // (see withdraw.lua), with one nonce for every node. mark, when not empty, names
 // the wait ("CHANNEL WID") whose handed grants are given back too; a waiter that got
 // the lock passes none: a grant handed to it on another node is its own (its
-// release frees it).
-func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int, mark string) error {
+// release frees it). With handedOnly, only such a grant is given back, and places
+// are left alone. It returns the nodes that failed, and their errors.
+func (b *Backend) withdraw(ctx context.Context, key, owner string, idx []int, mark string, handedOnly bool) ([]int, error) {
 	nonce := b.newNonce()
 	r := fanoutFor(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (int64, error) {
-		return 0, b.withdrawOn(ctx, n, key, owner, nonce, mark)
+		return 0, b.withdrawOn(ctx, n, key, owner, nonce, mark, handedOnly)
 	})
-	return b.nodeErrors(r.errs)
+	var failed []int
+	for _, i := range idx {
+		if r.errs[i] != nil {
+			failed = append(failed, i)
+		}
+	}
+	return failed, b.nodeErrors(r.errs)
 }
 
 // withdrawOn removes owner's place from the wait set of node n (see withdraw).
-func (b *Backend) withdrawOn(ctx context.Context, n *node, key, owner, nonce, mark string) error {
-	return withdrawScript.Run(ctx, n.rdb, b.withdrawKeys(key), owner, b.waiterPrefix(key), nonce, key, mark).Err()
+func (b *Backend) withdrawOn(ctx context.Context, n *node, key, owner, nonce, mark string, handedOnly bool) error {
+	only := "0"
+	if handedOnly {
+		only = "1"
+	}
+	return withdrawScript.Run(ctx, n.rdb, b.withdrawKeys(key), owner, b.waiterPrefix(key), nonce, key, mark, only).Err()
 }
 
 // withdrawAsync is withdraw in the background, without a mark; Close waits for it.
@@ -432,5 +454,38 @@ func (b *Backend) withdrawAsync(key, owner string, idx []int) {
 	if b.closed {
 		return
 	}
-	b.bg.Go(func() { _ = b.withdraw(context.Background(), key, owner, idx, "") })
+	b.bg.Go(func() { _, _ = b.withdraw(context.Background(), key, owner, idx, "", false) })
+}
+
+// Bounds of retryWithdraw's backoff.
+const (
+	retryWithdrawMin = 25 * time.Millisecond
+	retryWithdrawMax = time.Second
+)
+
+// retryWithdraw withdraws a stopped wait from the nodes idx, which its Stop could
+// not reach, in the background: again and again, with a growing pause, until every
+// one of them answered, keep has passed (by then its place and any grant handed to
+// it have lapsed) or the backend closes.
+func (b *Backend) retryWithdraw(key, owner string, idx []int, mark string, keep time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	deadline := time.Now().Add(keep)
+	b.bg.Go(func() {
+		pause := retryWithdrawMin
+		for len(idx) > 0 && time.Now().Before(deadline) {
+			t := time.NewTimer(pause)
+			select {
+			case <-b.closing:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			idx, _ = b.withdraw(context.Background(), key, owner, idx, mark, false)
+			pause = min(2*pause, retryWithdrawMax)
+		}
+	})
 }

@@ -134,7 +134,8 @@
 // waiter's Lock returns without another request: a handoff costs one round, the
 // release's (handoff.go has the details and the token's argument). A waiter that
 // gives up gives back a grant handed to it, even one still on its way, and it goes
-// to the next waiter; a waiter that got grants on too few nodes claims them with an
+// to the next waiter (its client tries again, in the background, the nodes it could
+// not reach then, and gives back a grant any of them hands it later); a waiter that got grants on too few nodes claims them with an
 // attempt, which gives them back if it fails; a failed attempt of a queued writer
 // keeps its place on the nodes it gives back, which are then handed to the oldest
 // waiter there, perhaps itself. A waiter whose process dies after a release handed

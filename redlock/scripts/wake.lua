@@ -20,7 +20,7 @@
 -- above 0) is granted the lock here and then: the node draws its token (counter +
 -- 1, as for a reader), sets the lock value with the place's TTL and value and the
 -- HANDED mark "CHANNEL WID", removes the place, and publishes "+NONCE OWNER
--- TOKEN SEQ TTL NAME" on its channel (and on the holder channel). Its client
+-- TOKEN SEQ TTL WID NAME" on its channel (and on the holder channel). Its client
 -- returns the grant without asking again when copies from a majority of nodes carry
 -- one token (see handoff.go). Returns the owner woken, "+" and the owner granted,
 -- or nil.
@@ -46,7 +46,7 @@ local function wake(waitKey, waiterPrefix, nonce, name, fenceKey, readersOnly, l
         redis.call('ZREM', waitKey, w)
         redis.call('DEL', waiterPrefix .. w)
         redis.call('PUBLISH', lockKey .. HOLDER, '')
-        redis.call('PUBLISH', ch, '+' .. nonce .. ' ' .. w .. ' ' .. t .. ' ' .. seq .. ' ' .. ttl .. ' ' .. name)
+        redis.call('PUBLISH', ch, '+' .. nonce .. ' ' .. w .. ' ' .. t .. ' ' .. seq .. ' ' .. ttl .. ' ' .. wid .. ' ' .. name)
         return '+' .. w
       end
       c = c or redis.call('GET', fenceKey) or '0'

@@ -12,14 +12,19 @@
 -- KEYS[4] readers, KEYS[5] readers' tokens and values.
 -- ARGV[1] owner, ARGV[2] waiter key prefix, ARGV[3] nonce (the same on every node
 -- for one withdrawal), ARGV[4] the lock name, ARGV[5] the waiter's client channel
--- and the number its client gave the wait ("CHANNEL WID").
+-- and the number its client gave the wait ("CHANNEL WID"), ARGV[6] 1 to give back a
+-- grant handed to that wait and leave the owner's place alone (a copy of a handoff
+-- to a wait that is over: the owner id may wait again, with a new place), else 0.
 --
 -- Returns 1, or 2 when it gave back a grant handed to the waiter.
 local waitKey, lockKey, fenceKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local owner, waiterPrefix, nonce, name, mark = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local owner, waiterPrefix, nonce, name, mark, handedOnly = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6] == '1'
 
-redis.call('ZREM', waitKey, owner)
-local e = redis.call('GETDEL', waiterPrefix .. owner)
+local e
+if not handedOnly then
+  redis.call('ZREM', waitKey, owner)
+  e = redis.call('GETDEL', waiterPrefix .. owner)
+end
 local v = lockValue(lockKey)
 if v and holder(v) == owner and redis.call('GET', lockKey .. HANDED) == mark then
   redis.call('DEL', lockKey, lockKey .. HANDED)

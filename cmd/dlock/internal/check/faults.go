@@ -318,7 +318,13 @@ func injectDrop(ctx context.Context, r *run) error {
 	}
 	p.send(ctlLinger)
 	lockKey := "redlock:lock\x1f" + op.Key // redlock.Backend.LockKey under the default prefix
-	// Wait for the cut nodes to let the key go, then for a renewal of the lease.
+	// The holder's owner id, from a node it holds the key on.
+	owner, err := nodeHolder(forget, lockKey)
+	if err != nil {
+		return err
+	}
+	// Wait for the cut nodes to let the holder's grant go (the key free there, or
+	// handed to a queued waiter), then for a renewal of the lease.
 	deadline := time.Now().Add(3 * r.ttl)
 	free := false
 	var renewed int64
@@ -328,9 +334,9 @@ func injectDrop(ctx context.Context, r *run) error {
 			break
 		}
 		if !free {
-			free = true
+			free = owner != ""
 			for _, i := range cut {
-				if n, err := nodeExists(tg.nodes[i], lockKey); err != nil || n {
+				if h, err := nodeHolder(tg.nodes[i], lockKey); err != nil || h == owner {
 					free = false
 				}
 			}
@@ -362,11 +368,17 @@ func injectDrop(ctx context.Context, r *run) error {
 	return nil
 }
 
-func nodeExists(n *testserver.Redis, key string) (bool, error) {
+// nodeHolder returns the owner id in the Redlock lock value at key on one node
+// ("OWNER", "OWNER TOKEN" or "OWNER TOKEN VALUE"), "" when there is none.
+func nodeHolder(n *testserver.Redis, key string) (string, error) {
 	c := redis.NewClient(&redis.Options{Addr: n.Addr()})
 	defer c.Close()
-	v, err := c.Exists(context.Background(), key).Result()
-	return v > 0, err
+	v, err := c.Get(context.Background(), key).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	owner, _, _ := strings.Cut(v, " ")
+	return owner, err
 }
 
 // dropTTLKeys deletes the keys that have a TTL (the lock keys and waiter marks, not
