@@ -1,6 +1,10 @@
 package redlock
 
-import "github.com/dlockio/dlock/driver"
+import (
+	"context"
+
+	"github.com/dlockio/dlock/driver"
+)
 
 // HandedCopies returns how many nodes' copies of a handoff the wait of owner on key
 // has recorded (see handoff.go).
@@ -23,4 +27,21 @@ func (b *Backend) Subscribed() bool {
 		}
 	}
 	return true
+}
+
+// WaitMark returns the HANDED mark of the wait of owner on key ("" if none).
+func (b *Backend) WaitMark(key, owner string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w := b.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
+		return w.mark()
+	}
+	return ""
+}
+
+// WithdrawAs withdraws owner's place on key from every node as the wait of the
+// given mark does (see withdraw).
+func (b *Backend) WithdrawAs(ctx context.Context, key, owner, mark string) error {
+	_, err := b.withdraw(ctx, key, owner, b.all(), mark, false)
+	return err
 }

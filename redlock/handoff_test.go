@@ -460,3 +460,29 @@ func TestHandoffDeadPlace(t *testing.T) {
 	}
 	drivertest.MustRelease(t, ctx, z)
 }
+
+// A withdrawal tried again for a wait that is over leaves alone the place of a new
+// wait of the same owner id.
+func TestHandoffWithdrawOwnWait(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 3)
+	u := testserver.RedlockURL(nodes, testQuery)
+	ctx := ctxT(t)
+	bh, bw := open(t, u), open(t, u)
+	t.Cleanup(func() { bh.Close(); bw.Close() })
+	const key = "again"
+	if _, err := bh.Acquire(ctx, driver.Request{Key: key, Owner: "h", TTL: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	w1 := queue(t, ctx, bw, handoffReq(key, "o"))
+	old := bw.WaitMark(key, "o")
+	if err := w1.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	queue(t, ctx, bw, handoffReq(key, "o")) // the owner id waits again
+	if err := bw.WithdrawAs(ctx, key, "o", old); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := bh.Inspect(ctx, key); err != nil || info.Waiters != 1 {
+		t.Fatalf("after a withdrawal of the earlier wait: %+v, %v; want the new wait's place kept", info, err)
+	}
+}

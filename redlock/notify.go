@@ -287,7 +287,7 @@ func (b *Backend) subscriptionDown(n *node) {
 // fencing counter) is recorded, so that the waiter's attempt proposes a token above
 // the holder's and settles it in its one round.
 //
-// A handoff's copy ("+NONCE OWNER TOKEN SEQ TTL KEY") is counted the same way, once
+// A handoff's copy ("+NONCE OWNER TOKEN SEQ TTL WID KEY") is counted the same way, once
 // recorded with the waiter (see handed), so that its next attempt can return the
 // grant without a request.
 func (b *Backend) wake(n *node, payload string) {
@@ -397,7 +397,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	if b.waiters[driver.Holder{Key: w.key, Owner: w.owner}] == w {
 		delete(b.waiters, driver.Holder{Key: w.key, Owner: w.owner})
 	}
-	queued := w.queued
+	queued, keep := w.queued, w.keep
 	b.mu.Unlock()
 	if acquired || !queued {
 		return nil
@@ -409,7 +409,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	// place's TTL.
 	failed, err := b.withdraw(ctx, w.key, w.owner, b.all(), w.mark(), false)
 	if len(failed) > 0 {
-		b.retryWithdraw(w.key, w.owner, failed, w.mark(), w.keep)
+		b.retryWithdraw(w.key, w.owner, failed, w.mark(), keep)
 	}
 	if err != nil {
 		return fmt.Errorf("redlock: withdraw waiter %q: %w", w.key, err)

@@ -12,9 +12,11 @@
 -- KEYS[4] readers, KEYS[5] readers' tokens and values.
 -- ARGV[1] owner, ARGV[2] waiter key prefix, ARGV[3] nonce (the same on every node
 -- for one withdrawal), ARGV[4] the lock name, ARGV[5] the waiter's client channel
--- and the number its client gave the wait ("CHANNEL WID"), ARGV[6] 1 to give back a
--- grant handed to that wait and leave the owner's place alone (a copy of a handoff
--- to a wait that is over: the owner id may wait again, with a new place), else 0.
+-- and the number its client gave the wait ("CHANNEL WID": a writer's place made by
+-- another wait of the owner id is then left alone), or empty (the place, whatever
+-- wait made it), ARGV[6] 1 to give back a grant handed to that wait and leave the
+-- owner's place alone (a copy of a handoff to a wait that is over: the owner id may
+-- wait again, with a new place), else 0.
 --
 -- Returns 1, or 2 when it gave back a grant handed to the waiter.
 local waitKey, lockKey, fenceKey, readKey, readData = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -22,8 +24,15 @@ local owner, waiterPrefix, nonce, name, mark, handedOnly = ARGV[1], ARGV[2], ARG
 
 local e
 if not handedOnly then
-  redis.call('ZREM', waitKey, owner)
-  e = redis.call('GETDEL', waiterPrefix .. owner)
+  e = redis.call('GET', waiterPrefix .. owner)
+  local ch, reader, wid
+  if e then ch, reader, wid = waiterEntry(e) end
+  if e and mark ~= '' and not reader and wid and wid ~= '0' and ch .. ' ' .. wid ~= mark then
+    e = nil -- the place of another wait of the owner id (it waits again): left alone
+  else
+    redis.call('ZREM', waitKey, owner)
+    redis.call('DEL', waiterPrefix .. owner)
+  end
 end
 local v = lockValue(lockKey)
 if v and holder(v) == owner and redis.call('GET', lockKey .. HANDED) == mark then
