@@ -52,6 +52,7 @@ type attempt struct {
 	// waiter's place (and is handed to the oldest waiter) on that node.
 	requeue []any
 	woken   uint64 // the wait's wake-ups when phase one was sent (see queued)
+	wid     uint64 // the wait's number (see handoff.go), 0 for none
 	r       results[acqReply]
 	// outcome, when phase one returned early (see race), carries whether the
 	// attempt succeeded to the handling of the late replies.
@@ -124,7 +125,7 @@ func (b *Backend) answerLocally(req driver.Request) error {
 func (a *attempt) phaseOne(ctx context.Context) {
 	b, req := a.b, a.req
 	wa := b.waitArgs(req)
-	a.woken = wa.woken
+	a.woken, a.wid = wa.woken, wa.wid
 	wait, since, wid, seq := wa.wait, wa.since, wa.wid, wa.seq
 	ttl, patience, prefix := ms(req.TTL), ms(req.Patience), b.waiterPrefix(req.Key)
 	if req.Wait {
@@ -362,7 +363,7 @@ func (a *attempt) withdrawElsewhere() {
 			rest = append(rest, i)
 		}
 	}
-	a.b.withdrawAsync(a.req.Key, a.req.Owner, rest)
+	a.b.withdrawAsync(a.req.Key, a.req.Owner, rest, a.wid, a.req.Patience+recheck+a.req.TTL)
 }
 
 // commit offers token t to the granting nodes until a majority accepts one, within

@@ -186,8 +186,9 @@ func (b *Backend) takeHanded(req driver.Request) (driver.Grant, bool) {
 	b.mu.Lock()
 	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
 	var hs map[int]handedGrant
+	var wid uint64
 	if w != nil {
-		hs, w.handed = w.handed, nil
+		hs, w.handed, wid = w.handed, nil, w.id
 	}
 	b.mu.Unlock()
 	if len(hs) < b.quorum {
@@ -217,7 +218,7 @@ func (b *Backend) takeHanded(req driver.Request) (driver.Grant, bool) {
 		}
 	}
 	if len(rest) > 0 {
-		b.withdrawAsync(req.Key, req.Owner, rest)
+		b.withdrawAsync(req.Key, req.Owner, rest, wid, req.Patience+recheck+req.TTL)
 	}
 	return driver.Grant{Token: token, Age: time.Since(oldest)}, true
 }

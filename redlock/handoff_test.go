@@ -486,3 +486,42 @@ func TestHandoffWithdrawOwnWait(t *testing.T) {
 		t.Fatalf("after a withdrawal of the earlier wait: %+v, %v; want the new wait's place kept", info, err)
 	}
 }
+
+// A waiter that got the lock while a node could not be reached does not leave its
+// place there once the node is back: its client withdraws it again. A writer's
+// place left behind kept every reader out of that node until it lapsed, patience
+// and 15 s later. (Found by review; older than the handoff.)
+func TestHandoffGrantedWithdrawsLater(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 3)
+	u := testserver.RedlockURL(nodes, "node_timeout=200ms")
+	raw := rawClients(t, nodes)
+	ctx := ctxT(t)
+	bh, bw := open(t, u), open(t, u)
+	t.Cleanup(func() { bh.Close(); bw.Close() })
+	const key = "later"
+	if _, err := bh.Acquire(ctx, driver.Request{Key: key, Owner: "h", TTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	req := handoffReq(key, "w")
+	w := queue(t, ctx, bw, req)
+	nodes[2].Pause()
+	if err := bh.Release(ctx, key, "h"); err != nil {
+		t.Fatal(err)
+	}
+	handed(t, bw, key, "w", 2)
+	if _, err := bw.Acquire(ctx, req); err != nil {
+		t.Fatalf("handed grant on 2 of 3 nodes: %v", err)
+	}
+	if err := w.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := bw.Release(ctx, key, "w"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the withdrawal times out on node 2
+	nodes[2].Resume()
+	eventually(t, "the place on node 2 withdrawn", func() bool {
+		n, err := raw[2].Exists(ctx, waiterKey(key, "w")).Result()
+		return err == nil && n == 0
+	})
+}

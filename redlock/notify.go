@@ -447,14 +447,23 @@ func (b *Backend) withdrawOn(ctx context.Context, n *node, key, owner, nonce, ma
 	return withdrawScript.Run(ctx, n.rdb, b.withdrawKeys(key), owner, b.waiterPrefix(key), nonce, key, mark, only).Err()
 }
 
-// withdrawAsync is withdraw in the background, without a mark; Close waits for it.
-func (b *Backend) withdrawAsync(key, owner string, idx []int) {
+// withdrawAsync is withdraw in the background, without a mark, for wait wid of
+// owner, which got the lock; Close waits for it. Nodes it cannot reach are tried
+// again (retryWithdraw, for keep at most) with the wait's mark, so that a place of
+// a later wait of the owner id is left alone: a writer's place left behind would
+// keep every reader out there, and be handed the lock, until it lapsed.
+func (b *Backend) withdrawAsync(key, owner string, idx []int, wid uint64, keep time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return
 	}
-	b.bg.Go(func() { _, _ = b.withdraw(context.Background(), key, owner, idx, "", false) })
+	b.bg.Go(func() {
+		failed, _ := b.withdraw(context.Background(), key, owner, idx, "", false)
+		if len(failed) > 0 {
+			b.retryWithdraw(key, owner, failed, b.wakeCh+" "+strconv.FormatUint(wid, 10), keep)
+		}
+	})
 }
 
 // Bounds of retryWithdraw's backoff.

@@ -157,6 +157,17 @@ func TestReadWrite(t *testing.T) {
 			wDone <- err
 		}()
 		waitWaiters(t, ctx, inspector, "withdraw", 1)
+		// Inspect counts the waiters of the node that knows most: wait until the
+		// writer is queued on every node, or the reader may be granted on a
+		// majority its attempt reaches first (Redlock is not FIFO).
+		for _, c := range rawClients(t, nodes) {
+			for n := int64(0); n == 0; time.Sleep(time.Millisecond) {
+				var err error
+				if n, err = c.ZCard(ctx, waitSetKey("withdraw")).Result(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 		r2Ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		got := make(chan *dlock.Lease, 1)
