@@ -3,6 +3,7 @@ package redlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -160,13 +161,11 @@ func TestReadWrite(t *testing.T) {
 		// Inspect counts the waiters of the node that knows most: wait until the
 		// writer is queued on every node, or the reader may be granted on a
 		// majority its attempt reaches first (Redlock is not FIFO).
-		for _, c := range rawClients(t, nodes) {
-			for n := int64(0); n == 0; time.Sleep(time.Millisecond) {
-				var err error
-				if n, err = c.ZCard(ctx, waitSetKey("withdraw")).Result(); err != nil {
-					t.Fatal(err)
-				}
-			}
+		for i, c := range rawClients(t, nodes) {
+			eventually(t, fmt.Sprintf("the writer queued on node %d", i), func() bool {
+				n, err := c.ZCard(ctx, waitSetKey("withdraw")).Result()
+				return err == nil && n > 0
+			})
 		}
 		r2Ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
