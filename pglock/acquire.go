@@ -106,8 +106,10 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, seq int64) (d
 	if req.Wait {
 		place = b.lst.place(req.Key, req.Owner)
 	}
-	if place == "" {
-		// No row: the key is free, and a plain INSERT takes it.
+	if place == "" && !(req.Wait && b.contended(req.Key)) {
+		// No row: the key is free, and a plain INSERT takes it. (A waiting
+		// attempt on a key this client just handed to a waiter goes straight to
+		// the full statement below, which also takes a free key.)
 		var token int64
 		err := retry(ctx, func() error {
 			// A new batch for each try: pgx keeps in a sent batch the statement

@@ -103,7 +103,10 @@
 // Otherwise a caller that will wait takes its place at the end of the key's queue (a
 // place row), locking the key's row and marking it (queue_owner). A waiter already
 // queued skips the INSERT, and while its client is alive its later attempts only
-// read: they write only to take the lock.
+// read: they write only to take the lock. So does a waiting Lock of a key its
+// client handed to a waiter less than 20 ms before (the key was held and waited
+// for a moment ago, so the INSERT would most likely be refused; the one statement
+// takes a free key as well).
 // A token is drawn from the sequence only once the row is the caller's: an update
 // draws it after locking (or compare-and-setting) the row, an insert is followed, in
 // the same transaction and round trip, by an UPDATE that draws it. (An INSERT
@@ -436,6 +439,7 @@ package pglock
 import (
 	"context"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -486,6 +490,20 @@ type Backend struct {
 	// permits, so that Refresh, Release and SetValue try the permit table first
 	// for them (and the lock table first for every other).
 	grants permits.Set
+	// handedOn is when this client last handed a mutex key to a waiter (key ->
+	// time.Time), see contended.
+	handedOn sync.Map
+}
+
+// contendedFor is how long after this client handed a key on to a waiter its next
+// waiting Lock of the key skips the plain INSERT, which would most likely be
+// refused: the key was held and waited for a moment ago. (A variable for tests.)
+var contendedFor = 20 * time.Millisecond
+
+// contended reports whether this client handed key on to a waiter lately.
+func (b *Backend) contended(key string) bool {
+	t, ok := b.handedOn.Load(key)
+	return ok && time.Since(t.(time.Time)) < contendedFor
 }
 
 var (

@@ -125,6 +125,76 @@ func TestPostgres(t *testing.T) {
 	t.Run("ConnectionLoss", func(t *testing.T) { testConnectionLoss(t, srv) })
 	t.Run("LoginRevoked", func(t *testing.T) { testLoginRevoked(t, srv) })
 	t.Run("TokenDrawnAfterInsert", func(t *testing.T) { testTokenDrawnAfterInsert(t, srv) })
+	t.Run("RelockAfterHandoff", func(t *testing.T) { testRelockAfterHandoff(t, srv) })
+}
+
+// A client that just handed a key to a waiter sends its next waiting Lock of the key
+// straight to the full statement (no plain INSERT first): that statement must take
+// the key when it is free again, with a token above the waiter's, and queue behind
+// a holder.
+func testRelockAfterHandoff(t *testing.T, srv *testserver.Postgres) {
+	defer pglock.SetContendedFor(time.Minute)()
+	ctx := context.Background()
+	h := harness(t, srv)
+	a, b := h.Client(t), h.Client(t)
+	ab := a.Backend().(*pglock.Backend)
+	key := drivertest.Key(t, "k")
+	lock := func(c *dlock.Client) <-chan *dlock.Lease {
+		got := make(chan *dlock.Lease, 1)
+		go func() {
+			l, err := c.Lock(ctx, key)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+		return got
+	}
+	// handOff has holder release key to waiter's queued Lock and returns the
+	// waiter's lease.
+	handOff := func(holder *dlock.Lease, hc, waiter *dlock.Client) *dlock.Lease {
+		t.Helper()
+		got := lock(waiter)
+		waitQueued(t, hc, key, 1)
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l := <-got
+		if l == nil {
+			t.FailNow()
+		}
+		if l.Token() <= holder.Token() {
+			t.Fatalf("token %d after %d", l.Token(), holder.Token())
+		}
+		return l
+	}
+	la, err := a.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ab.Contended(key) {
+		t.Fatal("contended before any handoff")
+	}
+	lb := handOff(la, a, b)
+	if !ab.Contended(key) {
+		t.Fatal("not contended after handing the key to a waiter")
+	}
+	if err := lb.Release(ctx); err != nil { // no one waits: the key is free
+		t.Fatal(err)
+	}
+	la, err = a.Lock(ctx, key)
+	if err != nil {
+		t.Fatalf("Lock of the free key right after a handoff: %v", err)
+	}
+	if la.Token() <= lb.Token() {
+		t.Fatalf("token %d after %d", la.Token(), lb.Token())
+	}
+	// a hands it on again, and its next Lock queues behind b.
+	lb = handOff(la, a, b)
+	la = handOff(lb, b, a)
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // An INSERT computes its row before it reaches the unique index, and may wait there

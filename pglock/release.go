@@ -67,6 +67,11 @@ func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string) error
 	if err != nil {
 		return b.ctxErr(ctx, wrap(op, key, err))
 	}
+	if notified && owner != "" {
+		b.handedOn.Store(key, time.Now())
+	} else {
+		b.handedOn.Delete(key)
+	}
 	if !live {
 		return driver.ErrNotHeld
 	}
