@@ -14,6 +14,7 @@ import (
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/permits"
+	"github.com/dlockio/dlock/internal/recent"
 )
 
 // Scheme is the URL scheme of this backend, registered with package driver;
@@ -50,7 +51,7 @@ type Backend struct {
 	lst      *listener
 	places   sync.Map       // placeKey -> *place: places this client queued
 	hot      sync.Map       // key -> struct{}: granted to a queued place (its release hands the key on at once)
-	handedOn sync.Map       // key -> time.Time: when this client last handed the key to a waiter
+	handedOn *recent.Keys   // the keys this client handed to a waiter lately (see contended)
 	dropping sync.Map       // placeKey -> *drop: the deletion of a place that had its turn
 	drops    sync.WaitGroup // deletions of places that had their turn, scheduled or under way
 	dmu      sync.Mutex
@@ -73,7 +74,7 @@ var (
 )
 
 func newBackend(ctx context.Context, db *sql.DB, opts []Option) (*Backend, error) {
-	b := &Backend{db: db, config: config{table: DefaultTable}}
+	b := &Backend{db: db, config: config{table: DefaultTable}, handedOn: recent.New(contendedFor)}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalid)
@@ -323,10 +324,7 @@ type waitState struct {
 const contendedFor = 20 * time.Millisecond
 
 // contended reports whether this client handed key on to a waiter lately.
-func (b *Backend) contended(key string) bool {
-	t, ok := b.handedOn.Load(key)
-	return ok && time.Since(t.(time.Time)) < contendedFor
-}
+func (b *Backend) contended(key string) bool { return b.handedOn.Within(key, time.Now()) }
 
 // ownPlace reports whether nonce is that of the caller's place this client made.
 func (b *Backend) ownPlace(key, owner string, nonce []byte) bool {
@@ -514,8 +512,8 @@ func (b *Backend) releaseMutex(ctx context.Context, key, owner string) error {
 
 // handOn runs the handoff statement (handoff or force) and wakes the client of the
 // place it handed the key to.
-func (b *Backend) handOn(ctx context.Context, query string, args ...any) error {
-	res, err := b.exec(ctx, query, args...)
+func (b *Backend) handOn(ctx context.Context, query, key string, args ...any) error {
+	res, err := b.exec(ctx, query, append([]any{key}, args...)...)
 	if err != nil {
 		return b.ctxErr(ctx, err)
 	}
@@ -526,10 +524,10 @@ func (b *Backend) handOn(ctx context.Context, query string, args ...any) error {
 	}
 	conn, _ := res.LastInsertId()
 	if conn != 0 {
-		b.handedOn.Store(args[0], time.Now())
+		b.handedOn.Mark(key, time.Now())
 		b.wake(ctx, uint64(conn))
 	} else {
-		b.handedOn.Delete(args[0])
+		b.handedOn.Forget(key)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/recent"
 )
 
 // Server settings that may be given as URL parameters; pgx sends them at connection
@@ -153,7 +154,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, opts []Option) (*Backen
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pgxpool.Pool", driver.ErrInvalid)
 	}
-	b := &Backend{pool: pool, config: config{linger: DefaultLinger}}
+	b := &Backend{pool: pool, config: config{linger: DefaultLinger}, handedOn: recent.New(contendedFor)}
 	if err := WithTable(DefaultTable)(&b.config); err != nil {
 		return nil, err
 	}

@@ -439,7 +439,6 @@ package pglock
 import (
 	"context"
 	"net/url"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -447,6 +446,7 @@ import (
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/permits"
+	"github.com/dlockio/dlock/internal/recent"
 )
 
 // Scheme is the URL scheme of this backend, registered with package driver;
@@ -490,9 +490,9 @@ type Backend struct {
 	// permits, so that Refresh, Release and SetValue try the permit table first
 	// for them (and the lock table first for every other).
 	grants permits.Set
-	// handedOn is when this client last handed a mutex key to a waiter (key ->
-	// time.Time), see contended.
-	handedOn sync.Map
+	// handedOn marks the mutex keys this client handed to a waiter lately (see
+	// contended).
+	handedOn *recent.Keys
 }
 
 // contendedFor is how long after this client handed a key on to a waiter its next
@@ -501,10 +501,7 @@ type Backend struct {
 var contendedFor = 20 * time.Millisecond
 
 // contended reports whether this client handed key on to a waiter lately.
-func (b *Backend) contended(key string) bool {
-	t, ok := b.handedOn.Load(key)
-	return ok && time.Since(t.(time.Time)) < contendedFor
-}
+func (b *Backend) contended(key string) bool { return b.handedOn.Within(key, time.Now()) }
 
 var (
 	_ driver.Notifier      = (*Backend)(nil)

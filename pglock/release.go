@@ -68,9 +68,9 @@ func (b *Backend) handOff(ctx context.Context, op, sql, key, owner string) error
 		return b.ctxErr(ctx, wrap(op, key, err))
 	}
 	if notified && owner != "" {
-		b.handedOn.Store(key, time.Now())
+		b.handedOn.Mark(key, time.Now())
 	} else {
-		b.handedOn.Delete(key)
+		b.handedOn.Forget(key)
 	}
 	if !live {
 		return driver.ErrNotHeld
