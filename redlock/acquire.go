@@ -114,9 +114,9 @@ func (b *Backend) answerLocally(req driver.Request) error {
 				req.Key, &driver.HeldError{RetryAfter: d})
 		}
 	}
-	if ahead, ok := b.stillQueued(req); ok {
+	if ahead, askIn, ok := b.stillQueued(req); ok {
 		return fmt.Errorf("redlock: acquire %q: still queued, %d ahead: %w",
-			req.Key, ahead, &driver.HeldError{Ahead: ahead, Queued: true})
+			req.Key, ahead, &driver.HeldError{Ahead: ahead, Queued: true, RetryAfter: askIn})
 	}
 	return nil
 }
@@ -340,7 +340,7 @@ func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driv
 		// next attempt removes the place if granted. Left behind, a writer's place
 		// would keep every new reader out until it lapsed.
 		he.Ahead, he.Queued = int(max(a.ahead, 0)), a.ahead >= 0
-		b.queued(req.Key, req.Owner, he.Ahead, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0, a.woken)
+		b.queued(req.Key, req.Owner, he.Ahead, he.RetryAfter, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0, a.woken)
 	}
 	return driver.Grant{}, &QuorumError{Op: "acquire", Key: req.Key, OK: len(a.granted), Need: b.quorum,
 		Nodes: len(b.nodes), Held: len(a.held), Note: note, Err: b.nodeErrors(nodeErrs), held: he}

@@ -525,3 +525,51 @@ func TestHandoffGrantedWithdrawsLater(t *testing.T) {
 		return err == nil && n == 0
 	})
 }
+
+// A waiter queued behind another answers its attempts locally, but not past the
+// lease it saw: the waiter ahead may be handed the key and then never release it
+// (a crash, a pause), and the one behind, now first in line, must ask the nodes
+// once that grant lapses rather than after recheck (15 s).
+func TestHandoffAheadLapses(t *testing.T) {
+	nodes := testserver.StartRedisNodes(t, 3)
+	u := testserver.RedlockURL(nodes, testQuery)
+	raw := rawClients(t, nodes)
+	ctx := ctxT(t)
+	bh, ba := open(t, u), open(t, u)
+	t.Cleanup(func() { bh.Close(); ba.Close() })
+	const key = "ahead"
+	// The holder's lease is what the waiter behind sees; the one handed to the
+	// waiter ahead is shorter, and nobody renews or releases it.
+	if _, err := bh.Acquire(ctx, driver.Request{Key: key, Owner: "h", TTL: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	reqA := handoffReq(key, "a")
+	reqA.TTL = 300 * time.Millisecond
+	queue(t, ctx, ba, reqA)
+	behind := client(t, u)
+	bctx, cancel := context.WithTimeout(ctx, 8*time.Second) // recheck is 15 s
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		l, err := behind.Lock(bctx, key, dlock.WithTTL(time.Minute))
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	eventually(t, "the second waiter queued on every node", func() bool {
+		for _, c := range raw {
+			if n, err := c.ZCard(ctx, waitSetKey(key)).Result(); err != nil || n != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := bh.Release(ctx, key, "h"); err != nil {
+		t.Fatal(err)
+	}
+	handed(t, ba, key, "a", 2) // a holds the key now, for 300 ms
+	if err := <-got; err != nil {
+		t.Fatalf("the waiter behind a lapsed handoff: %v", err)
+	}
+}

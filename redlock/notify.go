@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -63,8 +64,8 @@ type waiter struct {
 	gaveBack string              // the nonce of its latest attempt's give-back
 	queued   bool                // recorded as a waiter on some node
 	local    bool                // attempts may be answered without a request (see stillQueued)
-	checked  time.Time           // when an attempt last found the waiter queued behind others
-	ahead    int                 // the places ahead of it then
+	until    time.Time           // attempts are answered locally until then (see stillQueued)
+	ahead    int                 // the places ahead of it at its last attempt
 	woken    uint64              // how often signal was called
 	keep     time.Duration       // how long its places and handed grants may last
 }
@@ -78,30 +79,53 @@ type waiter struct {
 // past the node timeout. The price: the place of a waiter whose process died
 // without withdrawing lapses recheck later, and until then the releases that pick
 // it wake nobody; the key is then free, and taken at the next attempt that asks the
-// nodes (the first waiter in line always does).
+// nodes (the first waiter in line does, see localWindow).
 const recheck = 15 * time.Second
 
+// localWindow is how long after an attempt that found the waiter ahead places
+// behind others its next attempts are answered locally: recheck, or less when
+// the attempt learnt when the lease it found would lapse (lapse, from its
+// replies). The places ahead may leave without a release that reaches this
+// waiter: the first of them granted (by a handoff, or its own attempt) and then
+// gone without releasing (a crash, a pause) lets its lease lapse, and the waiter
+// behind it, now first in line, must then ask the nodes itself. So a waiter with
+// one place ahead asks again once the lease it saw could have lapsed, one with
+// more after that times log2 of their number (about one lease per place that may
+// leave that way before it is first), and none later than recheck: about one
+// attempt per lease per waiter at most, where the fallback made several.
+func localWindow(ahead int, lapse time.Duration) time.Duration {
+	if lapse <= 0 {
+		return recheck // unknown: a reader's lease, or only queued writers ahead
+	}
+	return min(recheck, lapse*time.Duration(max(bits.Len(uint(ahead)), 1)))
+}
+
 // stillQueued reports whether a waiting attempt can be answered "locked" without a
-// request, and how many places are ahead: the waiter's last attempt, less than
-// recheck ago, found it recorded behind others on a majority of nodes, nothing woke
-// it since, and every node's wake-up subscription is up (so its wake-up, when it
-// becomes first in line, is not lost).
-func (b *Backend) stillQueued(req driver.Request) (int, bool) {
+// request, how many places are ahead, and when to ask the nodes again: the
+// waiter's last attempt found it recorded behind others on a majority of nodes,
+// its local window (see localWindow) has not ended, nothing woke it since, and
+// every node's wake-up subscription is up (so its wake-up, when it becomes first
+// in line, is not lost).
+func (b *Backend) stillQueued(req driver.Request) (ahead int, askIn time.Duration, ok bool) {
 	if !req.Wait {
-		return 0, false
+		return 0, 0, false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	w := b.waiters[driver.Holder{Key: req.Key, Owner: req.Owner}]
-	if w == nil || !w.local || w.ahead < 1 || time.Since(w.checked) >= recheck {
-		return 0, false
+	if w == nil || !w.local || w.ahead < 1 {
+		return 0, 0, false
+	}
+	askIn = time.Until(w.until)
+	if askIn <= 0 {
+		return 0, 0, false
 	}
 	for _, n := range b.nodes {
 		if !n.psUp {
-			return 0, false
+			return 0, 0, false
 		}
 	}
-	return w.ahead, true
+	return w.ahead, askIn, true
 }
 
 // release counts the copies of one release's message; guarded by Backend.mu.
@@ -168,10 +192,12 @@ func (b *Backend) waitArgs(req driver.Request) waitArgs {
 // queued is called when an attempt with Wait found the key held: the waiter is now
 // recorded on the nodes, ahead places before it, and the client must be subscribed.
 // local says the attempt found it recorded on a majority, which lets the next
-// attempts be answered locally (see stillQueued), unless the wait was woken since
-// the attempt was sent (woken is its count of wake-ups then): that wake-up came
-// after the attempt's replies were made, and the next attempt must ask the nodes.
-func (b *Backend) queued(key, owner string, ahead int, local bool, woken uint64) {
+// attempts be answered locally (see stillQueued) for the local window of ahead and
+// lapse (the time until the lease the attempt found could lapse, 0 if unknown),
+// unless the wait was woken since the attempt was sent (woken is its count of
+// wake-ups then): that wake-up came after the attempt's replies were made, and the
+// next attempt must ask the nodes.
+func (b *Backend) queued(key, owner string, ahead int, lapse time.Duration, local bool, woken uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -179,7 +205,7 @@ func (b *Backend) queued(key, owner string, ahead int, local bool, woken uint64)
 	}
 	if w := b.waiters[driver.Holder{Key: key, Owner: owner}]; w != nil {
 		w.queued = true
-		w.local, w.checked, w.ahead = local && w.woken == woken, time.Now(), ahead
+		w.local, w.until, w.ahead = local && w.woken == woken, time.Now().Add(localWindow(ahead, lapse)), ahead
 	}
 	b.startListening()
 }
