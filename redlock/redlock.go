@@ -156,12 +156,16 @@
 // covered by the core's fallback timer, bounded by the holder's remaining TTL. A
 // waiter that its last attempt found behind others on a majority of nodes, with
 // every node's subscription up, answers those fallback attempts itself, without a
-// request, for up to 15 seconds (its places are recorded for that much longer), and
-// reports how many are ahead (driver.HeldError.Ahead); so thousands of waiters cost
-// the nodes little while they wait. The first in line always asks the nodes. The
-// price: the place of a waiter whose process died without withdrawing lapses 15
-// seconds later, and the releases that pick it meanwhile wake nobody (the key is
-// then taken by the next attempt that asks the nodes).
+// request, and reports how many are ahead (driver.HeldError.Ahead); so thousands of
+// waiters cost the nodes little while they wait. It does so until the lease it
+// found could have lapsed (times log2 of the places ahead), at most 15 seconds
+// (its places are recorded for that much longer), and then asks the nodes again:
+// the waiter ahead of it may have been handed the key and died without releasing
+// it, and the waiter behind, now first in line, must notice that lease lapse. The
+// first in line always asks the nodes. The price: the place of a waiter whose
+// process died without withdrawing lapses 15 seconds later, and the releases that
+// pick it meanwhile wake nobody (the key is then taken by the next attempt that
+// asks the nodes).
 //
 // An owner that holds the key on a node is refused there like another owner unless
 // the request says Reenter (driver.Request), so another process with the same owner
