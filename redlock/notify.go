@@ -82,17 +82,17 @@ type waiter struct {
 // nodes (the first waiter in line does, see localWindow).
 const recheck = 15 * time.Second
 
-// localWindow is how long after an attempt that found the waiter ahead places
-// behind others its next attempts are answered locally: recheck, or less when
-// the attempt learnt when the lease it found would lapse (lapse, from its
-// replies). The places ahead may leave without a release that reaches this
-// waiter: the first of them granted (by a handoff, or its own attempt) and then
-// gone without releasing (a crash, a pause) lets its lease lapse, and the waiter
-// behind it, now first in line, must then ask the nodes itself. So a waiter with
-// one place ahead asks again once the lease it saw could have lapsed, one with
-// more after that times log2 of their number (about one lease per place that may
-// leave that way before it is first), and none later than recheck: about one
-// attempt per lease per waiter at most, where the fallback made several.
+// localWindow is how long after an attempt that found ahead places before the
+// waiter its next attempts are answered locally: recheck, or less when the
+// attempt learnt when the lease it found could lapse (lapse, from its replies).
+// The places ahead may leave without a release that reaches this waiter: the
+// first of them granted (by a handoff, or its own attempt) and then gone without
+// releasing (a crash, a pause) lets its lease lapse, and the waiter behind it, now
+// first in line, must then ask the nodes itself. So a waiter with one place ahead
+// asks again once the lease it saw could have lapsed, one with more after that
+// times log2 of their number (about one lease per place that may leave that way
+// before it is first), and none later than recheck: a queued waiter asks the
+// nodes about once per lease it saw, or per recheck if that is sooner.
 func localWindow(ahead int, lapse time.Duration) time.Duration {
 	if lapse <= 0 {
 		return recheck // unknown: a reader's lease, or only queued writers ahead
