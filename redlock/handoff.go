@@ -99,8 +99,11 @@ func (w *waiter) sentAt(seq uint64) (time.Time, bool) {
 }
 
 // mark is the HANDED mark of a grant handed to this wait (see lib.lua).
-func (w *waiter) mark() string {
-	return w.b.wakeCh + " " + strconv.FormatUint(w.id, 10)
+func (w *waiter) mark() string { return w.b.handedMark(w.id) }
+
+// handedMark is the HANDED mark of a grant handed to this client's wait wid.
+func (b *Backend) handedMark(wid uint64) string {
+	return b.wakeCh + " " + strconv.FormatUint(wid, 10)
 }
 
 // handedCopy handles node n's copy of a handoff, "NONCE OWNER TOKEN SEQ TTL WID KEY"
@@ -129,7 +132,7 @@ func (b *Backend) handedCopy(n *node, p string) {
 		// back at once: the wait's withdrawal may not have reached this node,
 		// and the lock would stay with a place no one waits on for its TTL.
 		if _, held := b.grants[h]; !held && !b.closed {
-			mark := b.wakeCh + " " + strconv.FormatUint(wid, 10)
+			mark := b.handedMark(wid)
 			b.bg.Go(func() { _, _ = b.withdraw(context.Background(), key, owner, []int{n.idx}, mark, true) })
 		}
 		return

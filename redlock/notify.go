@@ -487,7 +487,7 @@ func (b *Backend) withdrawAsync(key, owner string, idx []int, wid uint64, keep t
 	b.bg.Go(func() {
 		failed, _ := b.withdraw(context.Background(), key, owner, idx, "", false)
 		if len(failed) > 0 {
-			b.retryWithdraw(key, owner, failed, b.wakeCh+" "+strconv.FormatUint(wid, 10), keep)
+			b.retryWithdraw(key, owner, failed, b.handedMark(wid), keep)
 		}
 	})
 }
