@@ -21,6 +21,9 @@ type acqReply struct {
 	counter uint64
 	x       int64 // token (fresh, re-entry) or pttl (held)
 	rank    int64 // held: the owner's place in the wait set, notQueued if not there
+	// shortest, held with the owner recorded as a waiter: the shortest TTL (ms)
+	// any place in the wait set asked for (lib.lua's enqueue), else -1.
+	shortest int64
 }
 
 func parseAcq(v any, err error) (acqReply, error) {
@@ -28,16 +31,16 @@ func parseAcq(v any, err error) (acqReply, error) {
 		return acqReply{}, err
 	}
 	a, ok := v.([]any)
-	if !ok || len(a) < 3 || len(a) > 4 {
+	if !ok || len(a) < 3 || len(a) > 5 {
 		return acqReply{}, fmt.Errorf("unexpected script reply %v", v)
 	}
-	n := [4]int64{3: notQueued} // {status, counter, x, rank}; rank only when held
+	n := [5]int64{3: notQueued, 4: -1} // {status, counter, x, rank, shortest}; the last two only when held
 	for i := range a {
 		if n[i], ok = a[i].(int64); !ok {
 			return acqReply{}, fmt.Errorf("unexpected script reply %v", v)
 		}
 	}
-	return acqReply{status: n[0], counter: uint64(max(n[1], 0)), x: n[2], rank: n[3]}, nil
+	return acqReply{status: n[0], counter: uint64(max(n[1], 0)), x: n[2], rank: n[3], shortest: n[4]}, nil
 }
 
 // attempt is one Acquire: phase one's replies, sorted by what each node said.
@@ -64,6 +67,9 @@ type attempt struct {
 	held    []int64 // pttl of nodes held by another owner
 	maxSeen uint64  // the largest counter or token any node reported
 	ahead   int64   // the least rank in the wait sets of the held nodes, -1 if none
+	// shortest is the shortest TTL a place asked for in the wait sets of the held
+	// nodes (acqReply.shortest), 0 if none said.
+	shortest time.Duration
 }
 
 // Acquire implements driver.Backend: phase one on all nodes, then, unless the
@@ -252,6 +258,9 @@ func (a *attempt) sort() {
 			if v.rank >= 0 && (a.ahead < 0 || v.rank < a.ahead) {
 				a.ahead = v.rank
 			}
+			if d := time.Duration(v.shortest) * time.Millisecond; d > 0 && (a.shortest == 0 || d < a.shortest) {
+				a.shortest = d
+			}
 		default:
 			a.granted = append(a.granted, i)
 			a.maxSeen = max(a.maxSeen, v.counter, uint64(max(v.x, 0)))
@@ -340,7 +349,13 @@ func (a *attempt) fail(ctx context.Context, note string, nodeErrs []error) (driv
 		// next attempt removes the place if granted. Left behind, a writer's place
 		// would keep every new reader out until it lapsed.
 		he.Ahead, he.Queued = int(max(a.ahead, 0)), a.ahead >= 0
-		b.queued(req.Key, req.Owner, he.Ahead, he.RetryAfter, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0, a.woken)
+		// The key may change hands before this waiter's turn: to a place that
+		// asked for a lease shorter than the one found, which may then lapse.
+		lapse := he.RetryAfter
+		if a.shortest > 0 && (lapse <= 0 || a.shortest < lapse) {
+			lapse = a.shortest
+		}
+		b.queued(req.Key, req.Owner, he.Ahead, lapse, len(a.held) >= b.quorum && a.ahead >= 0 && len(a.granted) == 0, a.woken)
 	}
 	return driver.Grant{}, &QuorumError{Op: "acquire", Key: req.Key, OK: len(a.granted), Need: b.quorum,
 		Nodes: len(b.nodes), Held: len(a.held), Note: note, Err: b.nodeErrors(nodeErrs), held: he}

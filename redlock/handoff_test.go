@@ -526,11 +526,19 @@ func TestHandoffGrantedWithdrawsLater(t *testing.T) {
 	})
 }
 
-// A waiter queued behind another answers its attempts locally, but not past the
-// lease it saw: the waiter ahead may be handed the key and then never release it
-// (a crash, a pause), and the one behind, now first in line, must ask the nodes
-// once that grant lapses rather than after recheck (15 s).
+// A waiter queued behind another answers its attempts locally, but not past a
+// lease that could lapse: the waiter ahead may be handed the key and then never
+// release it (a crash, a pause), and the one behind, now first in line, must ask
+// the nodes once that grant lapses rather than after recheck (15 s). The lease it
+// sees first may be the holder's, or (held for a minute) the one the waiter ahead
+// asked for.
 func TestHandoffAheadLapses(t *testing.T) {
+	for _, holderTTL := range []time.Duration{2 * time.Second, time.Minute} {
+		t.Run(holderTTL.String(), func(t *testing.T) { handoffAheadLapses(t, holderTTL) })
+	}
+}
+
+func handoffAheadLapses(t *testing.T, holderTTL time.Duration) {
 	nodes := testserver.StartRedisNodes(t, 3)
 	u := testserver.RedlockURL(nodes, testQuery)
 	raw := rawClients(t, nodes)
@@ -538,9 +546,9 @@ func TestHandoffAheadLapses(t *testing.T) {
 	bh, ba := open(t, u), open(t, u)
 	t.Cleanup(func() { bh.Close(); ba.Close() })
 	const key = "ahead"
-	// The holder's lease is what the waiter behind sees; the one handed to the
-	// waiter ahead is shorter, and nobody renews or releases it.
-	if _, err := bh.Acquire(ctx, driver.Request{Key: key, Owner: "h", TTL: 2 * time.Second}); err != nil {
+	// The waiter ahead is handed a lease shorter than the holder's, and nobody
+	// renews or releases it.
+	if _, err := bh.Acquire(ctx, driver.Request{Key: key, Owner: "h", TTL: holderTTL}); err != nil {
 		t.Fatal(err)
 	}
 	reqA := handoffReq(key, "a")
@@ -565,6 +573,9 @@ func TestHandoffAheadLapses(t *testing.T) {
 		}
 		return true
 	})
+	if holderTTL > 2*time.Second {
+		time.Sleep(2 * time.Second) // past the first fallback attempts, answered locally
+	}
 	if err := bh.Release(ctx, key, "h"); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,10 @@ package redlock
 //	                          grant it asks for (lib.lua's waiterEntry); its TTL
 //	                          is the waiter's patience, renewed by each of its
 //	                          attempts
+//	P:wait 0x1f K 0x1f shortest
+//	                  string  the shortest TTL (ms) a place in the wait set asked
+//	                          for while the set lasted (lib.lua's enqueue); the
+//	                          wait set's TTL
 //	P:lock 0x1f K 0x1f handed
 //	                  string  "CHANNEL WID" of the wait a release handed the lock
 //	                          to (lib.lua's HANDED); the TTL of the handed grant

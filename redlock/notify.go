@@ -84,15 +84,16 @@ const recheck = 15 * time.Second
 
 // localWindow is how long after an attempt that found ahead places before the
 // waiter its next attempts are answered locally: recheck, or less when the
-// attempt learnt when the lease it found could lapse (lapse, from its replies).
-// The places ahead may leave without a release that reaches this waiter: the
-// first of them granted (by a handoff, or its own attempt) and then gone without
-// releasing (a crash, a pause) lets its lease lapse, and the waiter behind it, now
-// first in line, must then ask the nodes itself. So a waiter with one place ahead
-// asks again once the lease it saw could have lapsed, one with more after that
-// times log2 of their number (about one lease per place that may leave that way
-// before it is first), and none later than recheck: a queued waiter asks the
-// nodes about once per lease it saw, or per recheck if that is sooner.
+// attempt learnt how soon a lease could lapse (lapse: the lease it found, or the
+// shortest lease a place in the queue asked for if that is shorter). The places
+// ahead may leave without a release that reaches this waiter: the first of them
+// granted (by a handoff, or its own attempt) and then gone without releasing (a
+// crash, a pause) lets its lease lapse, and the waiter behind it, now first in
+// line, must then ask the nodes itself. So a waiter with one place ahead asks
+// again after lapse, one with more after that times log2 of their number (about
+// one lease per place that may leave that way before it is first), and none later
+// than recheck: a queued waiter asks the nodes about once per such lease, or per
+// recheck if that is sooner.
 func localWindow(ahead int, lapse time.Duration) time.Duration {
 	if lapse <= 0 {
 		return recheck // unknown: a reader's lease, or only queued writers ahead
@@ -193,7 +194,7 @@ func (b *Backend) waitArgs(req driver.Request) waitArgs {
 // recorded on the nodes, ahead places before it, and the client must be subscribed.
 // local says the attempt found it recorded on a majority, which lets the next
 // attempts be answered locally (see stillQueued) for the local window of ahead and
-// lapse (the time until the lease the attempt found could lapse, 0 if unknown),
+// lapse (the time until a lease could lapse, see localWindow; 0 if unknown),
 // unless the wait was woken since the attempt was sent (woken is its count of
 // wake-ups then): that wake-up came after the attempt's replies were made, and the
 // next attempt must ask the nodes.

@@ -158,10 +158,11 @@
 // every node's subscription up, answers those fallback attempts itself, without a
 // request, and reports how many are ahead (driver.HeldError.Ahead); so thousands of
 // waiters cost the nodes little while they wait. It does so until the lease it
-// found could have lapsed (times log2 of the places ahead), at most 15 seconds
-// (its places are recorded for that much longer), and then asks the nodes again:
-// the waiter ahead of it may have been handed the key and died without releasing
-// it, and the waiter behind, now first in line, must notice that lease lapse. The
+// found, or the shortest lease a place in the queue asked for if that is shorter,
+// could have lapsed (times log2 of the places ahead), at most 15 seconds (its
+// places are recorded for that much longer), and then asks the nodes again: the
+// waiter ahead of it may have been handed the key and died without releasing it,
+// and the waiter behind, now first in line, must notice that lease lapse. The
 // first in line always asks the nodes. The price: the place of a waiter whose
 // process died without withdrawing lapses 15 seconds later, and the releases that
 // pick it meanwhile wake nobody (the key is then taken by the next attempt that

@@ -40,11 +40,14 @@
 --                      reader) and reenter is 1: TTL
 --                      extended, value replaced by the request's; t is the token
 --                      recorded with it, 0 if none
---   {HELD, c, pttl, r} held by another owner; c is the counter (0 if missing); pttl
+--   {HELD, c, pttl, r[, s]}
+--                      held by another owner; c is the counter (0 if missing); pttl
 --                      its remaining TTL in ms (the readers': the last to lapse; -1 if
 --                      unknown or only a queued writer is ahead); r the owner's rank in
 --                      the wait set (0: oldest), NOT_QUEUED if it is not there. With
---                      wait 1 or 2 the owner is recorded as a waiter.
+--                      wait 1 or 2 the owner is recorded as a waiter, and s is the
+--                      shortest TTL in ms a place asked for (lib.lua's enqueue), -1
+--                      when the owner was not recorded.
 -- A grant whose proposal was accepted, and a re-entry that changes the value,
 -- publish on the holder channel (a grant without a token is announced by the
 -- commit that settles it).
@@ -70,12 +73,13 @@ end
 
 -- held records the owner as a waiter if it waits, and returns HELD.
 local function held(pttl)
+  local shortest = -1
   if wait ~= '0' then
     local e = channel .. ' r'
     if not shared then e = writerEntry(channel, wid, seq, ttl, val) end
-    enqueue(waitKey, waiterPrefix .. owner, owner, since, patience, e)
+    shortest = enqueue(waitKey, waiterPrefix .. owner, owner, since, patience, e, ttl)
   end
-  return {HELD, counter(), pttl, redis.call('ZRANK', waitKey, owner) or NOT_QUEUED}
+  return {HELD, counter(), pttl, redis.call('ZRANK', waitKey, owner) or NOT_QUEUED, shortest}
 end
 
 -- writerAhead reports whether a live writer waits ahead of the owner (anywhere in

@@ -38,13 +38,20 @@
 -- alone, or WID 0, asks for no handoff: it is woken). waiterEntry(e) returns the
 -- channel, whether it is a reader's, and a writer's WID, SEQ, TTL and value (nil
 -- when absent); writerEntry(ch, wid, seq, ttl, val) makes a writer's.
--- enqueue(waitKey, waiterKey, owner, since, patience, e) records or renews a place:
--- the owner in the wait set scored since (kept if there), its waiter key e, both
--- lasting patience ms at least.
+-- enqueue(waitKey, waiterKey, owner, since, patience, e, ttl) records or renews a
+-- place: the owner in the wait set scored since (kept if there), its waiter key e,
+-- both lasting patience ms at least; and returns the shortest TTL (ms) any place
+-- asked for while the wait set lasted, this one's ttl included, which it keeps
+-- beside the wait set (its key ends in SHORTEST, with the wait set's expiry, so
+-- it may outlive the place that asked for it by the wait set's patience): a place
+-- ahead that is granted the lock and never releases it (a crash) holds it that
+-- long, so a waiter behind it asks the nodes again that often (see the client's
+-- localWindow). A shorter value than needed only makes waiters ask more often.
 local SEP = ' '
 local HOLDER = '\31holder'
 local HANDED = '\31handed'
 local READERS = '\31readers'
+local SHORTEST = '\31shortest'
 local MICROS_PER_SECOND = 1000000
 
 local function fence(fenceKey)
@@ -142,10 +149,17 @@ local function writerEntry(ch, wid, seq, ttl, val)
   return e
 end
 
-local function enqueue(waitKey, waiterKey, owner, since, patience, e)
+local function enqueue(waitKey, waiterKey, owner, since, patience, e, ttl)
   redis.call('SET', waiterKey, e, 'PX', patience)
   redis.call('ZADD', waitKey, 'NX', since, owner)
-  if redis.call('PTTL', waitKey) < tonumber(patience) then
+  local keep = redis.call('PTTL', waitKey)
+  if keep < tonumber(patience) then
     redis.call('PEXPIRE', waitKey, patience)
+    keep = patience
   end
+  local sk = waitKey .. SHORTEST
+  local s, was = tonumber(ttl), tonumber(redis.call('GET', sk) or '')
+  if was and was < s then s = was end
+  redis.call('SET', sk, s, 'PX', keep)
+  return s
 end

@@ -34,7 +34,7 @@ if v then
   if holder(v) ~= owner then return NOT_HELD end
   redis.call('DEL', lockKey, lockKey .. HANDED)
   if requeue then
-    enqueue(waitKey, waiterPrefix .. owner, owner, ARGV[6], ARGV[7], writerEntry(ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]))
+    enqueue(waitKey, waiterPrefix .. owner, owner, ARGV[6], ARGV[7], writerEntry(ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]), ARGV[11])
     wakeMode = '1'
   end
 else
