@@ -133,6 +133,17 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, seq int64) (d
 			return driver.Grant{}, b.ctxErr(ctx, wrap("acquire", req.Key, err))
 		}
 	}
+	if place == "" && req.Wait && b.contended(req.Key) {
+		// Most likely held by the waiter this client handed it to, with others
+		// queued: join the queue in the lighter statement.
+		held, err := b.enqueue(ctx, req, patience, value, seq)
+		if err != nil {
+			return driver.Grant{}, err
+		}
+		if held != nil {
+			return driver.Grant{}, held
+		}
+	}
 	// A place whose client holds its advisory lock stays live without renewal: the
 	// attempt of a waiter that has one then only reads, unless it takes the lock
 	// (compare-and-set), like an attempt that will not wait. An attempt that may
@@ -191,4 +202,26 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, seq int64) (d
 		return driver.Grant{}, held
 	}
 	return driver.Grant{}, &driver.HeldError{RetryAfter: time.Microsecond}
+}
+
+// enqueue adds a waiting caller's place behind a live grant of another owner whose
+// row is marked queued (see enqueue.sql), and returns the attempt's refusal; or
+// nil and nil when the row was in another state, for the full statement to decide.
+func (b *Backend) enqueue(ctx context.Context, req driver.Request, patience time.Duration, value []byte, seq int64) (*driver.HeldError, error) {
+	var place *string
+	var left *int64
+	var ahead int64
+	var async *string // asyncUnless's NULL
+	err := retry(ctx, func() error {
+		return b.pool.QueryRow(ctx, b.sql.enqueue, req.Key, req.Owner, micros(req.TTL), b.channel, micros(patience), value, seq).
+			Scan(&place, &left, &ahead, &async)
+	})
+	if err != nil {
+		return nil, b.ctxErr(ctx, wrap("acquire", req.Key, err))
+	}
+	if place == nil || left == nil {
+		return nil, nil
+	}
+	b.lst.setPlace(req.Key, req.Owner, *place)
+	return &driver.HeldError{RetryAfter: time.Duration(max(*left, 1)) * time.Microsecond, Ahead: int(ahead), Queued: true}, nil
 }

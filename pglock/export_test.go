@@ -1,6 +1,11 @@
 package pglock
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/dlockio/dlock/driver"
+)
 
 // Contended reports whether b's next waiting Lock of key skips the plain INSERT
 // (see contended).
@@ -12,4 +17,10 @@ func SetContendedFor(d time.Duration) (restore func()) {
 	old := contendedFor
 	contendedFor = d
 	return func() { contendedFor = old }
+}
+
+// Enqueue runs the statement a waiting Lock of a contended key tries first (see
+// enqueue), with the request's TTL as the place's patience and no attempt number.
+func (b *Backend) Enqueue(ctx context.Context, req driver.Request) (*driver.HeldError, error) {
+	return b.enqueue(ctx, req, req.TTL, nil, 0)
 }

@@ -105,8 +105,12 @@
 // queued skips the INSERT, and while its client is alive its later attempts only
 // read: they write only to take the lock. So does a waiting Lock of a key its
 // client handed to a waiter less than 20 ms before (the key was held and waited
-// for a moment ago, so the INSERT would most likely be refused; the one statement
-// takes a free key as well).
+// for a moment ago, so the INSERT would most likely be refused): it first runs a
+// lighter statement that only adds its place at the end of the queue, when the
+// key's row is a live grant of another owner id, not reserved and already marked
+// (it locks the row as the full statement does, and commits the same way), and
+// the full statement when the row is in any other state (free, expired, its
+// own, unmarked).
 // A token is drawn from the sequence only once the row is the caller's: an update
 // draws it after locking (or compare-and-setting) the row, an insert is followed, in
 // the same transaction and round trip, by an UPDATE that draws it. (An INSERT

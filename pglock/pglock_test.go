@@ -126,6 +126,8 @@ func TestPostgres(t *testing.T) {
 	t.Run("LoginRevoked", func(t *testing.T) { testLoginRevoked(t, srv) })
 	t.Run("TokenDrawnAfterInsert", func(t *testing.T) { testTokenDrawnAfterInsert(t, srv) })
 	t.Run("RelockAfterHandoff", func(t *testing.T) { testRelockAfterHandoff(t, srv) })
+	t.Run("Enqueue", func(t *testing.T) { testEnqueue(t, srv) })
+	t.Run("RelockBehindQueue", func(t *testing.T) { testRelockBehindQueue(t, srv) })
 }
 
 // A client that just handed a key to a waiter sends its next waiting Lock of the key
@@ -194,6 +196,138 @@ func testRelockAfterHandoff(t *testing.T, srv *testserver.Postgres) {
 	la = handOff(lb, b, a)
 	if err := la.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The lighter statement a relock after a handoff tries first adds a place only
+// behind a live grant of another owner whose row is marked queued; in every other
+// state it writes nothing and leaves the decision to the full statement.
+func testEnqueue(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	h := harness(t, srv)
+	a, b, c := h.Client(t), h.Client(t), h.Client(t)
+	ab := a.Backend().(*pglock.Backend)
+	key := drivertest.Key(t, "k")
+	req := driver.Request{Key: key, Owner: "enqueuer", TTL: 5 * time.Second, Wait: true}
+	none := func(what string) {
+		t.Helper()
+		held, err := ab.Enqueue(ctx, req)
+		if err != nil || held != nil {
+			t.Fatalf("%s: got %v, %v; want nothing done", what, held, err)
+		}
+	}
+	waiters := func(want int) {
+		t.Helper()
+		info, err := ab.Inspect(ctx, key)
+		if want == 0 && errors.Is(err, driver.ErrNotHeld) {
+			return // no row: no place either
+		}
+		if err != nil || info.Waiters != want {
+			t.Fatalf("Inspect: %+v, %v; want %d waiters", info, err, want)
+		}
+	}
+	none("a free key")
+	waiters(0)
+	lb, err := b.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	none("a held key with no one queued")
+	waiters(0)
+	own := req
+	own.Owner = lb.Owner()
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := c.Lock(ctx, key)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitQueued(t, b, key, 1)
+	held, err := ab.Enqueue(ctx, own)
+	if err != nil || held != nil {
+		t.Fatalf("the holder's own owner id: got %v, %v; want nothing done", held, err)
+	}
+	held, err = ab.Enqueue(ctx, req)
+	if err != nil || held == nil {
+		t.Fatalf("behind a queued holder: got %v, %v; want a place", held, err)
+	}
+	if !held.Queued || held.Ahead != 1 || held.RetryAfter <= 0 || held.RetryAfter > lb.TTL() {
+		t.Fatalf("behind a queued holder: %+v; want queued, 1 ahead, the holder's expiry", *held)
+	}
+	waiters(2)
+	// The queue keeps its order: c first, then the place written here.
+	if err := lb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lc := <-got
+	if lc == nil {
+		t.FailNow()
+	}
+	q, err := ab.Queue(ctx, key)
+	if err != nil || len(q) != 1 || q[0].Owner != req.Owner {
+		t.Fatalf("Queue after the handoff to c: %+v, %v; want the enqueued place alone", q, err)
+	}
+	if err := lc.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A client's waiting Lock right after it handed the key on, with others queued
+// behind the waiter it handed it to, joins the end of the queue: FIFO holds.
+func testRelockBehindQueue(t *testing.T, srv *testserver.Postgres) {
+	defer pglock.SetContendedFor(time.Minute)()
+	ctx := context.Background()
+	h := harness(t, srv)
+	a, b, c := h.Client(t), h.Client(t), h.Client(t)
+	key := drivertest.Key(t, "k")
+	type result struct {
+		name string
+		l    *dlock.Lease
+	}
+	order := make(chan result, 3)
+	lock := func(name string, cl *dlock.Client) {
+		go func() {
+			l, err := cl.Lock(ctx, key)
+			if err != nil {
+				t.Error(err)
+			}
+			order <- result{name, l}
+		}()
+	}
+	la, err := a.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock("b", b)
+	waitQueued(t, a, key, 1)
+	lock("c", c)
+	waitQueued(t, a, key, 2)
+	if err := la.Release(ctx); err != nil { // to b, c still queued
+		t.Fatal(err)
+	}
+	if !a.Backend().(*pglock.Backend).Contended(key) {
+		t.Fatal("not contended after handing the key on")
+	}
+	lock("a", a)
+	waitQueued(t, a, key, 2) // c and a
+	last := la.Token()
+	for _, want := range []string{"b", "c", "a"} {
+		r := <-order
+		if r.l == nil {
+			t.FailNow()
+		}
+		if r.name != want {
+			t.Fatalf("%s got the key, want %s", r.name, want)
+		}
+		if r.l.Token() <= last {
+			t.Fatalf("token %d after %d", r.l.Token(), last)
+		}
+		last = r.l.Token()
+		if err := r.l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

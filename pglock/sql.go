@@ -43,8 +43,9 @@ import "strings"
 // expiry is past.
 //
 // A statement that adds a place locks the key's row (FOR UPDATE) and marks it
-// (queue_owner), so the plain DELETE of an uncontended release, which re-checks the
-// row it waited for, sees that someone queued. A handoff (release, withdrawal)
+// (queue_owner) unless it is marked already (enqueue.sql adds places only then),
+// so the plain DELETE of an uncontended release, which re-checks the row it
+// waited for, sees that someone queued. A handoff (release, withdrawal)
 // locks the key's row in a first statement and decides in a second, in the same
 // transaction: under READ COMMITTED the second statement's snapshot then holds
 // every place added before the lock. An attempt that will not wait reads without a
@@ -54,7 +55,7 @@ import "strings"
 //
 // The statements themselves are in sql/*.sql (see sqlfiles.go).
 type statements struct {
-	stamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, refresh, fastRelease, lockRow, lockMutexRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
+	stamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, enqueue, refresh, fastRelease, lockRow, lockMutexRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
 
 	// AcquireAll (several keys at once): see acquire_all.go.
 	lockRows, acquireAll, acquireAllMutex, stampAll string

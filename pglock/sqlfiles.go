@@ -80,6 +80,7 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		// that will not wait reads the snapshot and writes only to take the lock.
 		acquireWait: render("acquire", with(func(c *sqlData) { c.Lock = true })),
 		acquireTry:  render("acquire", d),
+		enqueue:     render("enqueue", d),
 		refresh:     render("refresh", d),
 		lockRow:     render("lock_row", d),
 		// A mutex's release or force release changes only a mutex's row (its
