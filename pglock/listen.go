@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -67,6 +68,9 @@ type listener struct {
 const (
 	attemptTimeout  = 30 * time.Second
 	withdrawTimeout = 10 * time.Second
+	// withdrawRetry is the first pause before a failed withdrawal is tried again
+	// (see withdrawLater).
+	withdrawRetry = 25 * time.Millisecond
 )
 
 func newListener(cfg *pgx.ConnConfig, channel string, linger time.Duration) *listener {
@@ -210,7 +214,7 @@ func (l *listener) dispatch(_ *pgconn.PgConn, n *pgconn.Notification) {
 	// than when the place lapses. (A waiter registers before its first waiting
 	// attempt, so a live one is never passed over; if it has taken the lock
 	// meanwhile, the lock is no longer reserved and the withdrawal changes nothing.)
-	l.background(func(ctx context.Context) { _ = l.withdraw(ctx, key, owner, handed) })
+	l.withdrawLater(key, owner, handed, 0)
 }
 
 // handoff is a grant a release made directly to a place of this client's.
@@ -278,6 +282,43 @@ func (l *listener) background(f func(ctx context.Context)) {
 		defer cancel()
 		f(ctx)
 	}()
+}
+
+// withdrawLater withdraws owner's place in key's queue in the background, after
+// pause, and again with growing pauses (up to a second) while that fails: a place
+// whose client still listens stays live however old it is, and one left behind by
+// a wait that is over (its withdrawal lost to a server restart, say) would be
+// first in line for good, so that nobody could take the key once its holder's
+// lease lapsed without a release. It stops when the withdrawal succeeds, when the
+// listener closes, or when the owner waits for the key again through this client
+// (that wait's own Stop withdraws). Called with l.mu held.
+func (l *listener) withdrawLater(key, owner, handed string, pause time.Duration) {
+	l.background(func(context.Context) {
+		for {
+			if pause > 0 {
+				t := time.NewTimer(pause)
+				select {
+				case <-l.closeCtx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
+			l.mu.Lock()
+			again := l.waiters[driver.Holder{Key: key, Owner: owner}] != nil
+			l.mu.Unlock()
+			if again {
+				return
+			}
+			tctx, cancel := context.WithTimeout(l.closeCtx, withdrawTimeout)
+			err := l.withdraw(tctx, key, owner, handed)
+			cancel()
+			if err == nil || errors.Is(err, driver.ErrClosed) || l.closeCtx.Err() != nil {
+				return
+			}
+			pause = min(max(2*pause, withdrawRetry), time.Second)
+		}
+	})
 }
 
 func (l *listener) close() {
@@ -598,7 +639,7 @@ func (w *waiter) attempt(ctx context.Context, req driver.Request) (driver.Grant,
 		}
 		if w.abandoned && err != nil {
 			handed := w.handedTo
-			l.background(func(ctx context.Context) { _ = l.withdraw(ctx, w.key, w.owner, handed) })
+			l.withdrawLater(w.key, w.owner, handed, 0)
 		}
 		l.mu.Unlock()
 		close(done)
@@ -646,5 +687,11 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	if !queued {
 		return nil
 	}
-	return w.b.withdraw(ctx, w.key, w.owner, handed)
+	err := w.b.withdraw(ctx, w.key, w.owner, handed)
+	if err != nil && !errors.Is(err, driver.ErrClosed) {
+		l.mu.Lock()
+		l.withdrawLater(w.key, w.owner, handed, withdrawRetry)
+		l.mu.Unlock()
+	}
+	return err
 }

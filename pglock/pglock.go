@@ -161,8 +161,12 @@
 // A waiter that gives up withdraws its place and passes a reservation made for it to
 // the next waiter, including a place its last attempt's statement may still be
 // creating: waiting attempts run to their end even when the caller gives up, and the
-// withdrawal comes after. A reservation for a crashed waiter lapses after its
-// patience, and the next waiter takes the lock when its own retry comes.
+// withdrawal comes after. A withdrawal that fails (the server is down or
+// restarting) is tried again in the background, with pauses growing to a second,
+// until it succeeds or the client closes: while the client listens, the place it
+// left would stay live, first in line, and once the holder's lease lapsed without
+// a release nobody could take the key. A reservation for a crashed waiter lapses
+// after its patience, and the next waiter takes the lock when its own retry comes.
 // A wake-up lost to a dropped connection is covered by waking every local waiter once
 // the listening connection is back, and by the core's bounded fallback retry. A grant
 // that expires rather than being released notifies no one: waiters retry when the

@@ -1287,3 +1287,68 @@ func TestServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A waiter that gives up while the server is down cannot withdraw its place then.
+// Its client keeps listening (it waits for another key), which keeps the place live
+// however old it is: first in line, it would keep every other waiter from taking
+// the key once the holder's lease lapsed without a release. The client withdraws
+// it in the background once the server is back.
+func TestWithdrawAfterOutage(t *testing.T) {
+	srv := testserver.StartPostgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := harness(t, srv)
+	key, other := drivertest.Key(t, "k"), drivertest.Key(t, "other")
+	// The holder never renews nor releases: its lease lapses after the outage.
+	holder := h.Open(t)
+	defer holder.Close()
+	if _, err := holder.Acquire(ctx, driver.Request{Key: key, Owner: "holder", TTL: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Acquire(ctx, driver.Request{Key: other, Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	fast := dlock.WithRetry(10*time.Millisecond, 200*time.Millisecond)
+	a, b := h.Client(t, fast), h.Client(t, fast)
+	lock := func(ctx context.Context, c *dlock.Client, key string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			l, err := c.Lock(ctx, key)
+			if err == nil {
+				err = l.Release(context.Background())
+			}
+			done <- err
+		}()
+		return done
+	}
+	keep, stopKeep := context.WithCancel(ctx)
+	defer stopKeep()
+	kept := lock(keep, a, other) // a listens throughout
+	gaveUp, giveUp := context.WithCancel(ctx)
+	defer giveUp()
+	aDone := lock(gaveUp, a, key)
+	waitQueued(t, b, key, 1)
+	bDone := lock(ctx, b, key)
+	waitQueued(t, b, key, 2)
+
+	srv.Stop()
+	giveUp()
+	if err := <-aDone; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a's Lock given up: %v", err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-bDone:
+		if err != nil {
+			t.Fatalf("b's Lock: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("b never got the key: the place a left behind stayed first in line")
+	}
+	stopKeep()
+	if err := <-kept; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a's other Lock: %v", err)
+	}
+}
