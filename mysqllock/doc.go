@@ -166,7 +166,11 @@
 // (one turn lost, once). A waiter
 // that gives up makes its place lapse first (no release hands it the key after
 // that), then hands on a grant already handed to its place, whether its Acquire
-// returned it or not, and deletes the place. A crashed waiter's place lapses after
+// returned it or not, and deletes the place; if that fails (the server is down or
+// restarting), the client tries again in the background, with pauses growing to a
+// second, until it succeeds or the client closes (until then the place would stay
+// live for the rest of its patience, first in line, and a holder's lease that
+// lapsed without a release would go to no one). A crashed waiter's place lapses after
 // its patience; a key handed to it before that is held for the place's TTL, like
 // a crashed holder's grant, and then taken by the next waiter's retry.
 //

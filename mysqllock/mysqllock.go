@@ -55,8 +55,10 @@ type Backend struct {
 	dropping sync.Map       // placeKey -> *drop: the deletion of a place that had its turn
 	drops    sync.WaitGroup // deletions of places that had their turn, scheduled or under way
 	dmu      sync.Mutex
-	dq       []*drop     // deletions scheduled, under dmu
-	dtimer   *time.Timer // runs them (runDrops), nil if none is scheduled; under dmu
+	dq       []*drop        // deletions scheduled, under dmu
+	dtimer   *time.Timer    // runs them (runDrops), nil if none is scheduled; under dmu
+	closing  chan struct{}  // closed by Close: background withdrawals stop
+	bg       sync.WaitGroup // background withdrawals (withdrawLater)
 
 	sq     semStatements
 	semErr error       // why semaphores and read-write locks do not work (no permit table), or nil
@@ -74,7 +76,7 @@ var (
 )
 
 func newBackend(ctx context.Context, db *sql.DB, opts []Option) (*Backend, error) {
-	b := &Backend{db: db, config: config{table: DefaultTable}, handedOn: recent.New(contendedFor)}
+	b := &Backend{db: db, config: config{table: DefaultTable}, handedOn: recent.New(contendedFor), closing: make(chan struct{})}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil option", driver.ErrInvalid)
@@ -602,6 +604,8 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.lst.close()
+	close(b.closing)
+	b.bg.Wait()
 	b.flushDrops()
 	b.drops.Wait()
 	b.stmts.close()

@@ -255,6 +255,67 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 		b.dropPlaceAsync(w.key, w.owner)
 		return nil
 	}
+	err := w.withdraw(ctx)
+	if err != nil && !errors.Is(err, driver.ErrClosed) {
+		b.withdrawLater(w)
+	}
+	return err
+}
+
+// withdrawRetry is the first pause before a failed withdrawal is tried again, and
+// withdrawTimeout bounds each try (see withdrawLater).
+const (
+	withdrawRetry   = 25 * time.Millisecond
+	withdrawTimeout = 10 * time.Second
+)
+
+// withdrawLater withdraws w's place in the background, again and again with
+// pauses growing to a second, after Stop failed to (the server down or
+// restarting, say): the place would otherwise stay live until its patience ran
+// out, first in line, and once the holder's lease lapsed without a release no one
+// could take the key meanwhile. It stops when the withdrawal succeeds, when the
+// client closes, or when the owner waits for the key again through this client
+// (that wait's own Stop withdraws).
+func (b *Backend) withdrawLater(w *waiter) {
+	if b.closed.Load() {
+		return
+	}
+	b.bg.Add(1)
+	go func() {
+		defer b.bg.Done()
+		for pause := withdrawRetry; ; pause = min(2*pause, time.Second) {
+			t := time.NewTimer(pause)
+			select {
+			case <-b.closing:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			if b.lst.waiting(w.key, w.owner) {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
+			stop := make(chan struct{})
+			go func() {
+				select {
+				case <-b.closing:
+					cancel()
+				case <-stop:
+				}
+			}()
+			err := w.withdraw(ctx)
+			close(stop)
+			cancel()
+			if err == nil || errors.Is(err, driver.ErrClosed) || b.closed.Load() {
+				return
+			}
+		}
+	}()
+}
+
+// withdraw gives up the place of a wait that did not get the key (see Stop).
+func (w *waiter) withdraw(ctx context.Context) error {
+	b := w.b
 	if _, ok := b.places.Load(placeKey{w.key, w.owner}); !ok {
 		return nil
 	}
@@ -335,6 +396,18 @@ func (l *listener) remove(w *waiter) {
 	l.mu.Lock()
 	delete(l.waiters, w)
 	l.mu.Unlock()
+}
+
+// waiting reports whether a wait of key and owner is registered.
+func (l *listener) waiting(key, owner string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for w := range l.waiters {
+		if w.key == key && w.owner == owner {
+			return true
+		}
+	}
+	return false
 }
 
 // firstAttempt reports whether a wait of key and owner is registered and has not
