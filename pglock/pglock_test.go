@@ -141,22 +141,11 @@ func testRelockAfterHandoff(t *testing.T, srv *testserver.Postgres) {
 	a, b := h.Client(t), h.Client(t)
 	ab := a.Backend().(*pglock.Backend)
 	key := drivertest.Key(t, "k")
-	lock := func(c *dlock.Client) <-chan *dlock.Lease {
-		got := make(chan *dlock.Lease, 1)
-		go func() {
-			l, err := c.Lock(ctx, key)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- l
-		}()
-		return got
-	}
 	// handOff has holder release key to waiter's queued Lock and returns the
 	// waiter's lease.
 	handOff := func(holder *dlock.Lease, hc, waiter *dlock.Client) *dlock.Lease {
 		t.Helper()
-		got := lock(waiter)
+		got := lockAsync(ctx, t, waiter, key)
 		waitQueued(t, hc, key, 1)
 		if err := holder.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -236,14 +225,7 @@ func testEnqueue(t *testing.T, srv *testserver.Postgres) {
 	waiters(0)
 	own := req
 	own.Owner = lb.Owner()
-	got := make(chan *dlock.Lease, 1)
-	go func() {
-		l, err := c.Lock(ctx, key)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- l
-	}()
+	got := lockAsync(ctx, t, c, key)
 	waitQueued(t, b, key, 1)
 	held, err := ab.Enqueue(ctx, own)
 	if err != nil || held != nil {
@@ -329,6 +311,20 @@ func testRelockBehindQueue(t *testing.T, srv *testserver.Postgres) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// lockAsync runs c.Lock(ctx, key) on a goroutine and sends its lease on the channel
+// it returns: nil after an error, which it reports.
+func lockAsync(ctx context.Context, t *testing.T, c *dlock.Client, key string) <-chan *dlock.Lease {
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		l, err := c.Lock(ctx, key)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	return got
 }
 
 // An INSERT computes its row before it reaches the unique index, and may wait there
@@ -749,14 +745,7 @@ func testNotifyOnlyWhenWaited(t *testing.T, srv *testserver.Postgres) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *dlock.Lease, 1)
-	go func() {
-		l2, err := b.Lock(ctx, key)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- l2
-	}()
+	got := lockAsync(ctx, t, b, key)
 	waitQueued(t, a, key, 1)
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -844,14 +833,7 @@ func testCrashedWaiter(t *testing.T, srv *testserver.Postgres) {
 		t.Fatalf("crashed waiter's attempt: %v", err)
 	}
 	next := h.Client(t, dlock.WithRetry(10*time.Millisecond, 300*time.Millisecond))
-	got := make(chan *dlock.Lease, 1)
-	go func() {
-		l2, err := next.Lock(ctx, key)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- l2
-	}()
+	got := lockAsync(ctx, t, next, key)
 	waitQueued(t, holder, key, 2)
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -1033,14 +1015,7 @@ func testConnectionLoss(t *testing.T, srv *testserver.Postgres) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *dlock.Lease, 1)
-	go func() {
-		l2, err := b.Lock(ctx, key)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- l2
-	}()
+	got := lockAsync(ctx, t, b, key)
 	time.Sleep(200 * time.Millisecond) // let b queue (not needed for correctness)
 	if n := terminate(t, pool, "loss-a") + terminate(t, pool, "loss-b"); n < 2 {
 		t.Fatalf("terminated %d connections, want at least 2", n)
