@@ -79,12 +79,21 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	if b.closed.Load() {
 		return driver.Grant{}, driver.ErrClosed
 	}
+	var w *waiter
 	if req.Wait {
-		if w := b.lst.lookup(req.Key, req.Owner); w != nil {
-			return w.attempt(ctx, req) // tracked, so that Stop can withdraw what it leaves
-		}
+		w = b.lst.lookup(req.Key, req.Owner)
 	}
-	return b.acquire(ctx, req, 0)
+	var g driver.Grant
+	var err error
+	if w != nil {
+		g, err = w.attempt(ctx, req) // tracked, so that Stop can withdraw what it leaves
+	} else {
+		g, err = b.acquire(ctx, req, 0)
+	}
+	if errors.Is(err, driver.ErrLocked) {
+		b.heldLately.Mark(req.Key, time.Now()) // see WatchFirst
+	}
+	return g, err
 }
 
 // acquire is one attempt of Acquire. seq, when positive, is the number of a tracked

@@ -24,3 +24,11 @@ func SetContendedFor(d time.Duration) (restore func()) {
 func (b *Backend) Enqueue(ctx context.Context, req driver.Request) (*driver.HeldError, error) {
 	return b.enqueue(ctx, req, req.TTL, nil, 0)
 }
+
+// Listening reports whether b's listening goroutine was ever started (by a wait or
+// a holder watch).
+func (b *Backend) Listening() bool {
+	b.lst.mu.Lock()
+	defer b.lst.mu.Unlock()
+	return b.lst.started
+}

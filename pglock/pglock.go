@@ -173,7 +173,9 @@
 // holder's TTL runs out.
 //
 // Costs: an uncontended cycle is one INSERT and one DELETE, like the plainest table
-// lock. A handoff is one write and one NOTIFY whatever the number of waiters (a
+// lock, and needs no listening connection: a Lock registers its wait before its
+// first attempt only on a key this client found held in the last two seconds
+// (WatchFirst), elsewhere only once that attempt is refused. A handoff is one write and one NOTIFY whatever the number of waiters (a
 // holder handed the key with places behind it releases with the handoff statement
 // at once, one round trip); the
 // NOTIFY travels to one client only, but PostgreSQL (15) signals every listening
@@ -501,6 +503,24 @@ type Backend struct {
 	// handedOn marks the mutex keys this client handed to a waiter lately (see
 	// contended).
 	handedOn *recent.Keys
+	// heldLately marks the keys an attempt of this client found held lately (see
+	// WatchFirst).
+	heldLately *recent.Keys
+}
+
+// heldFor is how long a key an attempt found held counts as contended for
+// WatchFirst.
+const heldFor = 2 * time.Second
+
+// WatchFirst implements driver.WatchAdvisor: a waiting Lock registers its wait
+// before its first attempt only on a key this client found held in the last two
+// seconds, or handed to a waiter lately. Elsewhere the key is most likely free, and
+// its first attempt, without a place in the queue, is all an uncontended Lock costs:
+// registering costs a wake-up of the listening goroutine, and another when the wait
+// ends.
+func (b *Backend) WatchFirst(key string) bool {
+	now := time.Now()
+	return b.heldLately.Within(key, now) || b.handedOn.Within(key, now)
 }
 
 // contendedFor is how long after this client handed a key on to a waiter its next
@@ -513,6 +533,7 @@ func (b *Backend) contended(key string) bool { return b.handedOn.Within(key, tim
 
 var (
 	_ driver.Notifier      = (*Backend)(nil)
+	_ driver.WatchAdvisor  = (*Backend)(nil)
 	_ driver.Inspector     = (*Backend)(nil)
 	_ driver.ForceReleaser = (*Backend)(nil)
 	_ driver.Valuer        = (*Backend)(nil)

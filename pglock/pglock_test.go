@@ -128,6 +128,56 @@ func TestPostgres(t *testing.T) {
 	t.Run("RelockAfterHandoff", func(t *testing.T) { testRelockAfterHandoff(t, srv) })
 	t.Run("Enqueue", func(t *testing.T) { testEnqueue(t, srv) })
 	t.Run("RelockBehindQueue", func(t *testing.T) { testRelockBehindQueue(t, srv) })
+	t.Run("WatchFirst", func(t *testing.T) { testWatchFirst(t, srv) })
+}
+
+// An uncontended Lock registers no wait, so it opens no listening connection; a
+// key an attempt found held is waited for as before, registered before the first
+// attempt from then on.
+func testWatchFirst(t *testing.T, srv *testserver.Postgres) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h := harness(t, srv)
+	a, holder := h.Client(t), h.Client(t)
+	ab := a.Backend().(*pglock.Backend)
+	free, held := drivertest.Key(t, "free"), drivertest.Key(t, "held")
+	for range 3 {
+		l, err := a.Lock(ctx, free)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ab.Listening() {
+		t.Fatal("uncontended Locks started the listening connection")
+	}
+	if ab.WatchFirst(free) || ab.WatchFirst(held) {
+		t.Fatal("WatchFirst true for a key never found held")
+	}
+	hl, err := holder.Lock(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := a.Lock(ctx, held) // refused, then waits
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	waitQueued(t, holder, held, 1)
+	if !ab.WatchFirst(held) || ab.WatchFirst(free) {
+		t.Fatalf("WatchFirst after a refusal: held %v, free %v", ab.WatchFirst(held), ab.WatchFirst(free))
+	}
+	if err := hl.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("a's Lock of the held key: %v", err)
+	}
 }
 
 // A client that just handed a key to a waiter sends its next waiting Lock of the key
@@ -960,8 +1010,18 @@ func testNewAndLinger(t *testing.T, srv *testserver.Postgres) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if n := listeners(); n != 0 {
+		t.Fatalf("%d listening connections after an uncontended Lock, want 0", n)
+	}
+	w, err := be.Watch(ctx, "k", "o") // a wait
+	if err != nil {
+		t.Fatal(err)
+	}
 	if n := listeners(); n != 1 {
 		t.Fatalf("%d listening connections after a wait, want 1", n)
+	}
+	if err := w.Stop(ctx, false); err != nil {
+		t.Fatal(err)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -1132,10 +1192,15 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("Open over TLS: %v", err)
 	}
 	defer c.Close()
-	l, err := c.Lock(ctx, "k") // Lock opens the listening connection as well
+	l, err := c.Lock(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
+	w, err := c.Backend().(driver.Notifier).Watch(ctx, "other", "o") // opens the listening connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(ctx, false)
 	var plain int
 	if err := admin(t, srv).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
 		WHERE a.application_name = 'tls-test' AND NOT s.ssl`).Scan(&plain); err != nil {
