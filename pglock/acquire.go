@@ -91,7 +91,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		g, err = b.acquire(ctx, req, 0)
 	}
 	if errors.Is(err, driver.ErrLocked) {
-		b.heldLately.Mark(req.Key, time.Now()) // see WatchFirst
+		b.heldLately.Mark(req.Key) // see WatchFirst
 	}
 	return g, err
 }

@@ -154,7 +154,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, opts []Option) (*Backen
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pgxpool.Pool", driver.ErrInvalid)
 	}
-	b := &Backend{pool: pool, config: config{linger: DefaultLinger}, handedOn: recent.New(contendedFor), heldLately: recent.New(heldFor)}
+	b := &Backend{pool: pool, config: config{linger: DefaultLinger}, handedOn: recent.New(contendedFor), heldLately: recent.NewSlots(heldFor)}
 	if err := WithTable(DefaultTable)(&b.config); err != nil {
 		return nil, err
 	}

@@ -504,8 +504,8 @@ type Backend struct {
 	// contended).
 	handedOn *recent.Keys
 	// heldLately marks the keys an attempt of this client found held lately (see
-	// WatchFirst).
-	heldLately *recent.Keys
+	// WatchFirst): in fixed space, since every refused TryLock marks its key.
+	heldLately *recent.Slots
 }
 
 // heldFor is how long a key an attempt found held counts as contended for
@@ -519,8 +519,7 @@ const heldFor = 2 * time.Second
 // registering costs a wake-up of the listening goroutine, and another when the wait
 // ends.
 func (b *Backend) WatchFirst(key string) bool {
-	now := time.Now()
-	return b.heldLately.Within(key, now) || b.handedOn.Within(key, now)
+	return b.heldLately.Within(key) || b.handedOn.Within(key, time.Now())
 }
 
 // contendedFor is how long after this client handed a key on to a waiter its next

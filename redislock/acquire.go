@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,13 +39,13 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 				return g, nil
 			}
 		}
-		if w != nil && w.queued.Load() || b.hot.seen(req.Key) {
+		if w != nil && w.queued.Load() || b.hot.Within(req.Key) {
 			return b.acquire(ctx, req, keys, ttl, true, w)
 		}
 	}
 	g, err := b.acquire(ctx, req, keys, ttl, false, nil)
 	if errors.Is(err, driver.ErrLocked) {
-		b.hot.mark(req.Key)
+		b.hot.Mark(req.Key)
 		if req.Wait {
 			return b.acquire(ctx, req, keys, ttl, true, w)
 		}
@@ -151,26 +149,5 @@ func (b *Backend) ttlBox(ms int64) any {
 	return ms
 }
 
-// hotKeys remembers, approximately and in fixed space, which keys this client found
-// held lately: a slot per key hash with the time (see mono) it was last found held. A
-// collision only makes a waiting attempt queue at once, without trying plainly first.
-type hotKeys struct {
-	seed  maphash.Seed
-	slots [64]atomic.Int64
-}
-
-// hotFor is how long a key found held counts as contended.
+// hotFor is how long a key found held counts as contended (Backend.hot).
 const hotFor = 2 * time.Second
-
-func (h *hotKeys) init() { h.seed = maphash.MakeSeed() }
-
-func (h *hotKeys) slot(key string) *atomic.Int64 {
-	return &h.slots[maphash.String(h.seed, key)%uint64(len(h.slots))]
-}
-
-func (h *hotKeys) mark(key string) { h.slot(key).Store(mono()) }
-
-func (h *hotKeys) seen(key string) bool {
-	t := h.slot(key).Load()
-	return t != 0 && mono()-t < int64(hotFor) // no clock read for a key never found held
-}

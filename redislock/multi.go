@@ -48,7 +48,7 @@ func (b *Backend) AcquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 	if cerr == nil && len(ns) == 3 && ns[0] == 0 && ns[1] >= 1 && ns[1] <= int64(len(reqs)) {
 		// Refused, which changed nothing, whatever the replicas say.
 		key := reqs[ns[1]-1].Key
-		b.hot.mark(key)
+		b.hot.Mark(key)
 		held := &driver.HeldError{}
 		if ns[2] > 0 {
 			held.RetryAfter = time.Duration(ns[2]) * time.Millisecond

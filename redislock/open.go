@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/recent"
 )
 
 // New returns a backend on an existing go-redis client. The caller keeps owning the
@@ -20,7 +21,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts ...Option) (*Backe
 		return nil, invalid("nil redis client")
 	}
 	b := &Backend{rdb: rdb, config: defaultConfig(), waiters: make(map[driver.Holder]*waiter),
-		holders: make(map[string]*holderSub), pings: make(map[string]chan struct{}), lost: make(chan struct{})}
+		holders: make(map[string]*holderSub), pings: make(map[string]chan struct{}), lost: make(chan struct{}), hot: recent.NewSlots(hotFor)}
 	for _, o := range opts {
 		if err := o(&b.config); err != nil {
 			return nil, err
@@ -30,7 +31,6 @@ func New(ctx context.Context, rdb redis.UniversalClient, opts ...Option) (*Backe
 		return nil, err
 	}
 	b.wakeCh = wakeChannel(b.prefix, driver.RandomHex(wakeIDBytes))
-	b.hot.init()
 	return b, nil
 }
 

@@ -306,6 +306,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/recent"
 )
 
 // The URL schemes of the backend: Scheme for TCP, SchemeTLS for TCP with TLS,
@@ -336,8 +337,8 @@ type Backend struct {
 	rdb    redis.UniversalClient
 	own    bool                     // close rdb in Close
 	ttlArg atomic.Pointer[boxedInt] // a script argument boxed once, not per call
-	hot    hotKeys
-	wakeCh string // this client's wake-up channel
+	hot    *recent.Slots            // the keys this client found held lately (see hotFor)
+	wakeCh string                   // this client's wake-up channel
 
 	mu         sync.Mutex
 	closed     atomic.Bool // set under mu; read without it

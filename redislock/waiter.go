@@ -18,7 +18,7 @@ import (
 
 // WatchFirst implements driver.WatchAdvisor: a wait registers before its first
 // attempt only on a key this client found held in the last two seconds.
-func (b *Backend) WatchFirst(key string) bool { return b.hot.seen(key) }
+func (b *Backend) WatchFirst(key string) bool { return b.hot.Within(key) }
 
 // Watch implements driver.Notifier. The first call subscribes this client to its
 // wake-up channel; every later wait shares that one subscription. Registering a wait

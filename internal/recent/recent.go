@@ -1,8 +1,9 @@
 // Package recent remembers which keys had an event lately: a backend marks a key
-// when its client hands the key to a waiter, and asks within a short window
-// whether the key is contended, so that its next waiting attempt can skip a step
-// that would most likely be refused. It is a hint only: a wrong answer costs a
-// round trip, never safety.
+// when its client hands the key to a waiter, or finds it held, and asks within a
+// short window whether the key is contended, so that its next waiting attempt can
+// skip a step that would most likely be refused. It is a hint only: a wrong answer
+// costs a round trip, never safety. Keys is exact and grows with the keys marked
+// (swept now and then); Slots is approximate, in fixed space, without a lock.
 package recent
 
 import (

@@ -79,3 +79,48 @@ func TestConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A Slots answers like a Keys for a marked key, over its window; keys never marked
+// answer no unless they share a marked key's slot.
+func TestSlots(t *testing.T) {
+	const w = 20 * time.Millisecond
+	s := NewSlots(w)
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k", i)
+		if s.Within(keys[i]) {
+			t.Fatalf("%s within the window before any mark", keys[i])
+		}
+	}
+	t0 := time.Now()
+	s.mark("a", t0)
+	ta := s.slot("a").Load()
+	for _, c := range []struct {
+		after time.Duration
+		want  bool
+	}{{0, true}, {w - time.Nanosecond, true}, {w, false}, {time.Hour, false}} {
+		if got := s.within(ta, t0.Add(c.after)); got != c.want {
+			t.Errorf("within %v after the mark = %v, want %v", c.after, got, c.want)
+		}
+	}
+	if !s.Within("a") {
+		t.Fatal("a not within the window right after its mark")
+	}
+	shared := 0
+	for _, k := range keys {
+		if s.Within(k) {
+			if s.slot(k) != s.slot("a") {
+				t.Fatalf("%s within the window: marked by nobody", k)
+			}
+			shared++
+		}
+	}
+	// With 64 slots, about 1000/64 keys share a's.
+	if shared > len(keys)/8 {
+		t.Fatalf("%d keys of %d answer as marked", shared, len(keys))
+	}
+	s.mark("a", t0.Add(-w))
+	if s.Within("a") {
+		t.Fatal("a mark a window old is within the window")
+	}
+}
