@@ -175,9 +175,9 @@
 // Costs: an uncontended cycle is one INSERT and one DELETE, like the plainest table
 // lock, and needs no listening connection: a Lock registers its wait before its
 // first attempt only on a key this client found held in the last two seconds
-// (WatchFirst), elsewhere only once that attempt is refused. A handoff is one write and one NOTIFY whatever the number of waiters (a
-// holder handed the key with places behind it releases with the handoff statement
-// at once, one round trip); the
+// (WatchFirst), elsewhere only once that attempt is refused. A handoff is one write
+// and one NOTIFY whatever the number of waiters (a holder handed the key with places
+// behind it releases with the handoff statement at once, one round trip); the
 // NOTIFY travels to one client only, but PostgreSQL (15) signals every listening
 // session of the database to look at it, so each client that is waiting adds a little
 // server work to every handoff. Queueing is one write per waiter. Waiters' fallback
@@ -482,8 +482,9 @@ const DefaultTable = "dlock_locks"
 const DefaultLinger = time.Minute
 
 // Backend is the PostgreSQL backend. It implements driver.Backend, driver.Notifier,
-// driver.Inspector, driver.ForceReleaser, driver.Valuer, driver.HolderWatcher,
-// driver.Semaphorer, driver.Sharer and driver.Queuer, and is safe for concurrent use.
+// driver.WatchAdvisor, driver.Inspector, driver.ForceReleaser, driver.Valuer,
+// driver.HolderWatcher, driver.Semaphorer, driver.Sharer and driver.Queuer, and is
+// safe for concurrent use.
 type Backend struct {
 	config
 	pool    *pgxpool.Pool
@@ -514,7 +515,8 @@ const heldFor = 2 * time.Second
 
 // WatchFirst implements driver.WatchAdvisor: a waiting Lock registers its wait
 // before its first attempt only on a key this client found held in the last two
-// seconds, or handed to a waiter lately. Elsewhere the key is most likely free, and
+// seconds (or a key that shares its slot in that record, see recent.Slots), or
+// handed to a waiter lately. Elsewhere the key is most likely free, and
 // its first attempt, without a place in the queue, is all an uncontended Lock costs:
 // registering costs a wake-up of the listening goroutine, and another when the wait
 // ends.
