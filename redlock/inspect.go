@@ -203,16 +203,36 @@ func (b *Backend) readHolders(ctx context.Context, key, op string) ([]driver.Inf
 }
 
 // holderInfo describes an owner that holds the key on the nodes of vs, a majority:
-// the largest token they report, the time for which a majority still holds it (the
-// quorum-th largest TTL), and the value a majority holds, or a QuorumError (for
-// operation op) when no value does.
+// its token, the time for which a majority still holds it (the quorum-th largest
+// TTL), and the value a majority holds, or a QuorumError (for operation op) when no
+// value does. A writer's token is the one a majority of nodes carries, as the
+// holder's Lock took it (nodes outside that majority may carry another: one the node
+// drew in a handoff, or 0 while the grant's commit is on its way), and a
+// QuorumError while no token has a majority yet; a reader's is the largest its
+// nodes report.
 func (b *Backend) holderInfo(op, key, owner string, vs []view, waiters int, shared bool, errs []error) (driver.Info, error) {
 	slices.SortFunc(vs, func(a, c view) int { return int(c.pttl - a.pttl) })
 	var tok uint64
 	votes := make(map[string]int, 1)
+	toks := make(map[uint64]int, 1)
 	for _, v := range vs {
 		tok = max(tok, v.tok)
 		votes[v.value]++
+		if v.tok != 0 {
+			toks[v.tok]++
+		}
+	}
+	if !shared {
+		tok = 0
+		for t, n := range toks {
+			if n >= b.quorum {
+				tok = t
+			}
+		}
+		if tok == 0 {
+			return driver.Info{}, &QuorumError{Op: op, Key: key, OK: len(vs), Need: b.quorum, Nodes: len(b.nodes),
+				Note: "no majority of nodes agrees on the holder's token yet (a grant settling)", Err: b.nodeErrors(errs)}
+		}
 	}
 	info := driver.Info{Key: key, Owner: owner, Token: tok, Shared: shared,
 		TTL: time.Duration(max(vs[b.quorum-1].pttl, 0)) * time.Millisecond, Waiters: waiters}

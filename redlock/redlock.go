@@ -233,8 +233,12 @@
 // majority), leaving the nodes it reached with the new value. Inspect follows its
 // rule for the owner: the value that a majority of nodes holds with the owner; when
 // none does (a SetValue under way, or one that failed part way), it returns a
-// QuorumError rather than guess. A waiter's value travels with its own attempts
-// (there is no handoff on the nodes).
+// QuorumError rather than guess. A writer's token in Inspect follows the same rule:
+// the token a majority of nodes carries, the one the holder's Lock returned (a node
+// outside that majority may carry one it drew in a handoff, or 0 while the grant's
+// commit is on its way); while none does, a QuorumError. A waiter's value travels
+// with its place: a release that hands it the lock sets it with the grant (see
+// handoff.go).
 //
 // # Watching holders
 //
