@@ -303,75 +303,10 @@ func TestServerRestart(t *testing.T) {
 	}
 }
 
-// A waiter that gives up while the server is down cannot withdraw its place then,
-// and the place stays live for its patience (a minute here), first in line: once
-// the holder's lease lapsed without a release, nobody else could take the key until
-// then. The client withdraws it in the background once the server is back.
+// A waiter that gives up while the server is down leaves no place behind once it
+// is back (see drivertest.WithdrawAfterOutage): the place would stay live for its
+// patience (a minute there), first in line.
 func TestWithdrawAfterOutage(t *testing.T) {
 	srv := testserver.StartMariaDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	key := "outage"
-	holder := open(t, srv.URL())
-	defer holder.Close()
-	// The holder never renews nor releases: its lease lapses after the outage.
-	if _, err := holder.Acquire(ctx, driver.Request{Key: key, Owner: "holder", TTL: 2 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	a := open(t, srv.URL())
-	defer a.Close()
-	w, err := a.Watch(ctx, key, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Acquire(ctx, driver.Request{Key: key, Owner: "a", TTL: time.Second, Wait: true, Patience: time.Minute}); !errors.Is(err, driver.ErrLocked) {
-		t.Fatalf("a's waiting attempt: %v", err)
-	}
-	b, err := dlock.Open(ctx, srv.URL(), dlock.WithRetry(10*time.Millisecond, 200*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	// b's Lock fails on the lost connections; it locks again, as a worker would.
-	got := make(chan error, 1)
-	go func() {
-		for {
-			l, err := b.Lock(ctx, key)
-			if err == nil {
-				got <- l.Release(context.Background())
-				return
-			}
-			if ctx.Err() != nil {
-				got <- err
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if info, err := holder.Inspect(ctx, key); err == nil && info.Waiters == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("b never queued behind a")
-		}
-	}
-
-	srv.Stop()
-	sctx, scancel := context.WithTimeout(ctx, time.Second)
-	if err := w.Stop(sctx, false); err == nil {
-		t.Fatal("a's withdrawal succeeded with the server down")
-	}
-	scancel()
-	if err := srv.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("b's Lock: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("b never got the key: the place a left behind stayed first in line")
-	}
+	drivertest.WithdrawAfterOutage(t, harness(t, srv), srv.Stop, srv.Restart)
 }

@@ -1328,78 +1328,10 @@ func TestServerRestart(t *testing.T) {
 	}
 }
 
-// A waiter that gives up while the server is down cannot withdraw its place then.
-// Its client keeps listening (it waits for another key), which keeps the place live
-// however old it is: first in line, it would keep every other waiter from taking
-// the key once the holder's lease lapsed without a release. The client withdraws
-// it in the background once the server is back.
+// A waiter that gives up while the server is down leaves no place behind once it
+// is back (see drivertest.WithdrawAfterOutage): its client, still listening, would
+// keep that place live however old it is.
 func TestWithdrawAfterOutage(t *testing.T) {
 	srv := testserver.StartPostgres(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	h := harness(t, srv)
-	key, other := drivertest.Key(t, "k"), drivertest.Key(t, "other")
-	// The holder never renews nor releases: its lease lapses after the outage.
-	holder := h.Open(t)
-	defer holder.Close()
-	if _, err := holder.Acquire(ctx, driver.Request{Key: key, Owner: "holder", TTL: 2 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := holder.Acquire(ctx, driver.Request{Key: other, Owner: "holder", TTL: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	// a is a backend, not a client: its waits are registered and stopped here, so
-	// that nothing in the test fails on the outage but the withdrawal.
-	a := h.Open(t)
-	defer a.Close()
-	kept, err := a.(driver.Notifier).Watch(ctx, other, "a") // a listens throughout
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := a.(driver.Notifier).Watch(ctx, key, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Acquire(ctx, driver.Request{Key: key, Owner: "a", TTL: time.Second, Wait: true, Patience: time.Minute}); !errors.Is(err, driver.ErrLocked) {
-		t.Fatalf("a's waiting attempt: %v", err)
-	}
-	b := h.Client(t, dlock.WithRetry(10*time.Millisecond, 200*time.Millisecond))
-	// b's Lock may fail on the lost connections; it locks again, as a worker would.
-	bDone := make(chan error, 1)
-	go func() {
-		for {
-			l, err := b.Lock(ctx, key)
-			if err == nil {
-				bDone <- l.Release(context.Background())
-				return
-			}
-			if ctx.Err() != nil {
-				bDone <- err
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
-	waitQueued(t, b, key, 2)
-
-	srv.Stop()
-	sctx, scancel := context.WithTimeout(ctx, time.Second)
-	if err := w.Stop(sctx, false); err == nil {
-		t.Fatal("a's withdrawal succeeded with the server down")
-	}
-	scancel()
-	if err := srv.Restart(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-bDone:
-		if err != nil {
-			t.Fatalf("b's Lock: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("b never got the key: the place a left behind stayed first in line")
-	}
-	if err := kept.Stop(ctx, false); err != nil {
-		t.Fatalf("a's other wait: %v", err)
-	}
+	drivertest.WithdrawAfterOutage(t, harness(t, srv), srv.Stop, srv.Restart)
 }
