@@ -143,12 +143,14 @@ func BenchContended(b *testing.B, h Harness, workers int) {
 		if h.Ops != nil {
 			start0 = h.readOps(b)
 		}
+		cpu := startCPU()
 		b.ResetTimer()
 		run, err := measure.Contend(ctx, cs, []string{key}, measure.Limit{N: int64(b.N)})
 		b.StopTimer()
 		if err != nil {
 			b.Fatal(err)
 		}
+		cpu.report(b, run.All)
 		if run.Overlaps > 0 {
 			b.Fatalf("%d acquisitions found the key held by another worker", run.Overlaps)
 		}
@@ -164,4 +166,54 @@ func BenchContended(b *testing.B, h Harness, workers int) {
 			b.ReportMetric(float64(h.readOps(b)-start0)/float64(run.All), "ops/acq")
 		}
 	})
+}
+
+// cpuReading is the machine's busy CPU time at the start of a measurement.
+type cpuReading struct {
+	busy time.Duration
+	ok   bool
+}
+
+func startCPU() cpuReading {
+	busy, ok := measure.MachineCPU()
+	return cpuReading{busy, ok}
+}
+
+// report adds "machine-cpu-us/acq": the CPU time the whole machine (client, servers
+// and kernel) spent per acquisition since the reading, where it can be read. It
+// counts everything else running too: compare it between runs on a quiet machine.
+func (r cpuReading) report(b *testing.B, acquisitions int64) {
+	busy, ok := measure.MachineCPU()
+	if r.ok && ok && acquisitions > 0 {
+		b.ReportMetric(float64((busy-r.busy).Microseconds())/float64(acquisitions), "machine-cpu-us/acq")
+	}
+}
+
+// BenchRing runs measure.Ring for b.N turns (each one acquisition) with the given
+// wait and pass, and reports acquisitions per second and the machine's CPU time per
+// acquisition: the bare fair handoff a backend's hot key is compared with.
+func BenchRing(b *testing.B, workers int, wait, pass func(ctx context.Context, w int, turn int64) error) {
+	cpu := startCPU()
+	b.ResetTimer()
+	d, err := measure.Ring(context.Background(), workers, int64(b.N), wait, pass)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(measure.PerSecond(int64(b.N), d), "acq/s")
+	cpu.report(b, int64(b.N))
+}
+
+// BenchPolled runs measure.Polled for b.N acquisitions and reports as BenchRing
+// does: the unfair polled lock of the peers, in the same benchmark run.
+func BenchPolled(b *testing.B, workers int, poll time.Duration, try func(ctx context.Context, w int) (bool, error), release func(ctx context.Context, w int) error) {
+	cpu := startCPU()
+	b.ResetTimer()
+	d, err := measure.Polled(context.Background(), workers, int64(b.N), poll, try, release)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(measure.PerSecond(int64(b.N), d), "acq/s")
+	cpu.report(b, int64(b.N))
 }
