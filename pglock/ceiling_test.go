@@ -2,12 +2,14 @@ package pglock_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dlockio/dlock/drivertest"
 	"github.com/dlockio/dlock/internal/testserver"
@@ -22,6 +24,10 @@ import (
 //     synchronously, its token drawn) with a pg_notify to the next worker's
 //     channel; each worker waits on a LISTEN connection of its own, as pglock's
 //     clients do.
+//   - cancel-ring: the same UPDATE with a pg_cancel_backend of the next worker's
+//     connection, which waits in pg_advisory_lock for a lock another connection
+//     of that worker holds and then reads its grant FOR SHARE (which waits for
+//     the pass to commit): mysqllock's wake-up, tried on PostgreSQL.
 //   - advisory-chain: the same UPDATE, and then the worker gives back a session
 //     advisory lock of its turn, on which the next worker waits in the server
 //     (a connection per waiter, as pg_advisory_lock's users have).
@@ -72,6 +78,49 @@ func BenchmarkHandoffCeiling(b *testing.B) {
 					next := int(turn+1) % workers
 					_, err := cs[w].Exec(ctx, `WITH u AS (UPDATE ceiling_lease SET owner = $1, token = token + 1 WHERE k = 'a' RETURNING 1)
 						SELECT pg_notify($2, '') FROM u`, next, channel(next))
+					if err == nil && place {
+						err = ceilingPlace(ctx, cs[w], w)
+					}
+					return err
+				})
+		})
+		b.Run("cancel-ring"+suffix, func(b *testing.B) {
+			cs, ls, hs := ceilingConns(b, srv, workers), ceilingConns(b, srv, workers), ceilingConns(b, srv, workers)
+			base := ceilingBase.Add(1) << 32
+			pids := make([]uint32, workers)
+			for w := range workers {
+				if _, err := hs[w].Exec(context.Background(), `SELECT pg_advisory_lock($1)`, base+int64(w)); err != nil {
+					b.Fatal(err)
+				}
+				// A cancel that comes before the wait starts is lost: the wait
+				// then ends by its lock timeout and the grant's read.
+				if _, err := ls[w].Exec(context.Background(), `SET lock_timeout = '1s'`); err != nil {
+					b.Fatal(err)
+				}
+				pids[w] = ls[w].PgConn().PID()
+			}
+			drivertest.BenchRing(b, workers,
+				func(ctx context.Context, w int, _ int64) error {
+					for {
+						_, err := ls[w].Exec(ctx, `SELECT pg_advisory_lock($1)`, base+int64(w))
+						var pe *pgconn.PgError
+						if err != nil && !(errors.As(err, &pe) && (pe.Code == "57014" || pe.Code == "55P03")) { // canceled (the wake-up), lock timeout
+							return err
+						}
+						var owner int
+						// FOR SHARE waits for the pass that cancelled the wait to commit.
+						if err := ls[w].QueryRow(ctx, `SELECT owner FROM ceiling_lease WHERE k = 'a' FOR SHARE`).Scan(&owner); err != nil || owner == w {
+							return err
+						}
+					}
+				},
+				func(ctx context.Context, w int, turn int64) error {
+					if turn == 0 {
+						time.Sleep(20 * time.Millisecond) // let the first waiter start waiting
+					}
+					next := int(turn+1) % workers
+					_, err := cs[w].Exec(ctx, `WITH u AS (UPDATE ceiling_lease SET owner = $1, token = token + 1 WHERE k = 'a' RETURNING 1)
+						SELECT pg_cancel_backend($2) FROM u`, next, int64(pids[next]))
 					if err == nil && place {
 						err = ceilingPlace(ctx, cs[w], w)
 					}
