@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,6 +149,13 @@ func TestReenterOnlyWhenSafe(t *testing.T) {
 		if got := fmt.Sprint(rb.reenter); got != tc.want {
 			t.Errorf("%s: Reenter of the attempts = %s, want %s", tc.name, got, tc.want)
 		}
+		// Resume only for WithResume: a generated owner id's grants are all made
+		// through this client (see driver.Request.Resume).
+		for i, r := range rb.resume {
+			if want := strings.HasPrefix(tc.name, "resume"); r != want {
+				t.Errorf("%s: attempt %d says Resume %v, want %v", tc.name, i, r, want)
+			}
+		}
 		switch {
 		case tc.name == "stable TryLock":
 			if !errors.Is(err, dlock.ErrValidityTooShort) {
@@ -166,11 +174,11 @@ func TestReenterOnlyWhenSafe(t *testing.T) {
 
 type recordingLate struct {
 	*lateFirst
-	reenter []bool
+	reenter, resume []bool
 }
 
 func (b *recordingLate) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
-	b.reenter = append(b.reenter, req.Reenter)
+	b.reenter, b.resume = append(b.reenter, req.Reenter), append(b.resume, req.Resume)
 	return b.lateFirst.Acquire(ctx, req)
 }
 

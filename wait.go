@@ -106,7 +106,7 @@ func (c *Client) afterObtain(ctx context.Context, key, owner string, cfg *config
 func (c *Client) attempts(ctx context.Context, key, owner string, cfg *config, wait, generated bool, st *obtainState) (*grant, time.Time, error) {
 	l := &attemptLoop{
 		c: c, cfg: cfg, wait: wait, st: st,
-		req:     driver.Request{Key: key, Owner: owner, TTL: cfg.ttl, Reenter: generated || cfg.resume, Value: cfg.value, Limit: cfg.limit, Shared: cfg.shared},
+		req:     driver.Request{Key: key, Owner: owner, TTL: cfg.ttl, Reenter: generated || cfg.resume, Resume: cfg.resume, Value: cfg.value, Limit: cfg.limit, Shared: cfg.shared},
 		budget:  maxFallbackScale * cfg.retryMax,
 		backoff: cfg.retryMin,
 	}

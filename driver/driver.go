@@ -135,6 +135,15 @@ type Request struct {
 	// grant a release handed to the caller's own queued place when it can tell that
 	// place from another client's of the same owner (redislock does, by channel).
 	Reenter bool
+	// Resume says that the caller resumes explicitly (dlock.WithResume): a grant
+	// Owner holds may have been made through another client, by an earlier
+	// process of that owner id. Reenter is then set too. Without Resume, every
+	// grant Owner may hold of Key was made through this Backend by the same lock
+	// call (a generated owner id is that call's alone), so a backend that keeps
+	// grants under the client's name (etcdlock's member keys) need not look for
+	// one under another client's, which costs a read of the queue's head on every
+	// attempt that queues.
+	Resume bool
 	// TTL is how long the server keeps the grant without a Refresh.
 	TTL time.Duration
 	// Wait tells a queueing backend that the caller will wait if the key is held.

@@ -35,10 +35,12 @@
 // that makes a waiter the holder reads the member just ahead by create revision. The transaction is guarded by "the own member key does not exist",
 // so a retry after a lost reply finds the first try's key instead of making another.
 // A first member whose value is the caller's owner id, under another member key, is
-// taken over only by a request that says Reenter (a restarted process resuming it
-// with dlock.WithResume): it is moved onto the current session's lease, which keeps
-// its create revision and so its token. Without Reenter it is waited for like any
-// other holder (another live process may use the same owner id).
+// taken over only by a request that says Resume (driver.Request: a restarted
+// process resuming it with dlock.WithResume): it is moved onto the current
+// session's lease, which keeps its create revision and so its token. Without
+// Resume it is waited for like any other holder (another live process may use the
+// same owner id), and no attempt looks for one: a generated owner id's grants are
+// all made through this client, under its own member name.
 //
 // Member keys are named after the client, the lock's range and <client id>.<n>, n
 // the smallest number not in use in that client, not after the owner: owner ids are

@@ -155,9 +155,9 @@ func (b *Backend) callerHolds(ctx context.Context, first *mvccpb.KeyValue, owner
 }
 
 // predecessorOp reads the member just ahead of the one created at rev.
-func predecessorOp(prefix string, rev int64) clientv3.Op {
-	return clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithMaxCreateRev(rev-1),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+func predecessorOp(prefix string, rev int64, opts ...clientv3.OpOption) clientv3.Op {
+	return clientv3.OpGet(prefix, append([]clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithMaxCreateRev(rev - 1),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1), clientv3.WithKeysOnly()}, opts...)...)
 }
 
 func leaseErr(err error) error {
@@ -257,9 +257,7 @@ func (b *Backend) placedAttempt(ctx context.Context, s *session, w *waiter, pref
 	// before it)? Both reads in one transaction, so at one revision; both read keys
 	// only. (A compare over the prefix would read every member's value: the cost of
 	// a handoff would grow with the queue.)
-	resp, err := b.cli.Txn(ctx).
-		Then(clientv3.OpGet(member, clientv3.WithKeysOnly()), predecessorOp(prefix, rev)).
-		Commit()
+	resp, readRev, err := b.placeRead(ctx, member, prefix, rev, w.deletion())
 	if err != nil {
 		return driver.Grant{}, true, leaseErr(err)
 	}
@@ -274,8 +272,38 @@ func (b *Backend) placedAttempt(ctx context.Context, s *session, w *waiter, pref
 		return driver.Grant{}, true, fmt.Errorf("%w: the waiter's member key vanished while it waited; the place in the queue is gone", ErrSessionLost)
 	}
 	w.placed(-1)
-	w.follow(string(pred.Key), pred.CreateRevision, resp.Header.Revision, s, rev, member)
+	w.follow(string(pred.Key), pred.CreateRevision, readRev, s, rev, member)
 	return driver.Grant{}, true, &driver.HeldError{}
+}
+
+// placeRead reads, in one transaction, the member key and the member just ahead
+// of the one created at rev. When the waiter's watch saw the member ahead deleted
+// at revision at (0 if not), it reads at that revision, serializably: any member
+// that has applied it answers from its own store, without the quorum round of a
+// linearizable read, which sits on every handoff's path. The answer is as good as
+// a current one. No member can join ahead of rev later (create revisions only
+// rise), so "none ahead" at that revision stays true; and the own key, there at
+// that revision, is kept by its session's lease for as long as the session is
+// not lost, which the grant's Lost reports. A member that has not applied that
+// revision yet, or has compacted it, sends the read to the usual linearizable way.
+// It returns the revision the read was at.
+func (b *Backend) placeRead(ctx context.Context, member, prefix string, rev, at int64) (*clientv3.TxnResponse, int64, error) {
+	if at >= rev {
+		resp, err := b.cli.Txn(ctx).
+			Then(clientv3.OpGet(member, clientv3.WithKeysOnly(), clientv3.WithRev(at), clientv3.WithSerializable()),
+				predecessorOp(prefix, rev, clientv3.WithRev(at), clientv3.WithSerializable())).
+			Commit()
+		if !errors.Is(err, rpctypes.ErrFutureRev) && !errors.Is(err, rpctypes.ErrCompacted) {
+			return resp, at, err
+		}
+	}
+	resp, err := b.cli.Txn(ctx).
+		Then(clientv3.OpGet(member, clientv3.WithKeysOnly()), predecessorOp(prefix, rev)).
+		Commit()
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp, resp.Header.Revision, nil
 }
 
 // create is the attempt's write, guarded by "the own member key does not exist".
@@ -301,7 +329,7 @@ func (b *Backend) create(ctx context.Context, req driver.Request, s *session, pr
 			clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()),
 			clientv3.OpGet(tail),
 		}
-		if req.Reenter {
+		if req.Resume {
 			hint = b.firstHint(prefix)
 			if hint.name != "" {
 				thenOps = append(thenOps, clientv3.OpGet(hint.name))
@@ -392,7 +420,7 @@ func (b *Backend) created(ctx context.Context, req driver.Request, s *session, w
 	// and nothing that grows with the queue, unless the request may resume a grant
 	// of its owner's: then the first member is read (keys only) to see whether it
 	// is one.
-	if req.Reenter {
+	if req.Resume {
 		var hinted *mvccpb.KeyValue
 		if hint.name != "" {
 			hinted = firstKV(resp.Responses[2])
@@ -429,7 +457,7 @@ func (b *Backend) exists(ctx context.Context, req driver.Request, s *session, w 
 			return driver.Grant{}, errors.New("member key vanished during the read") // transient
 		}
 		if first.CreateRevision != mine.CreateRevision {
-			if req.Reenter {
+			if req.Resume {
 				if g, done, err := b.resumeCallers(ctx, req, s, first, member); done {
 					return g, err
 				}
@@ -465,7 +493,7 @@ func (b *Backend) keep(ctx context.Context, req driver.Request, s *session, w *w
 	if first != nil && first.CreateRevision == mine.CreateRevision {
 		return driver.Grant{Token: uint64(mine.CreateRevision), Lost: s.done}, nil
 	}
-	if req.Reenter {
+	if req.Resume {
 		if g, done, err := b.resumeCallers(ctx, req, s, first, member); done {
 			return g, err
 		}

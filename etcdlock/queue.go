@@ -53,7 +53,7 @@ func (b *Backend) requeue(ctx context.Context, req driver.Request, s *session, w
 	rev := mine.CreateRevision
 	ops := []clientv3.Op{clientv3.OpGet(tailKey(prefix), clientv3.WithRev(rev-1))}
 	var hint firstHint
-	if req.Reenter {
+	if req.Resume {
 		if hint = b.firstHint(prefix); hint.name != "" {
 			ops = append(ops, clientv3.OpGet(hint.name))
 		}
@@ -78,7 +78,7 @@ func (b *Backend) requeue(ctx context.Context, req driver.Request, s *session, w
 	if pred == nil || pred.ModRevision >= rev || string(pred.Value) == member || w == nil {
 		return driver.Grant{}, false, nil
 	}
-	if req.Reenter {
+	if req.Resume {
 		var hinted *mvccpb.KeyValue
 		if hint.name != "" {
 			hinted = firstKV(resp.Responses[1])
@@ -148,7 +148,7 @@ func (b *Backend) readFirst(ctx context.Context, prefix string, rev int64) (*mvc
 func (b *Backend) queued(ctx context.Context, req driver.Request, s *session, w *waiter, member string, rev int64, ahead int) (driver.Grant, error) {
 	prefix := b.LockPrefix(req.Key)
 	ops := []clientv3.Op{predecessorOp(prefix, rev)}
-	if req.Reenter {
+	if req.Resume {
 		ops = append(ops, firstKeyOp(prefix))
 	}
 	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
@@ -160,7 +160,7 @@ func (b *Backend) queued(ctx context.Context, req driver.Request, s *session, w 
 		// The members ahead left meanwhile: the own key is first.
 		return driver.Grant{Token: uint64(rev), Lost: s.done}, nil
 	}
-	if req.Reenter {
+	if req.Resume {
 		if g, done, err := b.resumeCallers(ctx, req, s, firstKV(resp.Responses[1]), member); done {
 			return g, err
 		}

@@ -123,3 +123,87 @@ func TestPlaceInQueue(t *testing.T) {
 		}
 	}
 }
+
+// A waiting attempt that says Reenter without Resume (a generated owner id, this
+// lock call's alone) queues behind a grant of its owner id made through another
+// client instead of taking it over; with Resume (WithResume) it takes it over, with
+// its token.
+func TestReenterIsNotResume(t *testing.T) {
+	srv := testserver.StartEtcd(t)
+	b, other := open(t, srv.URL("dlock")), open(t, srv.URL("dlock"))
+	defer b.Close()
+	defer other.Close()
+	ctx := context.Background()
+	key := drivertest.Key(t, "k")
+	g, err := other.Acquire(ctx, driver.Request{Key: key, Owner: "job-7", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := b.Watch(ctx, key, "job-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop(ctx, false) }()
+	req := driver.Request{Key: key, Owner: "job-7", TTL: time.Minute, Wait: true, Patience: time.Minute, Reenter: true}
+	for range 2 { // the second attempt is answered by the queued place
+		if _, err := b.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
+			t.Fatalf("waiting attempt with Reenter alone = %v, want ErrLocked (queued behind the other client's grant)", err)
+		}
+	}
+	r, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "job-7", TTL: time.Minute, Reenter: true, Resume: true})
+	if err != nil || r.Token != g.Token {
+		t.Fatalf("resume = %+v, %v; want token %d", r, err, g.Token)
+	}
+	if err := b.Release(ctx, key, "job-7"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A woken waiter reads its place at the revision its watch saw the member ahead
+// deleted; when that revision is compacted meanwhile, it reads the current one.
+func TestWokenAfterCompaction(t *testing.T) {
+	srv := testserver.StartEtcd(t)
+	cli := rawClient(t, srv.Endpoint())
+	b, b2 := open(t, srv.URL("dlock")), open(t, srv.URL("dlock"))
+	defer b.Close()
+	defer b2.Close()
+	ctx := context.Background()
+	key := drivertest.Key(t, "k")
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "alice", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := b2.Watch(ctx, key, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop(ctx, true) }()
+	req := driver.Request{Key: key, Owner: "bob", TTL: time.Minute, Wait: true, Patience: time.Minute}
+	if _, err := b2.Acquire(ctx, req); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("queued attempt = %v", err)
+	}
+	if err := b.Release(ctx, key, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(drivertest.Wait):
+		t.Fatal("waiter not woken by the release")
+	}
+	put, err := cli.Put(ctx, "unrelated", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, put.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	g, err := b2.Acquire(ctx, req)
+	if err != nil {
+		t.Fatalf("woken attempt after compaction = %v", err)
+	}
+	if m := member(t, cli, b2, key, "bob"); g.Token != uint64(m.CreateRevision) {
+		t.Fatalf("token %d, want the member's create revision %d", g.Token, m.CreateRevision)
+	}
+	if err := b2.Release(ctx, key, "bob"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -56,7 +56,7 @@ func (b *Backend) sharedAttempt(ctx context.Context, req driver.Request, s *sess
 	}
 	put := clientv3.OpPut(member, readerValue(req.Owner, req.Value), clientv3.WithLease(s.id))
 	plain := req
-	plain.Reenter = false // a reader's grant under another client's name is not resumed
+	plain.Reenter, plain.Resume = false, false // a reader's grant under another client's name is not resumed
 	resp, _, err := b.create(ctx, plain, s, prefix, member, put)
 	if err != nil {
 		return driver.Grant{}, leaseErr(err)

@@ -156,7 +156,7 @@ func TestValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := req("job-7", "new")
-	res.Reenter = true
+	res.Reenter, res.Resume = true, true
 	if _, err := b.Acquire(ctx, res); err != nil {
 		t.Fatalf("resume: %v", err)
 	}

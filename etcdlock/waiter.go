@@ -52,8 +52,12 @@ type waiter struct {
 	// Stop hold w.mu while they wait for the goroutine to end, so a goroutine that
 	// took w.mu could deadlock with them.
 	watching atomic.Int64
-	checked  time.Time // when an attempt last read the queue on the server
-	ahead    int       // members ahead of the own key then, the holder not counted
+	// deletedAt is a revision at which the watch found the member it watched
+	// deleted (the delete's, or the one the watch started at), 0 when it has not
+	// (see deletion); the watch goroutine sets it before it wakes the waiter.
+	deletedAt atomic.Int64
+	checked   time.Time // when an attempt last read the queue on the server
+	ahead     int       // members ahead of the own key then, the holder not counted
 }
 
 // recheck bounds how long the attempts of a waiter whose watch is in place are
@@ -122,6 +126,11 @@ const (
 func (w *waiter) setWatching(gen int64) {
 	w.watching.CompareAndSwap(gen<<2|watchPending, gen<<2|watchInPlace)
 }
+
+// deletion returns, and forgets, the revision at which the waiter's watch saw the
+// member ahead deleted, or 0. The woken attempt reads its place at that revision
+// (see placedAttempt).
+func (w *waiter) deletion() int64 { return w.deletedAt.Swap(0) }
 
 func (w *waiter) C() <-chan struct{} { return w.c }
 
@@ -210,6 +219,7 @@ func (w *waiter) followDeletes(prefix string, need int, readRev int64, s *sessio
 // next; it reports false if the backend is closed.
 func (w *waiter) startLocked(run func(ctx context.Context, gen int64)) bool {
 	w.stopWatchLocked()
+	w.deletedAt.Store(0)
 	w.gen++
 	gen := w.gen
 	w.watching.Store(gen<<2 | watchPending)
@@ -305,6 +315,7 @@ func (w *waiter) watch(ctx context.Context, gen int64, predKey string, predRev, 
 			}
 			for _, ev := range resp.Events {
 				if ev.Type == mvccpb.DELETE {
+					w.deletedAt.Store(ev.Kv.ModRevision)
 					w.woken(gen)
 					return
 				}
@@ -330,6 +341,9 @@ func (w *waiter) watch(ctx context.Context, gen int64, predKey string, predRev, 
 					})
 					cancel()
 					if err != nil || len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != predRev {
+						if err == nil {
+							w.deletedAt.Store(rev) // gone by then
+						}
 						if ctx.Err() == nil {
 							w.woken(gen)
 						}
