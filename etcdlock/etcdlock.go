@@ -54,8 +54,14 @@
 // revision already passed waits for etcd's catch-up loop, which runs every 100ms);
 // when the revision moved between the read that found the predecessor and the
 // watch's creation, the predecessor is read again at that revision, so no delete is
-// missed. A woken waiter checks, in one linearizable read, that its own key still
-// exists and is now the first. A waiter whose session ends (see Sessions and TTL)
+// missed. A woken waiter checks, in one read, that its own key still exists and is
+// now the first. It reads at the revision at which its watch found the member ahead
+// gone, serializably (any member that has applied that revision answers, with no
+// quorum round): no member can be created ahead of it later, and its own key, there
+// at that revision, stays while its session lease is kept, which the grant's Lost
+// reports (a force release may delete it at any time, after this read as after a
+// linearizable one; the holder learns at its next Refresh). A revision compacted meanwhile, or one the member asked has not applied,
+// makes it a linearizable read of the current revision. A waiter whose session ends (see Sessions and TTL)
 // is woken, and one whose key vanished gives up at once too: its next attempt, and
 // so a waiting Lock or Campaign, returns an error matching ErrSessionLost (never
 // ErrLocked), because its place in the queue is gone.

@@ -284,7 +284,8 @@ func (b *Backend) placedAttempt(ctx context.Context, s *session, w *waiter, pref
 // a current one. No member can join ahead of rev later (create revisions only
 // rise), so "none ahead" at that revision stays true; and the own key, there at
 // that revision, is kept by its session's lease for as long as the session is
-// not lost, which the grant's Lost reports. A member that has not applied that
+// not lost, which the grant's Lost reports (a force release may delete it at any
+// time, after this read as after a current one). A member that has not applied that
 // revision yet, or has compacted it, sends the read to the usual linearizable way.
 // It returns the revision the read was at.
 func (b *Backend) placeRead(ctx context.Context, member, prefix string, rev, at int64) (*clientv3.TxnResponse, int64, error) {
