@@ -55,7 +55,10 @@ import (
 // nothing behind, even a grant still on its way to it. When the withdrawal cannot
 // reach a node, it is tried again in the background while the place may live there
 // (retryWithdraw), and a copy that reaches a client whose wait is over, and which
-// does not hold the key, is given back at once (handedCopy). A waiter whose process
+// does not hold the key, is given back (handedCopy), unless the owner's release
+// found the owner holding on that node and freed it there (settle.go). A wait that
+// took a handed grant withdraws its places from the nodes whose copies had not come
+// yet, unless they come within settleDelay (settle.go). A waiter whose process
 // dies holds a handed grant until its TTL lapses, as a holder that dies does.
 
 // handoffDelay is wakeDelay for a release that handed the lock to the waiter on
@@ -124,16 +127,26 @@ func (b *Backend) handedCopy(n *node, p string) {
 	b.saw(key, token)
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if s := b.settles[wid]; s != nil {
+		s.heard(n.idx) // the wait took a grant: its place here is consumed (settle.go)
+	}
 	h := driver.Holder{Key: key, Owner: owner}
 	w := b.waiters[h]
 	if w == nil || w.id != wid {
 		// The wait is over. Unless it got the key (then a grant handed to it
 		// here too is the owner's, and its release frees it), the grant goes
-		// back at once: the wait's withdrawal may not have reached this node,
-		// and the lock would stay with a place no one waits on for its TTL.
+		// back: the wait's withdrawal may not have reached this node, and the
+		// lock would stay with a place no one waits on for its TTL. A release
+		// of the owner's that found it holding here freed it already (see
+		// settle.go).
 		if _, held := b.grants[h]; !held && !b.closed {
-			mark := b.handedMark(wid)
-			b.bg.Go(func() { _, _ = b.withdraw(context.Background(), key, owner, []int{n.idx}, mark, true) })
+			mark, rec := b.handedMark(wid), b.releases[h]
+			b.bg.Go(func() {
+				if rec != nil && rec.freedOn(n.idx, b.closing) {
+					return
+				}
+				_, _ = b.withdraw(context.Background(), key, owner, []int{n.idx}, mark, true)
+			})
 		}
 		return
 	}
@@ -221,7 +234,7 @@ func (b *Backend) takeHanded(req driver.Request) (driver.Grant, bool) {
 		}
 	}
 	if len(rest) > 0 {
-		b.withdrawAsync(req.Key, req.Owner, rest, wid, req.Patience+recheck+req.TTL)
+		b.settleLater(req.Key, req.Owner, rest, wid, req.Patience+recheck+req.TTL)
 	}
 	return driver.Grant{Token: token, Age: time.Since(oldest)}, true
 }

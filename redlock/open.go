@@ -47,7 +47,8 @@ func newBackend(clients []*redis.Client, cfg config) (*Backend, error) {
 	seen := make(map[string]bool)
 	b := &Backend{quorum: len(clients)/2 + 1, cfg: cfg, closing: make(chan struct{}),
 		fence: make(map[string]uint64), flights: make(map[driver.Holder]*flight), grants: make(map[driver.Holder]grant), yield: make(map[string]yielding),
-		waiters: make(map[driver.Holder]*waiter), holders: make(map[string]*holderSub)}
+		waiters: make(map[driver.Holder]*waiter), holders: make(map[string]*holderSub),
+		settles: make(map[uint64]*settling), releases: make(map[driver.Holder]*releaseRecord)}
 	for _, c := range clients {
 		if c == nil {
 			return nil, fmt.Errorf("%w: nil redis client", driver.ErrInvalid)

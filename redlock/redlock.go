@@ -299,9 +299,14 @@ type Backend struct {
 	yield   map[string]yielding       // key -> a recent release woke a waiter
 	wakeCh  string                    // this client's wake-up channel
 	waiters map[driver.Holder]*waiter
-	recent  []*release            // the latest releases that woke a waiter here
-	notify  bool                  // subscriber connections started
-	holders map[string]*holderSub // by holder channel (holder.go)
+	// settles and releases: late copies of handoffs (settle.go), by wait id and
+	// by holder.
+	settles      map[uint64]*settling
+	releases     map[driver.Holder]*releaseRecord
+	releaseOrder []*releaseRecord      // the records in releases, oldest first
+	recent       []*release            // the latest releases that woke a waiter here
+	notify       bool                  // subscriber connections started
+	holders      map[string]*holderSub // by holder channel (holder.go)
 	// subscribed: some node confirmed the subscription
 	subscribed bool
 	bg         sync.WaitGroup

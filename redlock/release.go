@@ -70,6 +70,7 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 // lock, an error matching ErrNotHeld when the owner provably held no majority, and a
 // QuorumError otherwise (too many nodes failed to tell).
 func (b *Backend) Release(ctx context.Context, key, owner string) error {
+	rec := b.recordRelease(driver.Holder{Key: key, Owner: owner}) // before forget: see handedCopy
 	b.forget(key, owner)
 	start := time.Now()
 	// Return once a majority released it, unless a waiter was woken: the slowest
@@ -96,12 +97,18 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 		}
 		return n >= b.quorum
 	}
-	late := func(_ int, v any, err error) {
+	late := func(i int, v any, err error) {
 		if w, ok := v.(string); ok && err == nil && !strings.HasPrefix(w, "+") {
 			b.alsoYieldTo(key, w, min(max(2*time.Since(start), time.Millisecond), maxYield))
 		}
+		rec.answer(i, v, err)
 	}
 	r := b.releaseRace(ctx, b.all(), key, owner, "", wakeHandOff, decided, late)
+	for i := range b.nodes {
+		if r.errs[i] != errPending {
+			rec.answer(i, r.vals[i], r.errs[i]) // the others come through late
+		}
+	}
 	releasedOn, failed := 0, 0
 	var woken []string
 	for i := range b.nodes {
