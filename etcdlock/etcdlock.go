@@ -60,10 +60,11 @@
 // quorum round): no member can be created ahead of it later, and its own key, there
 // at that revision, stays while its session lease is kept, which the grant's Lost
 // reports (a force release may delete it at any time, after this read as after a
-// linearizable one; the holder learns at its next Refresh). A revision compacted meanwhile, or one the member asked has not applied,
-// makes it a linearizable read of the current revision. A waiter whose session ends (see Sessions and TTL)
-// is woken, and one whose key vanished gives up at once too: its next attempt, and
-// so a waiting Lock or Campaign, returns an error matching ErrSessionLost (never
+// linearizable one; the holder learns at its next Refresh). A revision compacted
+// meanwhile, or one the member asked has not applied, makes it a linearizable read
+// of the current revision. A waiter whose session ends (see Sessions and TTL) is
+// woken, and one whose key vanished gives up at once too: its next attempt, and so
+// a waiting Lock or Campaign, returns an error matching ErrSessionLost (never
 // ErrLocked), because its place in the queue is gone.
 //
 // Release deletes the own member key. Refresh checks that it still exists, with the

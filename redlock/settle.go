@@ -32,9 +32,12 @@ import (
 //     longer holds the key, is given back unless the owner's latest release found
 //     the owner holding on that node and freed it there. A handoff to the wait on
 //     that node before the release is then freed by it; one after it would need a
-//     place of the wait there, and the wait left none: the handoff consumed it,
-//     and the withdrawal above (or its retries, which give back what is handed to
-//     the wait) removed it elsewhere.
+//     place of the wait there, and the wait left none: a handoff or a granting
+//     attempt consumed it, and the withdrawals (the one above, or the wait's own
+//     when it stopped without the key, and their retries, which give back what is
+//     handed to the wait) removed it everywhere else. Anything missed is held by
+//     no one until its TTL lapses, as a dead waiter's grant is; the other nodes
+//     still make a majority.
 
 // settleDelay is how long a waiter that took a handed grant waits for copies from
 // the other nodes before it withdraws its places there.
