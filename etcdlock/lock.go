@@ -520,7 +520,7 @@ func (b *Backend) resumeCallers(ctx context.Context, req driver.Request, s *sess
 	return g, true, err
 }
 
-// resumeFirst is the check of a waiting request that says Reenter, whose member key
+// resumeFirst is the check of a waiting request that says Resume, whose member key
 // was created at myRev: it resumes the first member if that is a grant of the
 // caller's under another client's name. The first member is hinted, read with the
 // write, when it is still the one hint names (no member can be created ahead of
@@ -547,8 +547,9 @@ func (b *Backend) resumeFirst(ctx context.Context, req driver.Request, s *sessio
 
 // resume takes over the grant first, which the owner holds under another member key
 // (written by a previous process with the same owner id), for a request that says
-// Reenter (driver.Request; without it the holder is waited for like any other, since
-// another live process may use the same owner id): it moves the key onto
+// Resume (driver.Request; a TryLock's that says Reenter also takes over a first
+// member of its owner's found by its own transaction; otherwise the holder is waited
+// for like any other, since another live process may use the same owner id): it moves the key onto
 // session s, keeping its create revision and so its token, with the request's value
 // (a re-entry replaces it), and deletes extra, a place this attempt queued meanwhile.
 func (b *Backend) resume(ctx context.Context, req driver.Request, first *mvccpb.KeyValue, s *session, extra string) (driver.Grant, error) {

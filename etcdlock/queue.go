@@ -18,7 +18,7 @@ type firstHint struct {
 	rev  int64
 }
 
-// maxFirstHints bounds Backend.firsts (one entry per lock waited on with Reenter).
+// maxFirstHints bounds Backend.firsts (one entry per lock waited on with Resume).
 const maxFirstHints = 1024
 
 func (b *Backend) firstHint(prefix string) firstHint {
@@ -165,7 +165,7 @@ func (b *Backend) queued(ctx context.Context, req driver.Request, s *session, w 
 			return g, err
 		}
 	}
-	// Without Reenter, a holder of the same owner id (another client or
+	// Without Resume, a holder of the same owner id (another client or
 	// process) is like any other: the own member key waits behind it.
 	if w != nil {
 		w.placed(ahead)
