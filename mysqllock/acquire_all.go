@@ -34,8 +34,7 @@ func (b *Backend) acquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 	var refused string // the first key refused
 	err := b.tx(ctx, func(tx *sql.Tx) error {
 		for i, req := range reqs {
-			res, err := tx.ExecContext(ctx, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
-				req.Key, req.Owner, req.Key, req.Owner, req.Key, req.Owner, false)
+			res, err := tx.ExecContext(ctx, b.q.acquire, acquireArgs(req, b.placeNonce(req.Key, req.Owner), false)...)
 			var n, tok int64
 			if err == nil {
 				n, err = res.RowsAffected()

@@ -127,19 +127,27 @@ func TestKilled(t *testing.T) {
 // and fails the test if one still does after 10 s.
 func waitGone(ctx context.Context, t *testing.T, db *sql.DB, pattern string) {
 	t.Helper()
+	waitStatements(ctx, t, db, pattern, false, "a statement of a call cut short still runs on the server after 10 s")
+}
+
+// waitStatements waits up to 10 s until statements whose text matches pattern (LIKE)
+// run on the server (running) or none does, and fails the test with failure if
+// that does not come.
+func waitStatements(ctx context.Context, t *testing.T, db *sql.DB, pattern string, running bool, failure string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var running int
+		var n int
 		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE id <> CONNECTION_ID() AND command <> 'Sleep' AND info LIKE ?",
-			pattern).Scan(&running)
+			pattern).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if running == 0 {
+		if (n > 0) == running {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a statement of a call cut short still runs on the server after 10 s")
+			t.Fatal(failure)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -210,4 +218,67 @@ func holdRow(ctx context.Context, t *testing.T, db *sql.DB, key string) *sql.Tx 
 		t.Fatal(err)
 	}
 	return tx
+}
+
+// TestPlaceWriteOutlivesCancel: a waiter whose call ends while the insert of its
+// place is under way on the server leaves no place behind. Cut short, the insert
+// would lose only its reply: the server runs it on, and it could make the place
+// after the wait's Stop withdrew it (finding nothing). That place would stay live,
+// first in line, for its patience, and a release would hand the key to it: held
+// by no one for its TTL. Here another session's gap lock holds the insert on the
+// server while the call is cancelled, and lets it go after a moment.
+func TestPlaceWriteOutlivesCancel(t *testing.T) {
+	srv := testserver.StartMariaDB(t)
+	db := admin(t, srv)
+	b := open(t, srv.URL())
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), drivertest.Wait)
+	defer cancel()
+	key := drivertest.Key(t, "k")
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "holder", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	queue := "`" + mysqllock.DefaultTable + "_queue`"
+	// A locking read of the waiter's place, which is not there yet, locks the gap
+	// it would go in: the insert waits, the withdrawal's statements do not.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var id int64
+	if err := tx.QueryRowContext(ctx, "SELECT id FROM "+queue+" WHERE lock_key = ? AND owner = ? FOR UPDATE", key, "w").Scan(&id); !errors.Is(err, sql.ErrNoRows) {
+		t.Fatalf("locking read of the place: %v", err)
+	}
+	w, err := b.Watch(ctx, key, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(wctx, driver.Request{Key: key, Owner: "w", TTL: time.Minute, Wait: true, Patience: time.Minute})
+		done <- err
+	}()
+	waitStatements(ctx, t, db, "%INTO "+queue+"%", true, "the insert of the place never waited for the gap lock")
+	time.Sleep(100 * time.Millisecond)
+	wcancel()
+	go func() { // the insert goes on after a moment
+		time.Sleep(300 * time.Millisecond)
+		_ = tx.Commit()
+	}()
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled waiting attempt was granted")
+	}
+	if err := w.Stop(ctx, false); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	time.Sleep(500 * time.Millisecond) // an insert cut short lands by now
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+queue+" WHERE lock_key = ?", key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d places left behind by a cancelled waiter", n)
+	}
 }

@@ -154,7 +154,11 @@
 // a wake-up lost otherwise (a connection lost) is covered by the core's bounded
 // fallback retry, whose attempt claims a grant handed to the caller's own place
 // (the place's nonce is this client's), or re-enters it (Request.Reenter).
-// Queued waiters' retries renew their place, one write each.
+// Queued waiters' retries renew their place, one write each. A grant by an
+// attempt counts only the place this client made (by its nonce) as the caller's,
+// served: a place of the same owner id made by another client (another process
+// of that owner id) stays in line, since its waiter would read the key as handed
+// to it and hold it too.
 //
 // A newcomer does not pass a live place not yet handed the key (FIFO), with two
 // gaps: two places inserted at once may commit out of id order, and if the later id
@@ -206,6 +210,12 @@
 // 1205) is run again, like a deadlock's victim, while its call has not given up:
 // the same runs peaked at 34 connections, with 163 and 174 grants. A pool passed
 // to New keeps its own setting; give it the same one.
+//
+// The insert of a waiter's place is not cut short: it runs to its end (up to 5 s)
+// before the call returns, so that the withdrawal that follows finds the place.
+// Cut short, it could make the place after the withdrawal, live and first in line
+// for its patience, and a release would hand the key to it: held by no one for its
+// TTL.
 //
 // A transaction holds a key's row lock for several round trips (a semaphore's or
 // read-write lock's attempt and release, AcquireAll), so under many calls cut

@@ -371,7 +371,8 @@ func (b *Backend) stateRefusal(ctx context.Context, key string, r refusal) error
 // made by this client, and acquire (FIFO among the places) for a waiter with one,
 // or when acquireFast found the row free but marked queued.
 func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant, refusal, error) {
-	if _, waiting := b.places.Load(placeKey{req.Key, req.Owner}); !waiting {
+	v, waiting := b.places.Load(placeKey{req.Key, req.Owner})
+	if !waiting {
 		g, ok, last, err := b.upsert(ctx, req, b.q.acquireFast, req.Key, req.Owner, value(req.Value), micros(req.TTL), req.Reenter, req.Reenter)
 		switch {
 		case err != nil:
@@ -387,19 +388,34 @@ func (b *Backend) attempt(ctx context.Context, req driver.Request) (driver.Grant
 		}
 		// refusedQueued: places are queued, and the full statement decides
 		// whether the caller is ahead of every live one.
-		g, ok, _, err = b.upsert(ctx, req, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
-			req.Key, req.Owner, req.Key, req.Owner, req.Key, req.Owner, req.Reenter)
+		g, ok, _, err = b.upsert(ctx, req, b.q.acquire, acquireArgs(req, nil, req.Reenter)...)
 		if err != nil || !ok {
 			return driver.Grant{}, refusedFree, err
 		}
 		return g, granted, nil
 	}
-	g, ok, _, err := b.upsert(ctx, req, b.q.acquire, req.Key, req.Owner, value(req.Value), micros(req.TTL),
-		req.Key, req.Owner, req.Key, req.Owner, req.Key, req.Owner, req.Reenter)
+	g, ok, _, err := b.upsert(ctx, req, b.q.acquire, acquireArgs(req, []byte(v.(*place).nonce), req.Reenter)...)
 	if err != nil || !ok {
 		return driver.Grant{}, refused, err
 	}
 	return g, granted, nil
+}
+
+// placeNonce returns the nonce of the place of owner on key that this client
+// made, or nil when it made none.
+func (b *Backend) placeNonce(key, owner string) []byte {
+	if v, ok := b.places.Load(placeKey{key, owner}); ok {
+		return []byte(v.(*place).nonce)
+	}
+	return nil
+}
+
+// acquireArgs are the parameters of the acquire statement for req, whose caller's
+// place (made by this client) has nonce: nil when it has none, which no place
+// matches.
+func acquireArgs(req driver.Request, nonce []byte, reenter bool) []any {
+	return []any{req.Key, req.Owner, value(req.Value), micros(req.TTL),
+		req.Key, req.Owner, req.Key, req.Owner, nonce, req.Key, req.Owner, nonce, reenter}
 }
 
 // upsert runs an acquire statement (acquire or acquireFast) and returns the grant

@@ -60,11 +60,23 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 		// row for it, and whose Stop hands on a grant handed to it.
 		had = false
 	}
-	if _, err := b.exec(ctx, stmt, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
+	// The write runs to its end even if ctx ends meanwhile. Cut short, it would
+	// lose only its reply: the driver closes the connection and the server runs
+	// the statement on, so the place could be made after this wait's Stop
+	// withdrew it (finding nothing), and stay live, first in line, for its
+	// patience; a release would hand the key to it, held by no one for its TTL.
+	// Waited for, it is withdrawn by Stop as any other.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWriteWithin)
+	defer cancel()
+	if _, err := b.exec(wctx, stmt, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
 	}
-	return !had, nil
+	return !had, b.ctxErr(ctx, ctx.Err())
 }
+
+// placeWriteWithin bounds the write of a place whose call ends meanwhile (see
+// queue): a few row lock waits (innodb_lock_wait_timeout is a second).
+const placeWriteWithin = 5 * time.Second
 
 // settleDrop cancels the scheduled deletion of the place pk, and reports whether
 // it did (the place is still there), or waits for the deletion under way.

@@ -71,8 +71,12 @@ func newStatements(table string) statements {
 	t := "`" + table + "`"
 	qt := "`" + table + queueSuffix + "`"
 	const now = "UTC_TIMESTAMP(6)"
-	// mine is the caller's place (lock_key, owner).
-	mine := "(SELECT m.id FROM " + qt + " m WHERE m.lock_key = ? AND m.owner = ?)"
+	// mine is the caller's place (lock_key, owner, nonce): the place this client
+	// made. A place of the same owner id made by another client is not the
+	// caller's: a grant that counted it as had its turn (handed) would read, to
+	// that client's waiter, as a grant handed to its place, and both clients
+	// would hold the key (waitState's claim).
+	mine := "(SELECT m.id FROM " + qt + " m WHERE m.lock_key = ? AND m.owner = ? AND m.nonce = ?)"
 	// handoff releases the row of a key (comparing the owner, or not: ForceRelease)
 	// and grants it to the first live place after the last one handed the key, in
 	// one statement: the place's owner, value and TTL (on the server clock), a new
