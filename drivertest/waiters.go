@@ -1,8 +1,11 @@
 package drivertest
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -88,7 +91,13 @@ func (h Harness) testManyWaiters(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
+	waitProgress(t, &wg, &got, n, func() string {
+		if in, ok := holder.Backend().(driver.Inspector); ok {
+			info, err := in.Inspect(ctx, key)
+			return fmt.Sprintf("Inspect: %+v, %v", info, err)
+		}
+		return "the backend cannot be inspected"
+	})
 	t.Logf("%d waiters: %v from the release to the last waiter's release", n, time.Since(start))
 	close(errs)
 	failed := 0
@@ -99,5 +108,42 @@ func (h Harness) testManyWaiters(t *testing.T) {
 	}
 	if int(got.Load()) != n {
 		t.Fatalf("%d of %d waiters got the lock (%d errors)", got.Load(), n, failed)
+	}
+}
+
+// stallAfter is how long waitProgress lets the waiters go without one more of them
+// getting the lock before it fails the test.
+const stallAfter = 3 * Wait
+
+// waitProgress waits for wg while got (the count of waiters that got the lock, of
+// n) keeps rising. A waiter whose caller gave no deadline waits for ever, so a
+// handoff that never happens would hang the test until go test's timeout, whose
+// dump shows neither the key's state nor which test it was. Instead, once got has
+// not risen for stallAfter, it logs the goroutines and fails the test with state,
+// which describes the key on the server. The waiters left are cut short when the
+// test's clients close.
+func waitProgress(t *testing.T, wg *sync.WaitGroup, got *atomic.Int32, n int, state func() string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last, since := got.Load(), time.Now()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+		if g := got.Load(); g != last {
+			last, since = g, time.Now()
+			continue
+		}
+		if time.Since(since) >= stallAfter {
+			var dump bytes.Buffer
+			_ = pprof.Lookup("goroutine").WriteTo(&dump, 1)
+			t.Logf("goroutines:\n%s", dump.String())
+			t.Fatalf("stalled: %d of %d waiters got the lock, none in the last %v; %s", last, n, stallAfter, state())
+		}
 	}
 }
