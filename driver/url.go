@@ -201,3 +201,26 @@ func OpenContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	}
 	return context.WithTimeout(ctx, DefaultOpenTimeout)
 }
+
+// Outlive returns a context with ctx's values that is not cancelled when ctx is,
+// but grace after ctx is done (or when its cancel is called). A backend runs with
+// it a write that must run to its end once sent, such as a waiter's place: a Go
+// driver ends a call whose context is done by closing its connection, and the
+// server runs the statement on, so the write could land after whatever the
+// caller does next (the withdrawal of that place, which would then find nothing).
+func Outlive(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	out, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-out.Done():
+		}
+	})
+	return out, func() {
+		stop()
+		cancel()
+	}
+}

@@ -211,11 +211,11 @@
 // the same runs peaked at 34 connections, with 163 and 174 grants. A pool passed
 // to New keeps its own setting; give it the same one.
 //
-// The insert of a waiter's place is not cut short: it runs to its end (up to 5 s)
-// before the call returns, so that the withdrawal that follows finds the place.
-// Cut short, it could make the place after the withdrawal, live and first in line
-// for its patience, and a release would hand the key to it: held by no one for its
-// TTL.
+// The insert of a waiter's place is not cut short: it runs to its end (for up to
+// 5 s after the call gives up) before the call returns, so that the withdrawal
+// that follows finds the place. Cut short, it could make the place after the
+// withdrawal, live and first in line for its patience, and a release would hand
+// the key to it: held by no one for its TTL.
 //
 // A transaction holds a key's row lock for several round trips (a semaphore's or
 // read-write lock's attempt and release, AcquireAll), so under many calls cut

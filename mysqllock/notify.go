@@ -66,7 +66,7 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	// withdrew it (finding nothing), and stay live, first in line, for its
 	// patience; a release would hand the key to it, held by no one for its TTL.
 	// Waited for, it is withdrawn by Stop as any other.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWriteWithin)
+	wctx, cancel := driver.Outlive(ctx, placeWriteWithin)
 	defer cancel()
 	if _, err := b.exec(wctx, stmt, req.Key, req.Owner, value(req.Value), id, micros(req.TTL), []byte(v.(*place).nonce), micros(req.Patience)); err != nil {
 		return false, b.ctxErr(ctx, err)
@@ -74,8 +74,8 @@ func (b *Backend) queue(ctx context.Context, req driver.Request) (bool, error) {
 	return !had, b.ctxErr(ctx, ctx.Err())
 }
 
-// placeWriteWithin bounds the write of a place whose call ends meanwhile (see
-// queue): a few row lock waits (innodb_lock_wait_timeout is a second).
+// placeWriteWithin is how long the write of a place may run on after its call
+// ends (see queue): a few row lock waits (innodb_lock_wait_timeout is a second).
 const placeWriteWithin = 5 * time.Second
 
 // settleDrop cancels the scheduled deletion of the place pk, and reports whether
