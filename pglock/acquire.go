@@ -85,16 +85,33 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 	}
 	var g driver.Grant
 	var err error
-	if w != nil {
+	switch {
+	case w != nil:
 		g, err = w.attempt(ctx, req) // tracked, so that Stop can withdraw what it leaves
-	} else {
-		g, err = b.acquire(ctx, req, 0)
+	case ctx.Err() != nil:
+		err = b.ctxErr(ctx, wrap("acquire", req.Key, ctx.Err())) // nothing sent
+	default:
+		// Not tracked: the attempt runs to its end (for up to attemptGrace after
+		// ctx ends) before Acquire returns, and its outcome is the caller's. Cut
+		// short, pgx sends a cancel request and closes the connection, but a
+		// statement the server had not begun when the cancel came runs after it
+		// and may grant the key to the caller that gave up: a generated owner
+		// id's grant the core gives back, but a stable owner id's would stay for
+		// its TTL, held by no one, and another client of that owner id could
+		// release it as its own (testAttemptOutlivesCancel).
+		actx, cancel := driver.Outlive(ctx, attemptGrace)
+		g, err = b.acquire(actx, req, 0)
+		cancel()
 	}
 	if errors.Is(err, driver.ErrLocked) {
 		b.heldLately.Mark(req.Key) // see WatchFirst
 	}
 	return g, err
 }
+
+// attemptGrace is how long an untracked attempt may run on after its call ends
+// (see Acquire).
+const attemptGrace = 5 * time.Second
 
 // acquire is one attempt of Acquire. seq, when positive, is the number of a tracked
 // wait's attempt (see waiter.number): a place it writes records it with the TTL, so

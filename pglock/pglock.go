@@ -161,7 +161,12 @@
 // A waiter that gives up withdraws its place and passes a reservation made for it to
 // the next waiter, including a place its last attempt's statement may still be
 // creating: waiting attempts run to their end even when the caller gives up, and the
-// withdrawal comes after. A withdrawal that fails (the server is down or
+// withdrawal comes after. An attempt that is not a wait's (TryLock, or a Lock's first
+// attempt on a key likely free) runs to its end too, for up to 5 s after its call
+// gives up, and Acquire returns its outcome: cut short, pgx sends a cancel request
+// and closes the connection, but a statement the server had not begun when the cancel
+// came would run after it and could grant the key to a caller that had gone (a stable
+// owner id's grant then stays for its TTL). A withdrawal that fails (the server is down or
 // restarting) is tried again in the background, with pauses growing to a second,
 // until it succeeds or the client closes: while the client listens, the place it
 // left would stay live, first in line, and once the holder's lease lapsed without
