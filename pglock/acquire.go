@@ -98,7 +98,7 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 		// and may grant the key to the caller that gave up: a generated owner
 		// id's grant the core gives back, but a stable owner id's would stay for
 		// its TTL, held by no one, and another client of that owner id could
-		// release it as its own (testAttemptOutlivesCancel).
+		// release it as its own (TestAttemptOutlivesCancel).
 		actx, cancel := driver.Outlive(ctx, attemptGrace)
 		g, err = b.acquire(actx, req, 0)
 		cancel()
