@@ -141,14 +141,21 @@ func (b *Backend) acquire(ctx context.Context, req driver.Request, seq int64) (d
 			// A new batch for each try: pgx keeps in a sent batch the statement
 			// descriptions of the connection it went out on, which a retry on
 			// another connection must not reuse (prepared statement does not exist).
-			batch := b.stamped(req, b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL))
+			batch := &pgx.Batch{}
 			if value != nil {
-				batch = b.stamped(req, b.sql.fastAcquireValue, req.Key, req.Owner, micros(req.TTL), value)
+				batch.Queue(b.sql.fastAcquireValue, req.Key, req.Owner, micros(req.TTL), value)
+			} else {
+				batch.Queue(b.sql.fastAcquire, req.Key, req.Owner, micros(req.TTL))
 			}
+			batch.Queue(b.sql.restamp, req.Key, req.Owner)
 			br := b.pool.SendBatch(ctx, batch)
-			_, err := br.Exec()
+			var notified bool
+			err := br.QueryRow().Scan(&token, &notified)
 			if err == nil {
-				err = br.QueryRow().Scan(&token)
+				// A token drawn again (see restamp.sql), or none: the first stands.
+				if rerr := br.QueryRow().Scan(&token); !errors.Is(rerr, pgx.ErrNoRows) {
+					err = rerr
+				}
 			}
 			return driver.Join(err, br.Close())
 		})

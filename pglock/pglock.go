@@ -111,13 +111,19 @@
 // (it locks the row as the full statement does, and commits the same way), and
 // the full statement when the row is in any other state (free, expired, its
 // own, unmarked).
-// A token is drawn from the sequence only once the row is the caller's: an update
-// draws it after locking (or compare-and-setting) the row, an insert is followed, in
-// the same transaction and round trip, by an UPDATE that draws it. (An INSERT
-// computes its values before it reaches the unique index, where it may wait while
-// another client takes and releases the key; a token drawn before that wait would
-// be lower than that client's. The sequence orders draws, so a later grant of the
-// key always draws later.)
+// A token is drawn from the sequence once the row is the caller's, or checked
+// then: an update draws it after locking (or compare-and-setting) the row. An
+// INSERT computes its values before it reaches the unique index, where it may wait
+// while another client takes and releases the key; a token drawn before that wait
+// would be lower than that client's. So the full statement's insert is followed, in
+// the same transaction and round trip, by an UPDATE that draws the token; the plain
+// INSERT of a free key draws it in the insert, and is followed the same way by an
+// UPDATE that draws it again unless it is still the sequence's last value
+// (pg_sequence_last_value): if no draw came after it, none came while the insert
+// waited, and every later grant of the key draws later. The uncontended Lock thus
+// writes its row once. (The sequence orders draws, so a later grant of the key
+// always draws later; the sequence must keep its default CACHE 1, so that draws
+// are handed out in order.)
 // Expiry is computed by the server, now() + TTL, so client clocks never matter.
 // Refresh is an UPDATE of expires_at that compares the owner and the expiry. A
 // refused attempt that will not wait writes nothing.

@@ -125,6 +125,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("ConnectionLoss", func(t *testing.T) { testConnectionLoss(t, srv) })
 	t.Run("LoginRevoked", func(t *testing.T) { testLoginRevoked(t, srv) })
 	t.Run("TokenDrawnAfterInsert", func(t *testing.T) { testTokenDrawnAfterInsert(t, srv) })
+	t.Run("SequenceCache", func(t *testing.T) { testSequenceCache(t, srv) })
 	t.Run("RelockAfterHandoff", func(t *testing.T) { testRelockAfterHandoff(t, srv) })
 	t.Run("Enqueue", func(t *testing.T) { testEnqueue(t, srv) })
 	t.Run("RelockBehindQueue", func(t *testing.T) { testRelockBehindQueue(t, srv) })
@@ -379,9 +380,10 @@ func lockAsync(ctx context.Context, t *testing.T, c *dlock.Client, key string) <
 
 // An INSERT computes its row before it reaches the unique index, and may wait there
 // (or be descheduled) while another client takes the key and releases it. The
-// token must still come out above that other grant's: it is drawn after the
-// insert. A trigger holds the slow insert at that point, on an advisory lock the
-// test holds, until the fast client has locked and released.
+// token must still come out above that other grant's: the insert's token is drawn
+// again after it (restamp.sql) once a later draw has been made. A trigger holds the
+// slow insert at that point, on an advisory lock the test holds, until the fast
+// client has locked and released.
 func testTokenDrawnAfterInsert(t *testing.T, srv *testserver.Postgres) {
 	ctx := context.Background()
 	pool := admin(t, srv)
@@ -455,6 +457,27 @@ func testTokenDrawnAfterInsert(t *testing.T, srv *testserver.Postgres) {
 	if err := slow.Release(ctx, key, "slow"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A token sequence whose sessions draw from blocks of their own (CACHE above 1)
+// would hand a later grant a lower token: Open refuses it, and says what to run.
+func testSequenceCache(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	pool := admin(t, srv)
+	rawURL := withQuery(srv.URL(), "table", "cached_locks")
+	open(t, rawURL).Close()
+	exec(t, pool, `ALTER SEQUENCE cached_locks_token_seq CACHE 20`)
+	u, _ := url.Parse(rawURL)
+	b, err := pglock.Open(ctx, u)
+	if err == nil {
+		b.Close()
+		t.Fatal("Open accepted a token sequence with CACHE 20")
+	}
+	if !errors.Is(err, driver.ErrInvalid) || !strings.Contains(err.Error(), "CACHE 20") || !strings.Contains(err.Error(), "CACHE 1") {
+		t.Fatalf("unclear error: %v", err)
+	}
+	exec(t, pool, `ALTER SEQUENCE cached_locks_token_seq CACHE 1`)
+	open(t, rawURL).Close()
 }
 
 func testSQLInjection(t *testing.T, srv *testserver.Postgres) {

@@ -227,8 +227,16 @@ func (b *Backend) checkTable(ctx context.Context) (uint32, error) {
 		return 0, b.ctxErr(ctx, err)
 	}
 	var oid uint32
-	if err := b.pool.QueryRow(ctx, `SELECT to_regclass($1)::oid`, t).Scan(&oid); err != nil {
+	var cache *int64
+	seq := b.seq.Sanitize()
+	err := b.pool.QueryRow(ctx, `SELECT to_regclass($1)::oid, (SELECT seqcache FROM pg_sequence WHERE seqrelid = to_regclass($2))`, t, seq).Scan(&oid, &cache)
+	if err != nil {
 		return 0, b.ctxErr(ctx, fmt.Errorf("table %s: %w", t, err))
+	}
+	if cache != nil && *cache != 1 {
+		// Each session would draw from a block of its own: a later grant could
+		// get a lower token.
+		return 0, fmt.Errorf("%w: sequence %s has CACHE %d: fencing tokens drawn by different sessions would not rise in the order of the grants; run ALTER SEQUENCE %s CACHE 1", driver.ErrInvalid, seq, *cache, seq)
 	}
 	return oid, nil
 }

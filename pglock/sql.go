@@ -55,7 +55,7 @@ import "strings"
 //
 // The statements themselves are in sql/*.sql (see sqlfiles.go).
 type statements struct {
-	stamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, enqueue, refresh, fastRelease, lockRow, lockMutexRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
+	stamp, restamp, fastAcquire, fastAcquireValue, acquireWait, acquireTry, enqueue, refresh, fastRelease, lockRow, lockMutexRow, release, forceRelease, withdrawPlace, withdrawOwner, withdraw, inspect, setValue string
 
 	// AcquireAll (several keys at once): see acquire_all.go.
 	lockRows, acquireAll, acquireAllMutex, stampAll string

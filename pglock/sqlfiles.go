@@ -73,6 +73,7 @@ func loadStatements(table, permits, seq string, tableID uint32) statements {
 		acquireAllMutex: render("acquire_all", with(func(c *sqlData) { c.Permits = "" })),
 		stampAll:        render("stamp", with(func(c *sqlData) { c.Multi = true })),
 		fastAcquire:     render("fast_acquire", d),
+		restamp:         render("restamp", d),
 		// With a value: the uncontended path without one sends no parameter for it.
 		fastAcquireValue: render("fast_acquire", with(func(c *sqlData) { c.Value = true })),
 		fastRelease:      render("fast_release", d),
