@@ -5,8 +5,11 @@ import (
 	"errors"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/internal/storeops"
@@ -213,5 +216,86 @@ func TestSameOwnerWithdrawKeepsOthersGrant(t *testing.T) {
 	}
 	if err := b2.Release(ctx, "k", "same"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// commandCalls reads the server's count of calls of each command (INFO
+// commandstats; commands run by scripts count too).
+func commandCalls(t *testing.T, rdb *redis.Client) map[string]int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]int64{}
+	for line := range strings.Lines(info) {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _, _ := strings.Cut(rest, ",")
+		calls[name], _ = strconv.ParseInt(n, 10, 64)
+	}
+	return calls
+}
+
+// On a hot key the scripts send no command for nothing: a waiting attempt reads
+// the key before it would SET NX it (it is most often held), and a release that
+// hands on a grant without a value deletes no value key. A waiting attempt that
+// finds the key free takes it as a plain one does.
+func TestHotPathCommands(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	ctx := context.Background()
+	holder, b, rdb := openBackend(t, srv), openBackend(t, srv), rawRedis(t, srv)
+	first, err := holder.Acquire(ctx, driver.Request{Key: "k", Owner: "holder", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := commandCalls(t, rdb)
+	w := queue(t, ctx, b, "k", "w") // a plain attempt, refused, then one that queues
+	after := commandCalls(t, rdb)
+	if n := after["set"] - before["set"]; n != 3 {
+		t.Errorf("a Lock that queues behind a holder sent %d SETs, want 3 (the plain attempt's SET NX, the place, the queued mark)", n)
+	}
+	before = after
+	if err := holder.Release(ctx, "k", "holder"); err != nil {
+		t.Fatal(err)
+	}
+	wake(t, w)
+	if n := commandCalls(t, rdb)["del"] - before["del"]; n != 0 {
+		t.Errorf("handing on a grant without a value sent %d DELs, want 0", n)
+	}
+	g, err := b.Acquire(ctx, driver.Request{Key: "k", Owner: "w", TTL: time.Minute, Wait: true, Patience: time.Minute})
+	if err != nil || g.Token <= first.Token {
+		t.Fatalf("the waiter's Acquire after the handoff = %+v, %v; want a token above %d", g, err, first.Token)
+	}
+	if err := w.Stop(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+
+	// The key is hot for other: a Lock of it sends the waiting attempt at once,
+	// which finds the key free once w has released it.
+	other := openBackend(t, srv)
+	if _, err := other.Acquire(ctx, driver.Request{Key: "k", Owner: "other", TTL: time.Minute}); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("Acquire of a held key = %v, want ErrLocked", err)
+	}
+	if err := b.Release(ctx, "k", "w"); err != nil {
+		t.Fatal(err)
+	}
+	ow, err := other.Watch(ctx, "k", "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ow.Stop(ctx, true)
+	before = commandCalls(t, rdb)
+	g2, err := other.Acquire(ctx, driver.Request{Key: "k", Owner: "other", TTL: time.Minute, Wait: true, Patience: time.Minute})
+	if err != nil || g2.Token <= g.Token {
+		t.Fatalf("a waiting Acquire of a free hot key = %+v, %v; want a token above %d", g2, err, g.Token)
+	}
+	if n := commandCalls(t, rdb)["evalsha"] - before["evalsha"]; n != 1 {
+		t.Errorf("a waiting Acquire of a free hot key ran %d scripts, want 1", n)
+	}
+	if v, err := rdb.Get(ctx, lockKey(other.prefix, "k")).Result(); err != nil || v != "other" {
+		t.Fatalf("lock key = %q, %v; want the owner id without marks", v, err)
 	}
 }

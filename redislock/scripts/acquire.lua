@@ -23,7 +23,10 @@ if val then nv = owner .. ' v' end
 -- An earlier attempt of this wait queued: a free key goes to the queue's head (the
 -- waiting path below), not to whoever asks first.
 local queued = w and string.sub(w, 1, 1) == 'q'
-if not queued and redis.call('SET', KEYS[1], nv, 'NX', 'PX', ttl) then
+-- A plain attempt takes a free key with SET NX. A waiting one reads the key first
+-- (below): the client sends one only for a key it found held lately, which most
+-- often still is, and then the SET NX would be a call for nothing.
+if not w and redis.call('SET', KEYS[1], nv, 'NX', 'PX', ttl) then
   local lk, n = KEYS[1], nil
 --#include grant.lua
   return n
@@ -58,6 +61,13 @@ if type(v) == 'table' then
 --#include grant.lua
     return n
   end
+end
+-- A waiting attempt that has not queued takes a free key as a plain one does.
+if not v and w and not queued then
+  redis.call('SET', KEYS[1], nv, 'PX', ttl)
+  local lk, n = KEYS[1], nil
+--#include grant.lua
+  return n
 end
 -- The holder's value is its owner id, alone or followed by a space and marks.
 if v and (v == owner or string.sub(v, 1, #owner + 1) == owner .. ' ') then

@@ -1,12 +1,13 @@
--- handoff.lua: defines hand_off(lock, prefix, key), which grants a lock that is
--- being freed to the first live queued waiter (its place names the TTL and the
--- value it asked for), issues its token and publishes the grant on the waiter's
--- channel as "OWNER TOKEN SEQ TTL KEY", dropping dead places on the way; with no
--- live waiter it deletes the lock. A shared place at the head turns the lock into
--- a read-write lock's hash, held by the leading run of shared places (sem.lua).
--- Either way it publishes on the holder channel.
+-- handoff.lua: defines hand_off(lock, prefix, key, novalue), which grants a lock
+-- that is being freed to the first live queued waiter (its place names the TTL and
+-- the value it asked for), issues its token and publishes the grant on the
+-- waiter's channel as "OWNER TOKEN SEQ TTL KEY", dropping dead places on the way;
+-- with no live waiter it deletes the lock. novalue says that the grant being freed
+-- had no value (no " v" mark), so there is no value key to delete. A shared place
+-- at the head turns the lock into a read-write lock's hash, held by the leading run
+-- of shared places (sem.lua). Either way it publishes on the holder channel.
 -- Included by other scripts, after names.lua and token.lua.
-local function hand_off(lock, prefix, key)
+local function hand_off(lock, prefix, key, novalue)
   local queue = prefix .. QUEUE .. key
   local wp = prefix .. WAITER .. key .. SEP
   redis.call('PUBLISH', lock .. HOLDER, '')
@@ -41,7 +42,7 @@ local function hand_off(lock, prefix, key)
           redis.call('SET', lock .. VALUE, val, 'PXAT', redis.call('PEXPIRETIME', lock))
         else
           redis.call('SET', lock, v, 'PX', ttl)
-          redis.call('DEL', lock .. VALUE)
+          if not novalue then redis.call('DEL', lock .. VALUE) end
         end
         local n = token(lock, ttl)
         redis.call('PUBLISH', ch, h .. ' ' .. string.format('%d', n) .. ' ' .. seq .. ' ' .. ttl .. ' ' .. key)
