@@ -89,7 +89,8 @@
 // privilege. The database should use the UTF8 encoding (keys are UTF-8 text). Never
 // drop the sequence: it carries the fencing order. (If Open has to create it while the
 // table exists, it starts above both the server time in microseconds and the largest
-// token in the table, so tokens keep rising.)
+// token in the table, so tokens keep rising.) Nor give it a CACHE above 1, with which
+// each session would draw from a block of its own: Open refuses such a sequence.
 //
 // # Algorithm
 //

@@ -29,7 +29,7 @@ end
 --#include token.lua
 --#include handoff.lua
 local prefix = string.sub(KEYS[1], 1, tonumber(n))
--- Without the mark " v" the grant has no value key. (The mark is looked for
--- anywhere in the marks: a false find costs a DEL, never a value left behind.)
+-- Without the mark " v" the grant has no value key. (Owner ids and prefixes
+-- contain no spaces, so nothing else in the value can match.)
 hand_off(KEYS[1], prefix, string.sub(KEYS[1], #prefix + #LOCK + 1), not string.find(v, ' v', 1, true))
 return 1
