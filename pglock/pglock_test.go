@@ -126,6 +126,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("LoginRevoked", func(t *testing.T) { testLoginRevoked(t, srv) })
 	t.Run("TokenDrawnAfterInsert", func(t *testing.T) { testTokenDrawnAfterInsert(t, srv) })
 	t.Run("SequenceCache", func(t *testing.T) { testSequenceCache(t, srv) })
+	t.Run("RestampOnlyOwnInsert", func(t *testing.T) { testRestampOnlyOwnInsert(t, srv) })
 	t.Run("RelockAfterHandoff", func(t *testing.T) { testRelockAfterHandoff(t, srv) })
 	t.Run("Enqueue", func(t *testing.T) { testEnqueue(t, srv) })
 	t.Run("RelockBehindQueue", func(t *testing.T) { testRelockBehindQueue(t, srv) })
@@ -455,6 +456,36 @@ func testTokenDrawnAfterInsert(t *testing.T, srv *testserver.Postgres) {
 		t.Fatalf("the grant made after the fast one's release has token %d, not above its %d", r.g.Token, g.Token)
 	}
 	if err := slow.Release(ctx, key, "slow"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The uncontended INSERT of a key that another client holds for the same owner id
+// is refused, and the second draw that may follow it (restamp.sql) leaves that
+// client's grant and token alone, although the refused insert drew a later token.
+func testRestampOnlyOwnInsert(t *testing.T, srv *testserver.Postgres) {
+	ctx := context.Background()
+	pool := admin(t, srv)
+	rawURL := withQuery(srv.URL(), "table", "restamp_locks")
+	a, b := open(t, rawURL), open(t, rawURL)
+	defer a.Close()
+	defer b.Close()
+	key := drivertest.Key(t, "k")
+	g, err := a.Acquire(ctx, driver.Request{Key: key, Owner: "x", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, driver.Request{Key: key, Owner: "x", TTL: time.Minute}); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("Acquire of a key the owner id holds through another client = %v, want ErrLocked", err)
+	}
+	var token int64
+	if err := pool.QueryRow(ctx, `SELECT token FROM restamp_locks WHERE key = $1`, key).Scan(&token); err != nil {
+		t.Fatal(err)
+	}
+	if uint64(token) != g.Token {
+		t.Fatalf("the holder's token is %d after a refused insert, was %d", token, g.Token)
+	}
+	if err := a.Release(ctx, key, "x"); err != nil {
 		t.Fatal(err)
 	}
 }
