@@ -32,7 +32,12 @@
 // there. No write reads the members sorted by create revision: etcd applies writes
 // one at a time, and such a read lists and sorts every member, so thousands of
 // waiters queueing at once stalled the server. The tail is a hint only: the check
-// that makes a waiter the holder reads the member just ahead by create revision. The transaction is guarded by "the own member key does not exist",
+// that makes a waiter the holder reads the member just ahead by create revision.
+// A member created on a lock with nothing in it (no member, tail or limit key),
+// which takes the lock, writes no tail: nobody is queued behind it, the first
+// waiter to queue behind it reads the member ahead instead, and its release is a
+// plain delete where one that wrote the tail also deletes the tail if it still
+// names it. The transaction is guarded by "the own member key does not exist",
 // so a retry after a lost reply finds the first try's key instead of making another.
 // A first member whose value is the caller's owner id, under another member key, is
 // taken over only by a request that says Resume (driver.Request: a restarted

@@ -22,13 +22,16 @@ import (
 // session ends. A process that stops altogether stops renewing its sessions too, and
 // etcd expires them.
 type tracked struct {
-	rev     int64    // create revision, for a grant; 0 when unknown
-	limit   int      // of the lock, for a grant: 1 for a mutex
-	shared  bool     // a reader's grant (driver.Request.Shared)
-	sess    *session // the session the key is on; nil when unknown
-	grant   bool
-	timer   *time.Timer
-	backoff time.Duration // between failed deletes
+	rev    int64 // create revision, for a grant; 0 when unknown
+	limit  int   // of the lock, for a grant: 1 for a mutex
+	shared bool  // a reader's grant (driver.Request.Shared)
+	// tailless: a grant whose write left the lock's tail alone (see create), so
+	// that no tail names its member key and its release is a plain delete.
+	tailless bool
+	sess     *session // the session the key is on; nil when unknown
+	grant    bool
+	timer    *time.Timer
+	backoff  time.Duration // between failed deletes
 }
 
 const (
@@ -37,9 +40,20 @@ const (
 )
 
 // track records a new grant of ok in a lock of limit holders (a reader's when
-// shared), replacing any earlier record.
-func (b *Backend) track(ok driver.Holder, rev int64, limit int, shared bool, s *session, ttl time.Duration) {
-	b.put(ok, &tracked{rev: rev, limit: max(limit, 1), shared: shared, sess: s, grant: true}, ttl)
+// shared; tailless as for attempt), replacing any earlier record.
+func (b *Backend) track(ok driver.Holder, rev int64, limit int, shared, tailless bool, s *session, ttl time.Duration) {
+	b.put(ok, &tracked{rev: rev, limit: max(limit, 1), shared: shared, tailless: tailless, sess: s, grant: true}, ttl)
+}
+
+// deletionOf is how the release of ok's member key deletes it: plain for a grant
+// that wrote no tail, else trusted.
+func (b *Backend) deletionOf(ok driver.Holder) deletion {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h := b.held[ok]; h != nil && h.grant && h.tailless {
+		return plain
+	}
+	return trusted
 }
 
 // orphan records that a member key of ok may exist on session s (nil: on any) with

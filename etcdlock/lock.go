@@ -49,14 +49,15 @@ func (b *Backend) Acquire(ctx context.Context, req driver.Request) (driver.Grant
 			return driver.Grant{}, wrap("acquire", req.Key, err)
 		}
 		var g driver.Grant
+		var tailless bool
 		err = b.retry(ctx, func(ctx context.Context) (err error) {
-			g, err = b.attempt(ctx, req, s, w)
+			g, tailless, err = b.attempt(ctx, req, s, w)
 			return err
 		})
 		var held *driver.HeldError
 		switch {
 		case err == nil:
-			b.track(ok, int64(g.Token), req.Limit, req.Shared, s, req.TTL)
+			b.track(ok, int64(g.Token), req.Limit, req.Shared, tailless, s, req.TTL)
 			return g, nil
 		case errors.Is(err, errLeaseGone):
 			// The lease ended on the server before the keep-alive loop noticed.
@@ -170,53 +171,55 @@ func leaseErr(err error) error {
 // attempt is one try of Acquire on session s. It is idempotent: run again after a
 // lost reply, it finds the member key the first run wrote and carries on from there.
 // A request with a limit above 1 takes the semaphore's way (semAttempt), a shared
-// one the reader's (sharedAttempt).
-func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w *waiter) (driver.Grant, error) {
+// one the reader's (sharedAttempt). tailless reports a grant whose write left the
+// lock's tail alone (see create): no tail can name its member key.
+func (b *Backend) attempt(ctx context.Context, req driver.Request, s *session, w *waiter) (g driver.Grant, tailless bool, err error) {
 	if req.Limit > 1 {
-		return b.semAttempt(ctx, req, s, w)
+		g, err = b.semAttempt(ctx, req, s, w)
+		return g, false, err
 	}
 	for range 4 {
-		var g driver.Grant
-		var err error
 		if req.Shared {
 			g, err = b.sharedAttempt(ctx, req, s, w)
 		} else {
-			g, err = b.mutexAttempt(ctx, req, s, w)
+			g, tailless, err = b.mutexAttempt(ctx, req, s, w)
 		}
 		if !errors.Is(err, errStaleLimit) {
-			return g, err
+			return g, tailless, err
 		}
 		if err := b.clearStale(ctx, b.LockPrefix(req.Key)); err != nil {
-			return driver.Grant{}, err
+			return driver.Grant{}, false, err
 		}
 	}
-	return driver.Grant{}, errors.New("the lock's limit key keeps coming back") // transient
+	return driver.Grant{}, false, errors.New("the lock's limit key keeps coming back") // transient
 }
 
 // mutexAttempt is attempt for a mutex. It returns errStaleLimit when a key left
 // behind by a semaphore (its limit key, or the tail) refused it on a lock without
-// members: the caller deletes those and tries again.
-func (b *Backend) mutexAttempt(ctx context.Context, req driver.Request, s *session, w *waiter) (driver.Grant, error) {
+// members: the caller deletes those and tries again. tailless is as for attempt.
+func (b *Backend) mutexAttempt(ctx context.Context, req driver.Request, s *session, w *waiter) (g driver.Grant, tailless bool, err error) {
 	prefix := b.LockPrefix(req.Key)
 	member := b.name(driver.Holder{Key: req.Key, Owner: req.Owner})
 	if w != nil {
 		if g, done, err := b.placedAttempt(ctx, s, w, prefix, member); done {
-			return g, err
+			return g, false, err
 		}
 	}
 	put := mutexPut(member, req, s)
 	resp, hint, err := b.create(ctx, req, s, prefix, member, put)
 	if err != nil {
-		return driver.Grant{}, leaseErr(err)
+		return driver.Grant{}, false, leaseErr(err)
 	}
 	if resp.Succeeded {
-		return b.created(ctx, req, s, w, member, resp, hint)
+		g, err = b.created(ctx, req, s, w, member, resp, hint)
+		return g, err == nil && wroteNoTail(req, resp), err
 	}
 	if req.Wait && firstKV(resp.Responses[0]) == nil {
 		// Refused by the limit key, not by the own member key.
-		return driver.Grant{}, b.limitConflict(ctx, prefix, 1)
+		return driver.Grant{}, false, b.limitConflict(ctx, prefix, 1)
 	}
-	return b.exists(ctx, req, s, w, member, resp, put)
+	g, err = b.exists(ctx, req, s, w, member, resp, put)
+	return g, false, err
 }
 
 // placeStart begins the attempt of a waiter w with a place in the queue under
@@ -310,13 +313,15 @@ func (b *Backend) placeRead(ctx context.Context, member, prefix string, rev, at 
 // create is the attempt's write, guarded by "the own member key does not exist".
 // A waiter creates its member key and counts the members already there: none, and
 // it holds the lock. A TryLock creates it only if nobody is there, and otherwise
-// writes nothing. Nothing in a write reads the members sorted by create revision:
-// etcd applies writes one at a time, and such a read makes etcd list and sort every
-// member of the lock, so with thousands of waiters queueing at once the apply loop
-// fell behind, writes and linearizable reads (the holder's Refresh) timed out, and
-// the retried writes, applied all the same, added to the backlog. A count reads
-// etcd's in-memory index only and allocates nothing. It returns the first-member
-// hint it read with the write (a waiter that may resume a grant of its owner's).
+// writes nothing. A mutex's write swaps the lock's tail too, unless it finds the
+// lock empty (see wroteNoTail). Nothing in a write reads the members sorted by
+// create revision: etcd applies writes one at a time, and such a read makes etcd
+// list and sort every member of the lock, so with thousands of waiters queueing at
+// once the apply loop fell behind, writes and linearizable reads (the holder's
+// Refresh) timed out, and the retried writes, applied all the same, added to the
+// backlog. A count reads etcd's in-memory index only and allocates nothing. It
+// returns the first-member hint it read with the write (a waiter that may resume a
+// grant of its owner's).
 func (b *Backend) create(ctx context.Context, req driver.Request, s *session, prefix, member string, put clientv3.Op) (*clientv3.TxnResponse, firstHint, error) {
 	tail := tailKey(prefix)
 	putTail := tailPut(prefix, member, s)
@@ -336,7 +341,20 @@ func (b *Backend) create(ctx context.Context, req driver.Request, s *session, pr
 				thenOps = append(thenOps, clientv3.OpGet(hint.name))
 			}
 		}
-		thenOps = append(thenOps, put, putTail)
+		if req.Shared {
+			thenOps = append(thenOps, put, putTail)
+		} else {
+			// A member created on a lock with nothing in it (no member, tail
+			// or limit key) leaves the tail alone: no waiter is behind it to
+			// find its predecessor by the tail, and its release is then a
+			// plain delete (see wroteNoTail). "Nothing in it" is asked of the
+			// range only once the tail is found missing (etcd stops at the
+			// first compare that fails): a compare over the range reads every
+			// member, and a queue's tail is there while members queue.
+			thenOps = append(thenOps, clientv3.OpTxn(
+				[]clientv3.Cmp{clientv3.Compare(clientv3.Version(tail), "=", 0), freeCmp(prefix)},
+				[]clientv3.Op{put}, []clientv3.Op{put, putTail}))
+		}
 		if n := readersInTxn.Load(); req.Shared && n > 0 {
 			// A reader needs the members ahead of it, with their values: the
 			// first few, read with the write (see readersInTxn), spare it a
@@ -351,8 +369,11 @@ func (b *Backend) create(ctx context.Context, req driver.Request, s *session, pr
 		// members, which holds the tail too: the same bytes as the members' range
 		// alone, and a stale limit key or tail on a lock without members makes
 		// the attempt clear them and try again.
-		thenOps = []clientv3.Op{clientv3.OpTxn(
-			[]clientv3.Cmp{freeCmp(prefix)}, []clientv3.Op{put, putTail}, []clientv3.Op{firstOp(prefix)})}
+		grant := []clientv3.Op{put, putTail}
+		if !req.Shared {
+			grant = []clientv3.Op{put} // as a waiter's on a lock with nothing in it
+		}
+		thenOps = []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{freeCmp(prefix)}, grant, []clientv3.Op{firstOp(prefix)})}
 		elseOps = []clientv3.Op{clientv3.OpGet(member), firstKeyOp(prefix)}
 	}
 	resp, err := b.cli.Txn(ctx).
@@ -361,6 +382,20 @@ func (b *Backend) create(ctx context.Context, req driver.Request, s *session, pr
 		Else(elseOps...).
 		Commit()
 	return resp, hint, err
+}
+
+// wroteNoTail reports whether the successful write resp of a mutex attempt (create)
+// created its member key without writing the lock's tail: a TryLock's grant, or a
+// waiter's that found nothing in the lock. No tail can then name the member key
+// until it is deleted (only a member's own creating write names it in the tail).
+func wroteNoTail(req driver.Request, resp *clientv3.TxnResponse) bool {
+	if req.Shared || !resp.Succeeded || len(resp.Responses) == 0 {
+		return false
+	}
+	if !req.Wait {
+		return resp.Responses[0].GetResponseTxn().GetSucceeded()
+	}
+	return resp.Responses[len(resp.Responses)-1].GetResponseTxn().GetSucceeded()
 }
 
 // mutexPut writes the member key of a mutex request on session s's lease.

@@ -43,7 +43,7 @@ func (b *Backend) AcquireAll(ctx context.Context, reqs []driver.Request) ([]driv
 		switch {
 		case err == nil:
 			for i, req := range reqs {
-				b.track(driver.Holder{Key: req.Key, Owner: req.Owner}, int64(gs[i].Token), 1, false, s, req.TTL)
+				b.track(driver.Holder{Key: req.Key, Owner: req.Owner}, int64(gs[i].Token), 1, false, false, s, req.TTL)
 			}
 			return gs, nil
 		case errors.Is(err, errLeaseGone):

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlockio/dlock/driver"
 	"github.com/dlockio/dlock/drivertest"
+	"github.com/dlockio/dlock/etcdlock"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -38,6 +39,24 @@ func TestWaitingAttemptTimeout(t *testing.T) {
 	}
 }
 
+// tailKeyOf is the name of key's tail key (see tailSep).
+func tailKeyOf(b *etcdlock.Backend, key string) string {
+	return strings.TrimSuffix(b.LockPrefix(key), "\x1f") + "\x1e"
+}
+
+// tailOfLock returns the member key that key's tail names, "" without a tail.
+func tailOfLock(t *testing.T, cli *clientv3.Client, b *etcdlock.Backend, key string) string {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), tailKeyOf(b, key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return ""
+	}
+	return string(resp.Kvs[0].Value)
+}
+
 // A waiter that queues writes the lock's tail key, naming its member key, on its
 // lease; the next waiter watches the member the tail names; the tail goes when the
 // member it names is deleted. The chain still hands the lock over in order.
@@ -48,23 +67,13 @@ func TestQueueTail(t *testing.T) {
 	defer b.Close()
 	ctx := context.Background()
 	key := drivertest.Key(t, "k")
-	tail := strings.TrimSuffix(b.LockPrefix(key), "\x1f") + "\x1e"
 	req := func(owner string) driver.Request {
 		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: true, Patience: time.Minute}
 	}
 	if _, err := b.Acquire(ctx, req("holder")); err != nil {
 		t.Fatal(err)
 	}
-	tailValue := func() string {
-		resp, err := cli.Get(ctx, tail)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(resp.Kvs) == 0 {
-			return ""
-		}
-		return string(resp.Kvs[0].Value)
-	}
+	tailValue := func() string { return tailOfLock(t, cli, b, key) }
 	w, err := b.Watch(ctx, key, "waiter")
 	if err != nil {
 		t.Fatal(err)
@@ -94,6 +103,92 @@ func TestQueueTail(t *testing.T) {
 	}
 	if got := tailValue(); got != "" {
 		t.Fatalf("tail = %q after the member it names was released, want it gone", got)
+	}
+}
+
+// A grant made on a lock with nothing in it (no member, tail or limit key), by a
+// waiting attempt or a TryLock, writes no tail, and its release leaves alone the
+// tail of a waiter that queued behind it. A lock whose tail is still there (left
+// by a member deleted behind its client's back) is not taken for empty: the
+// attempt writes the tail as a queueing one does.
+func TestTaillessGrant(t *testing.T) {
+	srv := testserver.StartEtcd(t)
+	cli := rawClient(t, srv.Endpoint())
+	b := open(t, srv.URL("dlock"))
+	defer b.Close()
+	ctx := context.Background()
+	key := drivertest.Key(t, "k")
+	tail := tailKeyOf(b, key)
+	tailValue := func() string { return tailOfLock(t, cli, b, key) }
+	req := func(owner string, wait bool) driver.Request {
+		return driver.Request{Key: key, Owner: owner, TTL: time.Minute, Wait: wait, Patience: time.Minute}
+	}
+	for _, wait := range []bool{false, true} {
+		if _, err := b.Acquire(ctx, req("holder", wait)); err != nil {
+			t.Fatal(err)
+		}
+		if got := tailValue(); got != "" {
+			t.Fatalf("grant of a free lock (wait %v) wrote tail %q, want none", wait, got)
+		}
+		if err := b.Release(ctx, key, "holder"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A waiter behind the tail-less holder writes the tail; the holder's release
+	// keeps it, the waiter's deletes it.
+	if _, err := b.Acquire(ctx, req("holder", true)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := b.Watch(ctx, key, "waiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(ctx, false)
+	if _, err := b.Acquire(ctx, req("waiter", true)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("waiter's attempt = %v, want ErrLocked", err)
+	}
+	mine := member(t, cli, b, key, "waiter")
+	if got := tailValue(); got != string(mine.Key) {
+		t.Fatalf("tail = %q, want the waiter's member key %q", got, mine.Key)
+	}
+	if err := b.Release(ctx, key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(drivertest.Wait):
+		t.Fatal("waiter not woken by the tail-less holder's release")
+	}
+	if got := tailValue(); got != string(mine.Key) {
+		t.Fatalf("tail = %q after the holder's release, want the waiter's %q still", got, mine.Key)
+	}
+	if g, err := b.Acquire(ctx, req("waiter", true)); err != nil || g.Token != uint64(mine.CreateRevision) {
+		t.Fatalf("woken waiter's attempt = %+v, %v; want its member's token %d", g, err, mine.CreateRevision)
+	}
+	if err := b.Release(ctx, key, "waiter"); err != nil {
+		t.Fatal(err)
+	}
+	if got := tailValue(); got != "" {
+		t.Fatalf("tail = %q after the waiter's release, want it gone", got)
+	}
+
+	// A tail left on a lock without members: the lock is not empty, so the
+	// grant writes the tail (naming itself), and its release deletes it.
+	if _, err := cli.Put(ctx, tail, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, req("holder", true)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tailValue(), string(member(t, cli, b, key, "holder").Key); got != want {
+		t.Fatalf("tail = %q after a grant on a lock with a stale tail, want the holder's %q", got, want)
+	}
+	if err := b.Release(ctx, key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	if got := tailValue(); got != "" {
+		t.Fatalf("tail = %q after the release, want it gone", got)
 	}
 }
 

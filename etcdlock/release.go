@@ -81,14 +81,37 @@ func (b *Backend) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	return nil
 }
 
-// deleteOwn deletes member key name if it is owner's. A name of this backend's
-// own that it holds a record for needs no check (trusted): only this backend writes
-// it, or another that resumed its grant, with the same owner.
-func (b *Backend) deleteOwn(ctx context.Context, name, owner string, trusted bool) (bool, error) {
+// deletion is how deleteOwn deletes a member key.
+type deletion int
+
+const (
+	// ifOwned: a name that is not this backend's own, or has no record here, is
+	// deleted only if its value is the owner's.
+	ifOwned deletion = iota
+	// trusted: a name of this backend's own that it holds a record for needs no
+	// check (only this backend writes it, or another that resumed its grant, with
+	// the same owner); the lock's tail goes too if it names the key (see tailSep).
+	trusted
+	// plain: trusted, and no tail can name the key (a grant that wrote none, see
+	// create): one delete.
+	plain
+)
+
+// deleteOwn deletes member key name if it is owner's, as how says.
+func (b *Backend) deleteOwn(ctx context.Context, name, owner string, how deletion) (bool, error) {
+	if how != ifOwned && !b.ours(name) {
+		how = ifOwned
+	}
 	var deleted bool
 	err := b.retry(ctx, func(ctx context.Context) error {
-		if trusted && b.ours(name) {
-			// The lock's tail goes too if it names this key (see tailSep).
+		switch how {
+		case plain:
+			resp, err := b.cli.Delete(ctx, name)
+			if err == nil {
+				deleted = resp.Deleted > 0
+			}
+			return err
+		case trusted:
 			tail := tailOf(name)
 			resp, err := b.cli.Txn(ctx).
 				If(clientv3.Compare(clientv3.Value(tail), "=", name)).
@@ -130,7 +153,7 @@ func (b *Backend) Release(ctx context.Context, key, owner string) error {
 	if !found {
 		return b.releaseByOwner(ctx, key, owner)
 	}
-	deleted, err := b.deleteOwn(ctx, name, owner, true)
+	deleted, err := b.deleteOwn(ctx, name, owner, b.deletionOf(ok))
 	if err != nil {
 		// Delete it in the background, with retries, so that it does not stay on
 		// this process's session for as long as the session lives.
@@ -159,7 +182,7 @@ func (b *Backend) releaseByOwner(ctx context.Context, key, owner string) error {
 		if ownerOf(kv.Value) != owner {
 			continue
 		}
-		deleted, err := b.deleteOwn(ctx, string(kv.Key), owner, false)
+		deleted, err := b.deleteOwn(ctx, string(kv.Key), owner, ifOwned)
 		if err != nil {
 			return wrap("release", key, err)
 		}

@@ -383,7 +383,7 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	}
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
-	if _, err := b.deleteOwn(ctx, member, w.owner, true); err != nil {
+	if _, err := b.deleteOwn(ctx, member, w.owner, trusted); err != nil {
 		b.orphan(ok, sess, 0) // keep trying in the background
 		return wrap("withdraw waiter", w.key, err)
 	}
