@@ -34,11 +34,16 @@
 // waiters queueing at once stalled the server. The tail is a hint only: the check
 // that makes a waiter the holder reads the member just ahead by create revision.
 // A member created on a lock with nothing in it (no member, tail or limit key),
-// which takes the lock, writes no tail: nobody is queued behind it, the first
-// waiter to queue behind it reads the member ahead instead, and its release is a
-// plain delete where one that wrote the tail also deletes the tail if it still
-// names it. The transaction is guarded by "the own member key does not exist",
-// so a retry after a lost reply finds the first try's key instead of making another.
+// which takes the lock, writes no tail: nobody is queued behind it, and the first
+// waiter to queue behind it reads the member ahead instead. Its release is then a
+// plain delete, where that of a member that wrote the tail also deletes the tail
+// if it still names it. "Nothing in it" is a compare over the lock's range, which
+// etcd evaluates by reading every member, so a waiter's write asks it only when
+// the tail is missing; while members remain, that is only after the tail's member
+// ended with its session, or released while others held beside it (readers, a
+// semaphore's permits). A withdrawn wait leaves its tail, stale, for that reason.
+// The transaction is guarded by "the own member key does not exist", so a retry
+// after a lost reply finds the first try's key instead of making another.
 // A first member whose value is the caller's owner id, under another member key, is
 // taken over only by a request that says Resume (driver.Request: a restarted
 // process resuming it with dlock.WithResume): it is moved onto the current

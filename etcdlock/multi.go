@@ -15,7 +15,8 @@ var _ driver.MultiAcquirer = (*Backend)(nil)
 // AcquireAll implements driver.MultiAcquirer: one etcd transaction whose
 // conditions say that every lock of the set is free (freeCmp: no member, as a
 // TryLock finds it) and that writes, on the session lease, every member key and
-// tail as a TryLock's grant does. So each key's token is the transaction's
+// its tail (a single TryLock's grant writes no tail; the set's release deletes
+// each tail with its key). So each key's token is the transaction's
 // revision, its create revision; the grants are tracked here like Acquire's. A set
 // with a key taken writes nothing and fails with a *driver.HeldError naming the
 // first such key.

@@ -31,11 +31,12 @@ const memberSep = "\x1f"
 // last (a member that found the lock empty writes none, see create), written in
 // the transaction that created that member (so its mod revision is that member's
 // create revision), on that member's lease; it is deleted with that member's key
-// when its client deletes the key as its own (a release, a withdrawn wait), else
-// when the lease ends or the next waiter overwrites it. It is a hint: a waiter that
-// queues behind others watches the member it names, after checking that it is still
-// there, instead of having etcd list and sort every member to find the one just
-// ahead; the check that makes a waiter the holder never trusts it.
+// when its client releases the key, else when the lease ends or the next waiter
+// overwrites it. A withdrawn wait leaves it, stale (see waiter.Stop), so that a
+// lock with members has a tail. It is a hint: a waiter that queues behind others
+// watches the member it names, after checking that it is still there, instead of
+// having etcd list and sort every member to find the one just ahead; the check
+// that makes a waiter the holder never trusts it.
 const tailSep = "\x1e"
 
 // tailKey returns the tail key of the lock whose member key names start with

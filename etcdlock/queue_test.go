@@ -108,9 +108,10 @@ func TestQueueTail(t *testing.T) {
 
 // A grant made on a lock with nothing in it (no member, tail or limit key), by a
 // waiting attempt or a TryLock, writes no tail, and its release leaves alone the
-// tail of a waiter that queued behind it. A lock whose tail is still there (left
-// by a member deleted behind its client's back) is not taken for empty: the
-// attempt writes the tail as a queueing one does.
+// tail of a waiter that queued behind it. A waiter that withdraws leaves its tail.
+// A lock whose tail is still there (left by a member deleted behind its client's
+// back, or a withdrawn wait) is not taken for empty: the attempt writes the tail
+// as a queueing one does.
 func TestTaillessGrant(t *testing.T) {
 	srv := testserver.StartEtcd(t)
 	cli := rawClient(t, srv.Endpoint())
@@ -171,6 +172,59 @@ func TestTaillessGrant(t *testing.T) {
 	}
 	if got := tailValue(); got != "" {
 		t.Fatalf("tail = %q after the waiter's release, want it gone", got)
+	}
+
+	// A waiter that withdraws leaves its tail (stale), so the next waiter's write
+	// finds a tail and writes its own; the chain still hands over in order.
+	if _, err := b.Acquire(ctx, req("holder", true)); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := b.Watch(ctx, key, "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, req("gone", true)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("withdrawing waiter's attempt = %v, want ErrLocked", err)
+	}
+	stale := string(member(t, cli, b, key, "gone").Key)
+	if err := gone.Stop(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := tailValue(); got != stale {
+		t.Fatalf("tail = %q after a waiter withdrew, want its stale %q", got, stale)
+	}
+	next, err := b.Watch(ctx, key, "next")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Stop(ctx, false)
+	if _, err := b.Acquire(ctx, req("next", true)); !errors.Is(err, driver.ErrLocked) {
+		t.Fatalf("next waiter's attempt = %v, want ErrLocked", err)
+	}
+	if got, want := tailValue(), string(member(t, cli, b, key, "next").Key); got != want {
+		t.Fatalf("tail = %q after the next waiter queued, want its %q", got, want)
+	}
+	if err := b.Release(ctx, key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	// Woken at once by the stale tail's member being gone (its attempt then
+	// follows the holder), and by the holder's release.
+	for i := 0; ; i++ {
+		select {
+		case <-next.C():
+		case <-time.After(drivertest.Wait):
+			t.Fatal("next waiter not woken by the holder's release")
+		}
+		_, err := b.Acquire(ctx, req("next", true))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, driver.ErrLocked) || i == 2 {
+			t.Fatalf("woken next waiter's attempt %d = %v", i, err)
+		}
+	}
+	if err := b.Release(ctx, key, "next"); err != nil {
+		t.Fatal(err)
 	}
 
 	// A tail left on a lock without members: the lock is not empty, so the

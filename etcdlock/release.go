@@ -92,8 +92,9 @@ const (
 	// check (only this backend writes it, or another that resumed its grant, with
 	// the same owner); the lock's tail goes too if it names the key (see tailSep).
 	trusted
-	// plain: trusted, and no tail can name the key (a grant that wrote none, see
-	// create): one delete.
+	// plain: trusted, and the tail is left alone: no tail can name the key (a
+	// grant that wrote none, see create), or a stale one is to stay (a withdrawn
+	// wait, see waiter.Stop). One delete.
 	plain
 )
 

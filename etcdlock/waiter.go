@@ -383,7 +383,10 @@ func (w *waiter) Stop(ctx context.Context, acquired bool) error {
 	}
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
-	if _, err := b.deleteOwn(ctx, member, w.owner, trusted); err != nil {
+	// The tail stays even if it names the member key (a hint gone stale, which
+	// the next waiter's watch finds gone): a tail missing while members queue
+	// would make the next waiter's write read the lock's whole range (see create).
+	if _, err := b.deleteOwn(ctx, member, w.owner, plain); err != nil {
 		b.orphan(ok, sess, 0) // keep trying in the background
 		return wrap("withdraw waiter", w.key, err)
 	}
