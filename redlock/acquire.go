@@ -165,11 +165,11 @@ func (a *attempt) phaseOne(ctx context.Context) {
 		return parseAcq(acquireScript.Run(ctx, n.rdb, keys, args...).Result())
 	}
 	if a.proposal == 0 {
-		a.r = fanoutFor(ctx, b, h, b.all(), call)
+		a.r = race(ctx, b, h, b.all(), call, nil, nil, callAcquire)
 		return
 	}
 	a.outcome = make(chan bool, 1)
-	a.r = race(ctx, b, h, b.all(), call, a.decided, a.late)
+	a.r = race(ctx, b, h, b.all(), call, a.decided, a.late, callAcquire)
 }
 
 // decided reports whether phase one's replies so far settle the grant, so that

@@ -47,15 +47,32 @@ var errPending = errors.New("reply still pending")
 // done[i] is closed once node i's call and its late handling are over (nil for a
 // node with nothing pending). The next calls for the holder on node i wait for it,
 // so that every node runs one holder's scripts in the order they were made (a
-// release never overtakes the acquire it undoes).
-type flight struct{ done []chan struct{} }
+// release never overtakes the acquire it undoes). An acquire also waits for the
+// releases of the key's other holders through this client (release set): a Lock
+// right after another owner's Release here, the usual loop, would otherwise reach
+// a slow node before that release did, find the key held there, and hold the lock
+// on fewer nodes (and withdraw its place there, a script more).
+type flight struct {
+	done    []chan struct{}
+	release bool
+}
 
 // fanoutFor is fanout for the calls of holder h: on each node, it waits for the
 // holder's calls still under way there (see flight) before calling; with no owner
 // in h, for those of every owner of the key.
 func fanoutFor[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f func(context.Context, *node) (T, error)) results[T] {
-	return race(ctx, b, h, idx, f, nil, nil)
+	return race(ctx, b, h, idx, f, nil, nil, callOther)
 }
+
+// callKind tells race what its calls are, for the order of calls on each node (see
+// flight).
+type callKind int
+
+const (
+	callOther   callKind = iota
+	callAcquire          // waits for the key's releases through this client too
+	callRelease          // a release: later acquires of the key wait for it
+)
 
 // race is fanoutFor that returns as soon as decided, called after each reply, says
 // the replies so far settle the outcome; nodes still to answer then have errs[i] ==
@@ -64,8 +81,8 @@ func fanoutFor[T any](ctx context.Context, b *Backend, h driver.Holder, idx []in
 // called with each of their replies, and the holder's next calls on those nodes wait
 // until then. With decided nil it waits for every reply.
 func race[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f func(context.Context, *node) (T, error),
-	decided func(*results[T]) bool, late func(i int, v T, err error)) results[T] {
-	prev := b.flightsOf(h)
+	decided func(*results[T]) bool, late func(i int, v T, err error), kind callKind) results[T] {
+	prev := b.flightsOf(h, kind == callAcquire)
 	if len(prev) == 0 && decided == nil {
 		return fanout(ctx, b, idx, f)
 	}
@@ -116,7 +133,7 @@ func race[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f 
 		r.vals[rp.i], r.errs[rp.i] = rp.v, rp.err
 		if got < len(idx) && decided != nil && decided(&r) {
 			stop()
-			fl := &flight{done: make([]chan struct{}, len(b.nodes))}
+			fl := &flight{done: make([]chan struct{}, len(b.nodes)), release: kind == callRelease}
 			for i, err := range r.errs {
 				if err == errPending {
 					fl.done[i] = make(chan struct{})
@@ -161,21 +178,24 @@ func race[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f 
 	return r
 }
 
-// flightsOf returns the holder's calls still under way, or, for a holder with no
-// owner (force release, inspect: calls about the key, whatever its owner), those
-// of every holder of the key.
-func (b *Backend) flightsOf(h driver.Holder) []*flight {
+// flightsOf returns the holder's calls still under way, and with releases those of
+// the releases of the key's other holders; for a holder with no owner (force
+// release, inspect: calls about the key, whatever its owner), those of every
+// holder of the key.
+func (b *Backend) flightsOf(h driver.Holder, releases bool) []*flight {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	var fs []*flight
 	if h.Owner != "" {
 		if f := b.flights[h]; f != nil {
-			return []*flight{f}
+			fs = append(fs, f)
 		}
-		return nil
+		if !releases {
+			return fs
+		}
 	}
-	var fs []*flight
 	for k, f := range b.flights {
-		if k.Key == h.Key {
+		if k.Key == h.Key && k != h && (h.Owner == "" || f.release) {
 			fs = append(fs, f)
 		}
 	}

@@ -44,9 +44,12 @@
 // background (a late grant of a failed attempt is given back, a late grant of a
 // granted one kept), and every later call for the same key and owner waits, node by
 // node, for them, so that each node runs one owner's scripts in the order they were
-// made. On each node the script
-// sets the lock with SET NX PX (or extends it when the same owner already holds it)
-// and returns the node's fencing counter. The attempt succeeds only if a majority
+// made. An acquire also waits so for the releases of the key's other owners through
+// the same client: a Lock right after another owner's Release here then finds the
+// key free on every node, not held on the ones the release had not reached yet. On
+// each node the script sets the lock with SET NX PX (or extends it when the same
+// owner already holds it) and returns the node's fencing counter. The attempt
+// succeeds only if a majority
 // granted it and the validity left, ttl - elapsed - (ttl*drift + 2ms) with elapsed on
 // the monotonic clock, is positive when the token is settled; otherwise the lock is
 // released on every node that granted it or did not answer (a reply may have been

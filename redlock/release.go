@@ -153,7 +153,7 @@ func (b *Backend) releaseRace(ctx context.Context, idx []int, key, owner, nonce,
 	args := append([]any{owner, prefix, nonce, key, wake}, requeue...)
 	return race(ctx, b, driver.Holder{Key: key, Owner: owner}, idx, func(ctx context.Context, n *node) (any, error) {
 		return releaseScript.Run(ctx, n.rdb, keys, args...).Result()
-	}, decided, late)
+	}, decided, late, callRelease)
 }
 
 // releaseOn releases the owner's lock on the given nodes, ignoring failures (the
