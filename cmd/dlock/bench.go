@@ -56,7 +56,8 @@ For every backend, in interleaved rounds (round 1 runs every backend, then round
              cycle by cycle with the backend's floor (the least a correct lock does
              on that engine with its own client: SET NX PX and a compare-and-delete
              for Redis, create and delete for ZooKeeper, insert and delete for
-             PostgreSQL and MySQL), and the ratio of the medians;
+             PostgreSQL and MySQL), and the ratio of the medians; with --peers,
+             each peer of the store takes its cycles in the same loop, in turn;
   many keys  --workers clients over --keys keys, a random key per acquisition;
   hot key    --workers clients on one key: acquisitions/s, handoff latency (from a
              Release to the next holder's Lock returning), fairness (min/max

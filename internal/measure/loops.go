@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -74,36 +75,44 @@ type CycleRun struct {
 }
 
 // CyclePeers are what Cycles pairs the dlock cycles with, each optional: the
-// backend's floor, and the raw driver (its Acquire and Release called directly with
-// a fresh owner id per cycle, as the core makes them, to tell the driver's cost from
-// the core's).
+// backend's floor, the raw driver (its Acquire and Release called directly with a
+// fresh owner id per cycle, as the core makes them, to tell the driver's cost from
+// the core's), and other clients' cycles (Others).
 type CyclePeers struct {
 	Floor     Floor
 	FloorKey  string
 	Driver    driver.Backend
 	DriverKey string
+	Others    []*Paired
+}
+
+// Paired is one more client whose Lock+Release cycles on Key Cycles pairs dlock's
+// cycles with, timed into Samples: in cmd/dlock's bench, another lock library on
+// the same store wrapped as a dlock.Client, so that it is measured in the same loop
+// as dlock, cycle by cycle, rather than in a loop of its own (on an idle machine a
+// loop's shape alone can change a round trip's latency several times over; see
+// docs/benchmarks.md). A paired client whose cycle fails leaves the rotation with
+// its error in Err; the other cycles go on.
+type Paired struct {
+	Client  *dlock.Client
+	Key     string
+	Samples Samples
+	Err     error
 }
 
 // Cycles runs uncontended Lock+Release cycles of key on c until lim is reached and
 // adds their latencies to run.Dlock. Each dlock cycle is paired with one cycle of
-// every peer given, in rotating order, so that all see the same machine load and
-// their ratios mean something on a busy machine; lim.N then counts such groups.
+// every peer given, so that all see the same machine load and their ratios mean
+// something on a busy machine; lim.N then counts such groups. The order within a
+// group is shuffled each time, so that no cycle always runs right after the same
+// other one: on an idle machine, what ran just before (a client that started
+// goroutines, say, whose threads were still spinning) can change a round trip's
+// latency.
 func Cycles(ctx context.Context, c *dlock.Client, key string, peers CyclePeers, lim Limit, run *CycleRun) error {
 	if err := lim.check(); err != nil {
 		return err
 	}
-	steps := []func() error{func() error {
-		t0 := time.Now()
-		l, err := c.Lock(ctx, key)
-		if err != nil {
-			return fmt.Errorf("bench: lock %q: %w", key, err)
-		}
-		if err := l.Release(ctx); err != nil {
-			return fmt.Errorf("bench: release %q: %w", key, err)
-		}
-		run.Dlock.Add(time.Since(t0))
-		return nil
-	}}
+	steps := []func() error{func() error { return lockOnce(ctx, c, key, &run.Dlock) }}
 	if peers.Floor != nil {
 		steps = append(steps, func() error { return floorOnce(ctx, peers.Floor, peers.FloorKey, &run.Floor) })
 	}
@@ -124,13 +133,26 @@ func Cycles(ctx context.Context, c *dlock.Client, key string, peers CyclePeers, 
 			return nil
 		})
 	}
+	for _, p := range peers.Others {
+		steps = append(steps, func() error {
+			if p.Err == nil {
+				p.Err = lockOnce(ctx, p.Client, p.Key, &p.Samples)
+			}
+			return nil
+		})
+	}
+	order := make([]int, len(steps))
+	for i := range order {
+		order[i] = i
+	}
 	cnt := newCounter(lim)
-	for i := 0; cnt.take(); i++ {
-		for j := range steps {
+	for cnt.take() {
+		rand.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+		for _, k := range order {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if err := steps[(i+j)%len(steps)](); err != nil {
+			if err := steps[k](); err != nil {
 				return err
 			}
 		}
@@ -141,6 +163,20 @@ func Cycles(ctx context.Context, c *dlock.Client, key string, peers CyclePeers, 
 // Floor takes and releases key the cheapest way a store allows, without dlock (the
 // least correct lock): the baseline dlock's cycle is compared with.
 type Floor func(ctx context.Context, key string) error
+
+// lockOnce times one Lock+Release of key through c into s.
+func lockOnce(ctx context.Context, c *dlock.Client, key string, s *Samples) error {
+	t0 := time.Now()
+	l, err := c.Lock(ctx, key)
+	if err != nil {
+		return fmt.Errorf("bench: lock %q: %w", key, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		return fmt.Errorf("bench: release %q: %w", key, err)
+	}
+	s.Add(time.Since(t0))
+	return nil
+}
 
 func floorOnce(ctx context.Context, f Floor, key string, s *Samples) error {
 	t0 := time.Now()

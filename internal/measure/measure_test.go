@@ -176,3 +176,72 @@ type inspectorOnly struct {
 func (i inspectorOnly) Inspect(ctx context.Context, k string) (driver.Info, error) {
 	return i.i.Inspect(ctx, k)
 }
+
+// recorder is a backend that appends its name to seq at every Acquire.
+type recorder struct {
+	driver.Backend
+	name string
+	seq  *[]string
+}
+
+func (r recorder) Acquire(ctx context.Context, req driver.Request) (driver.Grant, error) {
+	*r.seq = append(*r.seq, r.name)
+	return r.Backend.Acquire(ctx, req)
+}
+
+// TestCyclesPaired: Cycles times the cycles of the other clients it pairs dlock's
+// with, one each per group, in an order shuffled for each group; a paired client
+// that fails leaves the rotation with its error, and the others go on.
+func TestCyclesPaired(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store := memlock.NewStore(clock.Real)
+	var seq []string
+	client := func(name string) *dlock.Client {
+		c, err := dlock.New(recorder{store.Backend(), name, &seq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	c, ok, broken := client("dlock"), client("paired"), client("broken")
+	broken.Close() // every Lock fails, without reaching the backend
+	floor := func(ctx context.Context, key string) error {
+		seq = append(seq, "floor")
+		return nil
+	}
+	peers := CyclePeers{Floor: floor, FloorKey: "f", Driver: recorder{store.Backend(), "driver", &seq}, DriverKey: "d",
+		Others: []*Paired{{Client: ok, Key: "p"}, {Client: broken, Key: "q"}}}
+	const n = 40
+	var run CycleRun
+	if err := Cycles(ctx, c, "k", peers, Limit{N: n}, &run); err != nil {
+		t.Fatal(err)
+	}
+	if run.Dlock.Count() != n || run.Floor.Count() != n || run.Driver.Count() != n {
+		t.Errorf("dlock %d, floor %d, driver %d cycles; want %d each", run.Dlock.Count(), run.Floor.Count(), run.Driver.Count(), n)
+	}
+	if p := peers.Others[0]; p.Err != nil || p.Samples.Count() != n {
+		t.Errorf("paired client: %d cycles, error %v; want %d, none", p.Samples.Count(), p.Err, n)
+	}
+	if p := peers.Others[1]; !errors.Is(p.Err, dlock.ErrClosed) || p.Samples.Count() != 0 {
+		t.Errorf("closed paired client: %d cycles, error %v; want 0, ErrClosed", p.Samples.Count(), p.Err)
+	}
+	// Shuffled: within the groups of four, the cycle right before the floor's is
+	// not always the same one (a rotation would always put the same one there).
+	if len(seq) != 4*n {
+		t.Fatalf("%d cycles recorded, want %d: %v", len(seq), 4*n, seq)
+	}
+	ahead := map[string]int{}
+	for g := 0; g < n; g++ {
+		group := seq[4*g : 4*g+4]
+		for i := 1; i < 4; i++ {
+			if group[i] == "floor" {
+				ahead[group[i-1]]++
+			}
+		}
+	}
+	if len(ahead) < 2 {
+		t.Errorf("the cycle right before the floor's within a group: %v", ahead)
+	}
+}

@@ -10,7 +10,8 @@
 //   - uncontended cycle: one client doing Lock+Release on one key (cycles/s, p50,
 //     p99), paired cycle by cycle with the store's floor (internal/storeops: the
 //     least a lock on that engine does, with the engine's own client), and the
-//     ratio of their medians;
+//     ratio of their medians; with Config.Peers, the cycles of the store's peers
+//     join the same loop, in turn;
 //   - many keys: W workers, each with its own client (connection), on a random key
 //     among K per acquisition (low contention), against the floor run by as many
 //     clients on keys of their own;
@@ -34,7 +35,10 @@
 // go-zookeeper's Lock, pg_advisory_lock and a polled PostgreSQL row) run beside the
 // backend of their store, on its servers, in the same rounds. Each peer is an
 // Acquire adapter behind a pass-through driver.Backend, so the same loops measure
-// it (cycle, many keys, hot key, with the same overlap check); it has no floor,
+// it (cycle, many keys, hot key, with the same overlap check), and its uncontended
+// cycles run in its dlock backend's own loop, cycle by cycle beside dlock's (a
+// loop of its own could measure the same requests several times faster or slower
+// on an idle machine: see docs/benchmarks.md); it has no floor,
 // driver cycle, server counts or waiter chains. Every dlock backend then gets its
 // ratio to the best peer of its store (BackendResult.VsPeers). See peers.go.
 //

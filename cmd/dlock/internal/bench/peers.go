@@ -30,7 +30,8 @@ import (
 
 // Peers are the lock libraries dlock is measured beside (Config.Peers): each runs in
 // this process, on the same servers as the dlock backend of its store, through the
-// same loops (package measure) and statistics, in the same rounds.
+// same loops (package measure) and statistics, in the same rounds; its uncontended
+// cycles run in the dlock backend's loop, in turn with dlock's (pairPeers).
 //
 // A peer is a small adapter, an Acquire function on one connection of its own per
 // worker. The loops drive it through a dlock.Client over a pass-through backend
@@ -184,19 +185,19 @@ func openPeer(ctx context.Context, cfg Config, p peerDef, t Target, br *BackendR
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	e := &targetEnv{cfg: cfg, res: br, keys: "dlock-bench." + runID + ".peer-" + strings.ReplaceAll(p.name, "/", "-") + ".", peer: &p, peerURL: u}
-	if err := e.connectPeer(ctx); err != nil {
+	if err := e.connectPeer(ctx, cfg.Workers); err != nil {
 		return nil, err
 	}
 	e.close()
 	return e, nil
 }
 
-// connectPeer connects each of the peer's workers (one connection, or one per
-// Redlock master, each), wrapped for the loops as a dlock.Client.
-func (e *targetEnv) connectPeer(ctx context.Context) error {
+// connectPeer connects n of the peer's workers (one connection, or one per Redlock
+// master, each), wrapped for the loops as a dlock.Client.
+func (e *targetEnv) connectPeer(ctx context.Context, n int) error {
 	octx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	for range e.cfg.Workers {
+	for range n {
 		c, err := e.peer.open(octx, e.peerURL)
 		if err != nil {
 			e.close()

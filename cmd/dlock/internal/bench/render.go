@@ -43,10 +43,14 @@ func (r *Result) writeHeader(b *strings.Builder) {
 
 func (r *Result) writeCycles(b *strings.Builder, ok []*BackendResult) {
 	b.WriteString("### Uncontended Lock + Release (one client)\n\n")
-	b.WriteString("Three cycles run in turn, in the same rounds: dlock (Lock+Release through the core), the driver alone (its Acquire+Release called directly: what the backend's own requests cost) and the floor (the least a correct lock does on the engine, with the engine's own client and none of dlock).\n\n")
+	b.WriteString("Three cycles run in turn, in an order shuffled for each group of three, in the same rounds: dlock (Lock+Release through the core), the driver alone (its Acquire+Release called directly: what the backend's own requests cost) and the floor (the least a correct lock does on the engine, with the engine's own client and none of dlock).")
+	peers := r.hasPeers()
+	if peers {
+		b.WriteString(" Each peer of the store takes its cycles in the same loop, one in each group.")
+	}
+	b.WriteString("\n\n")
 	head := []string{"backend", "cycles/s", "p50", "p99", "driver p50", "floor p50", "floor p99", "dlock / floor", "driver / floor", "dlock / floor per round"}
 	align := "lrrrrrrrrl"
-	peers := r.hasPeers()
 	if peers {
 		head, align = append(head, "p50 / best peer p50"), align+"l"
 	}
@@ -227,7 +231,7 @@ func (r *Result) writePeers(b *strings.Builder, ok []*BackendResult) {
 	}
 	s := r.Settings
 	b.WriteString("\n### Beside the peers\n\n")
-	fmt.Fprintf(b, "Peers are the lock libraries users run on the same stores, measured in this process on the same servers, through the same loops, in the same rounds. They have no fencing tokens, no handoff hooks and no server-operation counts, and are left out of the cost tables. Hot key: %d workers; fairness as above (the worst round). Ratios are dlock's over the best peer of its store, over the whole run and (in brackets) round by round: p50 below 1 and acquisitions/s above 1 are dlock ahead.\n\n", s.Workers)
+	fmt.Fprintf(b, "Peers are the lock libraries users run on the same stores, measured in this process on the same servers, through the same loops, in the same rounds; their uncontended cycles run in the dlock backend's loop, cycle by cycle in turn with dlock's. They have no fencing tokens, no handoff hooks and no server-operation counts, and are left out of the cost tables. Hot key: %d workers; fairness as above (the worst round). Ratios are dlock's over the best peer of its store, over the whole run and (in brackets) round by round: p50 below 1 and acquisitions/s above 1 are dlock ahead.\n\n", s.Workers)
 	var rows [][]string
 	for _, store := range []string{StoreRedis, StoreRedlock, StoreEtcd, StoreZK, StorePostgres, StoreMySQL} {
 		for _, br := range ok {

@@ -354,6 +354,9 @@ func openTargets(ctx context.Context, cfg Config, res *Result, runID string, rep
 				}
 				pr.Error = err.Error()
 			}
+			if e != nil && pe != nil {
+				e.paired = append(e.paired, pe)
+			}
 			envs = append(envs, pe)
 		}
 	}

@@ -50,6 +50,12 @@ type targetEnv struct {
 	overlaps int64
 	peer     *peerDef // set for a peer (see peers.go): no floor, driver or growth
 	peerURL  *url.URL
+
+	// A dlock backend's cycles are paired, cycle by cycle, with those of the peers
+	// of its store (paired); a peer whose cycles of this round were so measured
+	// (pairedRound) does not run them again alone.
+	paired      []*targetEnv
+	pairedRound bool
 }
 
 func openTarget(ctx context.Context, cfg Config, t Target, br *BackendResult, runID string) (*targetEnv, error) {
@@ -175,11 +181,25 @@ func (e *targetEnv) warmUp(ctx context.Context, d time.Duration) error {
 }
 
 func (e *targetEnv) cycle(ctx context.Context, d time.Duration) error {
+	if e.pairedRound {
+		e.pairedRound = false
+		return nil // measured beside its dlock backend's cycles (pairPeers)
+	}
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
 	defer cancel()
 	var r measure.CycleRun
-	if err := measure.Cycles(ctx, e.cl[0], e.key("cycle"), e.peers("cycle"), measure.Limit{Duration: d}, &r); err != nil {
+	peers := e.peers("cycle")
+	joined := e.pairPeers(ctx, &peers)
+	defer func() {
+		for _, p := range joined {
+			p.disconnect()
+		}
+	}()
+	if err := measure.Cycles(ctx, e.cl[0], e.key("cycle"), peers, measure.Limit{Duration: d}, &r); err != nil {
 		return err
+	}
+	for i, p := range joined {
+		p.pairedCycles(ctx, peers.Others[i])
 	}
 	round := RoundCycle{P50: r.Dlock.Percentile(0.5), N: r.Dlock.Count(), DriverP50: r.Driver.Percentile(0.5)}
 	if r.Floor.Count() > 0 {
@@ -193,6 +213,38 @@ func (e *targetEnv) cycle(ctx context.Context, d time.Duration) error {
 	e.cycles.Driver.Merge(&r.Driver)
 	e.cycles.Floor.Merge(&r.Floor)
 	return nil
+}
+
+// pairPeers connects one client of each peer of a dlock backend's store and adds
+// it to peers.Others, so that its cycles run in the same loop as dlock's; it
+// returns the peers joined, in the order of peers.Others. A peer that cannot
+// connect is marked failed, as its own turn would mark it.
+func (e *targetEnv) pairPeers(ctx context.Context, peers *measure.CyclePeers) []*targetEnv {
+	var joined []*targetEnv
+	for _, p := range e.paired {
+		if p.failed {
+			continue
+		}
+		p.do(ctx, func(ctx context.Context) error { return p.connectPeer(ctx, 1) })
+		if p.failed || len(p.cl) == 0 {
+			continue
+		}
+		joined = append(joined, p)
+		peers.Others = append(peers.Others, &measure.Paired{Client: p.cl[0], Key: p.key("cycle")})
+	}
+	return joined
+}
+
+// pairedCycles records the cycles of peer e that its dlock backend's loop measured
+// (pairPeers) as e's round, or e's failure.
+func (e *targetEnv) pairedCycles(ctx context.Context, r *measure.Paired) {
+	if r.Err != nil {
+		e.do(ctx, func(context.Context) error { return r.Err })
+		return
+	}
+	e.res.Cycle.Rounds = append(e.res.Cycle.Rounds, RoundCycle{P50: r.Samples.Percentile(0.5), N: r.Samples.Count(), Ratio: Float(math.NaN())})
+	e.cycles.Dlock.Merge(&r.Samples)
+	e.pairedRound = true
 }
 
 func (e *targetEnv) manyKeys(ctx context.Context, d time.Duration) error {
@@ -398,7 +450,7 @@ func (e *targetEnv) connect(ctx context.Context) error {
 	if e.peer == nil || len(e.cl) > 0 {
 		return nil
 	}
-	return e.connectPeer(ctx)
+	return e.connectPeer(ctx, e.cfg.Workers)
 }
 
 // disconnect closes a peer's connections after its turn.
