@@ -222,7 +222,7 @@ func (e *targetEnv) cycle(ctx context.Context, d time.Duration) error {
 func (e *targetEnv) pairPeers(ctx context.Context, peers *measure.CyclePeers) []*targetEnv {
 	var joined []*targetEnv
 	for _, p := range e.paired {
-		if p.failed {
+		if p.failed || !p.res.can(WorkCycle) {
 			continue
 		}
 		p.do(ctx, func(ctx context.Context) error { return p.connectPeer(ctx, 1) })
