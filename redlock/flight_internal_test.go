@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,5 +101,39 @@ func TestAcquireAfterRelease(t *testing.T) {
 	}
 	if err := b.Release(ctx, "k", "b"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The fan-outs' node calls run on callers kept between calls: a later call runs on
+// the goroutine of an earlier one, whose stack has grown already; Close ends the
+// idle callers and waits for them (TestMain's goleak check fails otherwise), and
+// a call after Close still runs.
+func TestCallersKept(t *testing.T) {
+	b := &Backend{calls: make(chan func()), closing: make(chan struct{})}
+	goid := func() string {
+		buf := make([]byte, 64)
+		return strings.Fields(string(buf[:runtime.Stack(buf, false)]))[1] // "goroutine N [running]:"
+	}
+	ran := make(chan string)
+	b.spawn(func() { ran <- goid() })
+	first := <-ran
+	reused := false
+	for range 100 {
+		b.spawn(func() { ran <- goid() })
+		if <-ran == first {
+			reused = true
+			break
+		}
+		time.Sleep(time.Millisecond) // the first caller may not be waiting yet
+	}
+	if !reused {
+		t.Errorf("100 later calls ran on other goroutines than the first call's (%s)", first)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.spawn(func() { ran <- goid() })
+	if id := <-ran; id == first {
+		t.Errorf("a call after Close ran on a caller (%s)", id)
 	}
 }

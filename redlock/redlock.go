@@ -313,6 +313,8 @@ type Backend struct {
 	// subscribed: some node confirmed the subscription
 	subscribed bool
 	bg         sync.WaitGroup
+	// calls hands the fan-outs' node calls to idle callers (see spawn).
+	calls chan func()
 	// subMu orders the holder channel subscriptions and unsubscriptions, so that
 	// the nodes get them in the order the watches start and stop.
 	subMu sync.Mutex
