@@ -34,61 +34,13 @@ func fanout[T any](ctx context.Context, b *Backend, idx []int, f func(context.Co
 			break
 		}
 		wg.Add(1)
-		b.spawn(func() {
+		b.callers.Go(func() {
 			defer wg.Done()
 			call(i)
 		})
 	}
 	wg.Wait()
 	return r
-}
-
-// callerIdle is how long a caller goroutine (see spawn) waits for another call
-// before it ends.
-const callerIdle = 2 * time.Second
-
-// spawn runs f, one node call of a fan-out, on a caller: a goroutine kept between
-// calls, idle if one is, else a new one that then waits up to callerIdle for more
-// (Close ends the waiting ones, and waits for them). A call runs go-redis's whole
-// call path, and a new goroutine's small stack grew through it on every call
-// (runtime.newstack was about a fifth of the client's CPU in an uncontended
-// cycle); a caller's stack has grown already.
-func (b *Backend) spawn(f func()) {
-	select {
-	case b.calls <- f:
-		return
-	default:
-	}
-	b.mu.Lock()
-	closed := b.closed
-	if !closed {
-		b.bg.Add(1)
-	}
-	b.mu.Unlock()
-	if closed {
-		go f()
-		return
-	}
-	go b.caller(f)
-}
-
-// caller runs f, then the calls handed to it (spawn) until it has waited
-// callerIdle for one or the backend closes.
-func (b *Backend) caller(f func()) {
-	defer b.bg.Done()
-	idle := time.NewTimer(callerIdle)
-	defer idle.Stop()
-	for {
-		f()
-		idle.Reset(callerIdle)
-		select {
-		case f = <-b.calls:
-		case <-idle.C:
-			return
-		case <-b.closing:
-			return
-		}
-	}
 }
 
 // errPending marks, in the results of a fan-out that returned early (see race), a
@@ -160,7 +112,7 @@ func race[T any](ctx context.Context, b *Backend, h driver.Holder, idx []int, f 
 	ch := make(chan reply, len(idx))
 	for _, i := range idx {
 		r.sent[i], r.errs[i] = true, errPending
-		b.spawn(func() {
+		b.callers.Go(func() {
 			for _, p := range prev {
 				if p.done[i] == nil {
 					continue

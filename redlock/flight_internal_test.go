@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/callers"
 	"github.com/dlockio/dlock/internal/testserver"
 )
 
@@ -104,36 +105,43 @@ func TestAcquireAfterRelease(t *testing.T) {
 	}
 }
 
-// The fan-outs' node calls run on callers kept between calls: a later call runs on
-// the goroutine of an earlier one, whose stack has grown already; Close ends the
-// idle callers and waits for them (TestMain's goleak check fails otherwise), and
-// a call after Close still runs.
+// A fan-out's node calls run on goroutines kept between calls (internal/callers):
+// a later fan-out's call runs on the goroutine of an earlier one, whose stack has
+// grown already; Close ends the idle ones and waits for them (TestMain's goleak
+// check fails otherwise), and a fan-out after Close still runs its calls.
 func TestCallersKept(t *testing.T) {
-	b := &Backend{calls: make(chan func()), closing: make(chan struct{})}
+	b := &Backend{callers: callers.New(), closing: make(chan struct{}),
+		nodes: []*node{{idx: 0}, {idx: 1}}, cfg: config{nodeTimeout: time.Second}}
 	goid := func() string {
 		buf := make([]byte, 64)
 		return strings.Fields(string(buf[:runtime.Stack(buf, false)]))[1] // "goroutine N [running]:"
 	}
-	ran := make(chan string)
-	b.spawn(func() { ran <- goid() })
-	first := <-ran
+	// Node 0's call runs on a kept goroutine; the last node's on the caller's.
+	onNode0 := func() string {
+		r := fanout(context.Background(), b, []int{0, 1}, func(_ context.Context, n *node) (string, error) {
+			return goid(), nil
+		})
+		if r.vals[0] == r.vals[1] {
+			t.Fatalf("both of a fan-out's calls ran on goroutine %s", r.vals[0])
+		}
+		return r.vals[0]
+	}
+	first := onNode0()
 	reused := false
 	for range 100 {
-		b.spawn(func() { ran <- goid() })
-		if <-ran == first {
+		if onNode0() == first {
 			reused = true
 			break
 		}
-		time.Sleep(time.Millisecond) // the first caller may not be waiting yet
+		time.Sleep(time.Millisecond) // the first call's goroutine may not be waiting yet
 	}
 	if !reused {
-		t.Errorf("100 later calls ran on other goroutines than the first call's (%s)", first)
+		t.Errorf("100 later fan-outs ran node 0's call on other goroutines than the first's (%s)", first)
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b.spawn(func() { ran <- goid() })
-	if id := <-ran; id == first {
-		t.Errorf("a call after Close ran on a caller (%s)", id)
+	if id := onNode0(); id == first {
+		t.Errorf("a call after Close ran on a kept goroutine (%s)", id)
 	}
 }

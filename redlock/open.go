@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/callers"
 )
 
 // Scheme is the URL scheme of the backend: redlock://h1,h2,h3.
@@ -45,7 +46,7 @@ func newBackend(clients []*redis.Client, cfg config) (*Backend, error) {
 		return nil, err
 	}
 	seen := make(map[string]bool)
-	b := &Backend{quorum: len(clients)/2 + 1, cfg: cfg, closing: make(chan struct{}), calls: make(chan func()),
+	b := &Backend{quorum: len(clients)/2 + 1, cfg: cfg, closing: make(chan struct{}), callers: callers.New(),
 		fence: make(map[string]uint64), flights: make(map[driver.Holder]*flight), grants: make(map[driver.Holder]grant), yield: make(map[string]yielding),
 		waiters: make(map[driver.Holder]*waiter), holders: make(map[string]*holderSub),
 		settles: make(map[uint64]*settling), releases: make(map[driver.Holder]*releaseRecord)}

@@ -272,6 +272,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/callers"
 )
 
 // Files: options.go (options), open.go (New, Open, the checks of the nodes),
@@ -313,8 +314,8 @@ type Backend struct {
 	// subscribed: some node confirmed the subscription
 	subscribed bool
 	bg         sync.WaitGroup
-	// calls hands the fan-outs' node calls to idle callers (see spawn).
-	calls chan func()
+	// callers runs the fan-outs' node calls on goroutines kept between calls.
+	callers *callers.Pool
 	// subMu orders the holder channel subscriptions and unsubscriptions, so that
 	// the nodes get them in the order the watches start and stop.
 	subMu sync.Mutex
@@ -366,6 +367,7 @@ func (b *Backend) Close() error {
 		}
 	}
 	b.bg.Wait()
+	b.callers.Close()
 	if b.own {
 		for _, n := range b.nodes {
 			if err := n.rdb.Close(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/callers"
 	"github.com/go-zookeeper/zk"
 )
 
@@ -183,7 +184,7 @@ func newBackend(cfg config, name string) *Backend {
 	return &Backend{
 		root: cfg.root, acl: cfg.acl, log: cfg.logger, name: name,
 		timeout: cfg.sessionTimeout,
-		closing: make(chan struct{}), ready: make(chan struct{}),
+		closing: make(chan struct{}), ready: make(chan struct{}), callers: callers.New(),
 		entries: make(map[driver.Holder]*entry), byPath: make(map[string]*entry),
 		waiters: make(map[driver.Holder]*waiter), predOf: make(map[string]map[*waiter]bool),
 		doomed: make(map[string]bool), holders: make(map[*holderWatch]bool),

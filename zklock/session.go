@@ -263,7 +263,7 @@ func (b *Backend) Close() error {
 }
 
 // shutdown closes the connection and waits for the library's goroutines, whose last
-// act is closing the event channel, and for the backend's.
+// act is closing the event channel, and for the backend's, kept ones included.
 func (b *Backend) shutdown() {
 	b.mu.Lock()
 	if !b.closed {
@@ -287,4 +287,5 @@ drain:
 		}
 	}
 	b.wg.Wait()
+	b.callers.Close()
 }

@@ -279,6 +279,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/dlockio/dlock/driver"
+	"github.com/dlockio/dlock/internal/callers"
 )
 
 // Scheme is the URL scheme of this backend: zk://host1:2181,host2/root.
@@ -319,6 +320,7 @@ type Backend struct {
 	closing chan struct{}
 	ready   chan struct{} // closed when the first session is established
 	wg      sync.WaitGroup
+	callers *callers.Pool // runs the calls that return early when their context ends (call)
 
 	mu          sync.Mutex
 	closed      bool
@@ -419,7 +421,8 @@ func permanent(err error) bool {
 
 // call runs a blocking library call, returning early with ctx's error if ctx ends
 // first (the call itself finishes in the background, at the latest when the
-// connection closes).
+// connection closes). A call whose ctx can end runs on a goroutine kept between
+// calls (internal/callers).
 func (b *Backend) call(ctx context.Context, f func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -436,10 +439,10 @@ func (b *Backend) call(ctx context.Context, f func() error) error {
 	b.wg.Add(1)
 	b.mu.Unlock()
 	done := make(chan error, 1)
-	go func() {
+	b.callers.Go(func() {
 		defer b.wg.Done()
 		done <- f()
-	}()
+	})
 	select {
 	case err := <-done:
 		return err
