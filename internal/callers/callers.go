@@ -2,9 +2,9 @@
 // between calls. A call that must return early when its context ends runs on a
 // goroutine of its own while the caller waits for it or for the context; a new
 // goroutine per call starts with a small stack, which grew through the client
-// library's whole call path on every call (runtime.newstack was a fifth of
-// Redlock's client CPU in an uncontended cycle, and a sixteenth of ZooKeeper's on
-// a hot key). A kept goroutine's stack has grown already.
+// library's whole call path on every call (runtime.newstack was 23% of Redlock's
+// client CPU in an uncontended cycle, 6.6% of ZooKeeper's on a hot key). A kept
+// goroutine's stack has grown already.
 package callers
 
 import (
