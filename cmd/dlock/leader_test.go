@@ -232,18 +232,22 @@ func TestElectionPartition(t *testing.T) {
 				proxied = strings.ReplaceAll(proxied, a, px.Listen)
 			}
 			ctx := context.Background()
-			open := func(url string) *dlock.Client {
+			open := func(url string, ttl time.Duration) *dlock.Client {
 				// A drift allowance of 10% (200ms) covers timers that fire late on
 				// a busy test machine: the property is that the old leader knows
 				// before the new one leads, by the margin the client is set for.
-				c, err := dlock.Open(ctx, url, dlock.WithTTL(2*time.Second), dlock.WithDrift(0.1, 0))
+				c, err := dlock.Open(ctx, url, dlock.WithTTL(ttl), dlock.WithDrift(0.1, 0))
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { c.Close() })
 				return c
 			}
-			leader, follower := open(proxied), open(direct)
+			// The follower's TTL does not bound when it leads (the leader's does),
+			// only how long its own session or lease survives a stall of this
+			// machine: with 2s, a keep-alive late by over a second under CI load
+			// once ended its etcd session while it waited, and its Campaign with it.
+			leader, follower := open(proxied, 2*time.Second), open(direct, 10*time.Second)
 			lead, err := leader.Campaign(ctx, "p", nil)
 			if err != nil {
 				t.Fatal(err)
