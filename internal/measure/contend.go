@@ -33,16 +33,22 @@ type ContendRun struct {
 type starter struct {
 	workers int64
 	base    time.Time
+	now     func() time.Time // time.Now; a test's clock
 	entered atomic.Int64
 	allIn   atomic.Int64 // ns since base when the last worker started; 0 before
 }
 
-func newStarter(workers int) *starter { return &starter{workers: int64(workers), base: time.Now()} }
+func newStarter(workers int) *starter {
+	return &starter{workers: int64(workers), base: time.Now(), now: time.Now}
+}
+
+// since is the time since base.
+func (s *starter) since() time.Duration { return s.now().Sub(s.base) }
 
 // enter is called by each worker once, before its first operation.
 func (s *starter) enter() {
 	if s.entered.Add(1) == s.workers {
-		s.allIn.Store(max(int64(time.Since(s.base)), 1))
+		s.allIn.Store(max(int64(s.since()), 1))
 	}
 }
 
@@ -55,13 +61,15 @@ func (s *starter) elapsed() time.Duration {
 	if t == 0 {
 		return 0
 	}
-	return time.Since(s.base) - time.Duration(t)
+	return s.since() - time.Duration(t)
 }
 
 // Contend runs one worker per client, each looping Lock+Release on a key drawn
-// uniformly from keys (a single key makes it a hot key), until lim is reached (lim.N
-// counts the acquisitions made once every worker has started). Every client should
-// have its own connection, as separate processes would.
+// uniformly from keys (a single key makes it a hot key), until lim is reached: lim.N
+// counts the acquisitions made once every worker has started, and lim.Duration runs
+// from then, so a slow start (goroutines that a loaded machine schedules late) does
+// not eat the measured time. Every client should have its own connection, as
+// separate processes would.
 func Contend(ctx context.Context, clients []*dlock.Client, keys []string, lim Limit) (ContendRun, error) {
 	run := ContendRun{Counts: make([]int64, len(clients))}
 	if err := lim.check(); err != nil {
@@ -104,7 +112,7 @@ func Contend(ctx context.Context, clients []*dlock.Client, keys []string, lim Li
 				atomic.AddInt64(&run.All, 1)
 				if counted {
 					if t := lastRelease.Load(); t != 0 && len(keys) == 1 {
-						d := time.Since(st.base) - time.Duration(t)
+						d := st.since() - time.Duration(t)
 						hmu.Lock()
 						run.Handoff.Add(d)
 						hmu.Unlock()
@@ -113,7 +121,7 @@ func Contend(ctx context.Context, clients []*dlock.Client, keys []string, lim Li
 				}
 				inside[k].Add(-1)
 				if len(keys) == 1 {
-					lastRelease.Store(int64(time.Since(st.base)))
+					lastRelease.Store(int64(st.since()))
 				}
 				if err := l.Release(ctx); err != nil {
 					cancel(fmt.Errorf("bench: release %q: %w", keys[k], err))

@@ -55,14 +55,22 @@ func (c *counter) expired() bool {
 	return c.lim.Duration > 0 && time.Since(c.start) >= c.lim.Duration
 }
 
-// next decides the fate of a worker's next operation: run and count it (it takes
-// one from the limit), run it uncounted (not every worker has started yet), or stop.
+// nextOp decides the fate of a worker's next operation: run it uncounted (not every
+// worker has started yet: each does at once, so this phase is short), run and count
+// it (it takes one from the limit), or stop. The limit's Duration runs from the
+// moment every worker has started, as the run's Elapsed does, not from the counter's
+// creation.
 func (c *counter) nextOp(st *starter) (run, counted bool) {
 	if !st.counting() {
-		return !c.expired(), false
+		return true, false
 	}
-	ok := c.take()
-	return ok, ok
+	if c.lim.N > 0 && c.next.Add(1) > c.lim.N {
+		return false, false
+	}
+	if c.lim.Duration > 0 && st.elapsed() >= c.lim.Duration {
+		return false, false
+	}
+	return true, true
 }
 
 // CycleRun holds the latencies of uncontended cycles: Lock+Release through dlock,

@@ -245,3 +245,57 @@ func TestCyclesPaired(t *testing.T) {
 		t.Errorf("the cycle right before the floor's within a group: %v", ahead)
 	}
 }
+
+// TestLimitFromStart: a loop's Duration runs from the moment every worker has
+// started, not from the loop's creation. Before that, operations run uncounted
+// however long the start takes (a loaded machine may schedule a worker late); once
+// every worker is in, they are counted until Duration has passed, or N taken.
+func TestLimitFromStart(t *testing.T) {
+	fc := clock.NewFake(time.Unix(1000, 0))
+	newSt := func() *starter {
+		st := newStarter(2)
+		st.now, st.base = fc.Now, fc.Now()
+		return st
+	}
+	st := newSt()
+	cnt := newCounter(Limit{Duration: 100 * time.Millisecond})
+	st.enter()
+	fc.Advance(time.Second) // the second worker starts late, well past Duration
+	if run, counted := cnt.nextOp(st); !run || counted {
+		t.Fatalf("before every worker started: run %v counted %v, want true false", run, counted)
+	}
+	st.enter()
+	if run, counted := cnt.nextOp(st); !run || !counted {
+		t.Fatalf("right after every worker started: run %v counted %v, want true true (the window runs from the start)", run, counted)
+	}
+	fc.Advance(99 * time.Millisecond)
+	if run, counted := cnt.nextOp(st); !run || !counted {
+		t.Fatalf("99ms into a 100ms window: run %v counted %v", run, counted)
+	}
+	fc.Advance(time.Millisecond)
+	if run, _ := cnt.nextOp(st); run {
+		t.Fatal("the window's Duration has passed, and the operation still runs")
+	}
+	if got := st.elapsed(); got != 100*time.Millisecond {
+		t.Errorf("elapsed %v, want 100ms (from the start, not from creation)", got)
+	}
+
+	// N counts only the operations after the start.
+	st = newSt()
+	cnt = newCounter(Limit{N: 2})
+	st.enter()
+	for range 5 {
+		if _, counted := cnt.nextOp(st); counted {
+			t.Fatal("counted before every worker started")
+		}
+	}
+	st.enter()
+	for i := range 2 {
+		if run, counted := cnt.nextOp(st); !run || !counted {
+			t.Fatalf("operation %d of N=2: run %v counted %v", i, run, counted)
+		}
+	}
+	if run, _ := cnt.nextOp(st); run {
+		t.Fatal("a third operation runs with N=2")
+	}
+}
