@@ -132,12 +132,28 @@ func Percentile(ds []time.Duration, q float64) time.Duration { return measure.Pe
 // acquisitions per worker, Jain's fairness index ("jain": 1 is equal shares) and the
 // handoff latency from a Release call to the next holder's Lock returning.
 func BenchContended(b *testing.B, h Harness, workers int) {
-	b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+	benchContended(b, fmt.Sprintf("workers=%d", workers), h, workers, workers)
+}
+
+// BenchContendedClients is BenchContended with the workers spread over the given
+// number of clients (worker i uses client i mod clients), as goroutines of fewer
+// processes would: what a backend's per-client resources (a listening connection,
+// a subscriber) cost on a hot key.
+func BenchContendedClients(b *testing.B, h Harness, workers, clients int) {
+	benchContended(b, fmt.Sprintf("workers=%d,clients=%d", workers, clients), h, workers, max(clients, 1))
+}
+
+func benchContended(b *testing.B, name string, h Harness, workers, clients int) {
+	b.Run(name, func(b *testing.B) {
 		ctx := context.Background()
 		key := Key(b, "k")
+		cl := make([]*dlock.Client, min(clients, workers))
+		for i := range cl {
+			cl[i] = h.Client(b)
+		}
 		cs := make([]*dlock.Client, workers)
 		for i := range cs {
-			cs[i] = h.Client(b)
+			cs[i] = cl[i%len(cl)]
 		}
 		var start0 int64
 		if h.Ops != nil {

@@ -38,7 +38,9 @@ import (
 // What the bare rings reach bounds any fair lock built on their wake-up and
 // writes; the distance from there to workers=16 is what pglock's own statements
 // (the lease, FIFO places and their liveness, the token's order, the holder
-// watch) cost. See docs/benchmarks.md.
+// watch) cost. "workers=16,clients=N" runs the same hot key with the workers
+// spread over N clients: N listening sessions instead of 16. See
+// docs/benchmarks.md.
 func BenchmarkHandoffCeiling(b *testing.B) {
 	srv := testserver.StartPostgres(b)
 	pool := admin(b, srv)
@@ -160,7 +162,13 @@ func BenchmarkHandoffCeiling(b *testing.B) {
 				})
 		})
 	}
-	drivertest.BenchContended(b, harness(b, srv), workers)
+	h := harness(b, srv)
+	drivertest.BenchContended(b, h, workers)
+	// The same 16 workers over fewer clients, so fewer sessions LISTEN: PostgreSQL
+	// signals every listening session of the database at each NOTIFY.
+	for _, clients := range []int{1, 4} {
+		drivertest.BenchContendedClients(b, h, workers, clients)
+	}
 }
 
 // ceilingBase makes the advisory lock keys of each advisory-chain run its own.
