@@ -191,12 +191,16 @@
 // and one NOTIFY whatever the number of waiters (a holder handed the key with places
 // behind it releases with the handoff statement at once, one round trip); the
 // NOTIFY travels to one client only, but PostgreSQL (15) signals every listening
-// session of the database to look at it, so each client that is waiting adds a little
-// server work to every handoff. Queueing is one write per waiter. Waiters' fallback
-// retries are reads of the key's row and a few index entries (a refused attempt
-// reports up to 8 places ahead, driver.HeldError.Ahead, and the core spaces the
-// retries of a waiter further back further apart, 1 to 4 seconds by default), so
-// thousands of waiters per key cost reads, not writes. LISTEN needs a session of its
+// session of the database to look at it, so each client that is waiting adds server
+// work to every handoff. With 16 clients waiting on one key, that work was a third or
+// more of the machine's CPU per handoff on a slow VM; the same 16 waiters in one or
+// four clients spared it (BenchmarkHandoffCeiling, docs/benchmarks.md). A client
+// listens only while it waits or watches, and for DefaultLinger after. Queueing is
+// one write per waiter. Waiters' fallback retries are reads of the key's row and a
+// few index entries (a refused attempt reports up to 8 places ahead,
+// driver.HeldError.Ahead, and the core spaces the retries of a waiter further back
+// further apart, 1 to 4 seconds by default), so thousands of waiters per key cost
+// reads, not writes. LISTEN needs a session of its
 // own: behind a transaction-pooling proxy (PgBouncer in transaction mode) wake-ups are
 // lost, advisory locks do not hold, and waiters fall back to their retry timer.
 //
